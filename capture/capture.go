@@ -1,0 +1,54 @@
+// Package capture defines how outbox rows enter the relay: a Source yields
+// batches of events in source order and archives them once the pipeline has
+// settled every event of a batch.
+package capture
+
+import (
+	"context"
+
+	"github.com/outboxrelay/relay/event"
+)
+
+// Source captures outbox rows. Next is called from a single goroutine.
+type Source interface {
+	// Next blocks until a batch of events is available, in source order
+	// (seq in poll mode, commit order in wal mode), or ctx is done.
+	Next(ctx context.Context) (Batch, error)
+	// Close releases the source's connections. Batches not yet completed
+	// are abandoned.
+	Close() error
+}
+
+// Batch is a group of captured events that is archived as a unit.
+// Complete or Abandon is called exactly once, possibly from another
+// goroutine than the one that called Next, and batches may be completed in
+// any order.
+type Batch interface {
+	// Events returns the batch's events in source order.
+	Events() []*event.Event
+	// Complete archives the published events (per archive.mode) and moves the
+	// dead events to the dead-letter table, atomically. The events neither
+	// published nor dead stay in the outbox and are captured again.
+	Complete(ctx context.Context, o Outcome) error
+	// Abandon releases the batch without archiving anything; its events are
+	// captured again later with the same ids.
+	Abandon(ctx context.Context)
+}
+
+// Outcome is what the pipeline did with each event of a batch.
+type Outcome struct {
+	// Published are the events the broker acknowledged.
+	Published []*event.Event
+	// Dead are the events that failed for good.
+	Dead []DeadEvent
+}
+
+// DeadEvent is an event that goes to the dead-letter table.
+type DeadEvent struct {
+	Event    *event.Event
+	Err      string // the last error
+	Class    string // the last error's class, see sink.Class
+	Attempts int
+	// FirstFailed and LastFailed are Unix nanoseconds.
+	FirstFailed, LastFailed int64
+}

@@ -1,0 +1,42 @@
+// Package event defines the outbox event that flows from a capture source
+// through the pipeline to a sink.
+package event
+
+import "time"
+
+// Event is one outbox row. Events are passed by pointer and must not be
+// modified after the source produced them, so sinks and the pipeline can read
+// them concurrently without locking.
+type Event struct {
+	// ID is the row's id in canonical UUID text form; it is the message_id on
+	// every delivery of the event.
+	ID string
+	// AggregateType routes the event (topic, subject, queue).
+	AggregateType string
+	// AggregateID is the ordering key: events of one aggregate are published
+	// in source order.
+	AggregateID string
+	// EventType names what happened.
+	EventType string
+	// Payload is the body, byte for byte as stored in the payload column.
+	Payload []byte
+	// ContentType describes Payload: application/json for json and jsonb
+	// columns, text/plain; charset=utf-8 for text and application/octet-stream
+	// for bytea.
+	ContentType string
+	// Headers is the row's optional string map, forwarded as message headers.
+	// It is nil when the column is NULL.
+	Headers map[string]string
+	// CreatedAt is the row's created_at.
+	CreatedAt time.Time
+	// Position is the event's place in its source: seq in poll mode, the
+	// commit LSN in wal mode. It only orders events of one source.
+	Position uint64
+}
+
+// Content types set by the capture sources from the payload column's type.
+const (
+	ContentTypeJSON   = "application/json"
+	ContentTypeText   = "text/plain; charset=utf-8"
+	ContentTypeBinary = "application/octet-stream"
+)

@@ -1,0 +1,184 @@
+// Package sink defines the interface every message broker adapter implements
+// and the error classes the pipeline acts on.
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/outboxrelay/relay/event"
+)
+
+// Sink publishes events to a broker.
+//
+// Publish sends every event of batch and returns only when the broker
+// acknowledged each of them or the attempt failed. It returns nil when all
+// events were acknowledged, a *BatchError when some were not, or another error
+// when none were. The pipeline never puts two events of one aggregate in the
+// same batch, and never has two batches in flight that share an aggregate, so
+// a sink needs no ordering logic of its own. Publish is called from several
+// goroutines at once.
+type Sink interface {
+	Publish(ctx context.Context, batch []*event.Event) error
+	// Close releases the sink's connections. In-flight publishes fail.
+	Close() error
+}
+
+// BatchError reports which events of a batch failed. Errs is indexed like the
+// batch; a nil entry means that event was acknowledged.
+type BatchError struct {
+	Errs []error
+}
+
+// Error summarises the failures.
+func (e *BatchError) Error() string {
+	n, first := 0, error(nil)
+	for _, err := range e.Errs {
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			n++
+		}
+	}
+	return fmt.Sprintf("%d of %d events failed, first: %v", n, len(e.Errs), first)
+}
+
+// Failed returns the error of the i-th event of a batch whose Publish
+// returned err, or nil when that event was acknowledged.
+func Failed(err error, i int) error {
+	if err == nil {
+		return nil
+	}
+	var be *BatchError
+	if errors.As(err, &be) && i < len(be.Errs) {
+		return be.Errs[i]
+	}
+	return err
+}
+
+// Class says how the pipeline treats a failed publish.
+type Class int
+
+const (
+	// Transient failures are retried with backoff and count as attempts of
+	// the event; after retry.max_attempts the event is dead-lettered. An
+	// error that declares no class is transient.
+	Transient Class = iota
+	// Unavailable failures mean the broker could not be reached. They are
+	// retried for as long as it takes and never count as attempts.
+	Unavailable
+	// Permanent failures can never succeed (an oversized message, an invalid
+	// destination); the event is dead-lettered at once.
+	Permanent
+)
+
+// String returns the class name used in logs, metrics and the dead-letter
+// table's error_class column.
+func (c Class) String() string {
+	switch c {
+	case Unavailable:
+		return "unavailable"
+	case Permanent:
+		return "permanent"
+	default:
+		return "transient"
+	}
+}
+
+// ClassOf classifies err by behaviour: an error in the chain with
+// Retryable() == false is Permanent, one with Unavailable() == true is
+// Unavailable, anything else is Transient.
+func ClassOf(err error) Class {
+	var r interface{ Retryable() bool }
+	if errors.As(err, &r) && !r.Retryable() {
+		return Permanent
+	}
+	var u interface{ Unavailable() bool }
+	if errors.As(err, &u) && u.Unavailable() {
+		return Unavailable
+	}
+	return Transient
+}
+
+type classified struct {
+	err   error
+	class Class
+}
+
+func (e *classified) Error() string     { return e.err.Error() }
+func (e *classified) Unwrap() error     { return e.err }
+func (e *classified) Retryable() bool   { return e.class != Permanent }
+func (e *classified) Unavailable() bool { return e.class == Unavailable }
+
+// AsPermanent marks err as a failure that can never succeed.
+func AsPermanent(err error) error { return &classified{err: err, class: Permanent} }
+
+// AsUnavailable marks err as the broker being unreachable.
+func AsUnavailable(err error) error { return &classified{err: err, class: Unavailable} }
+
+// Template is a destination template such as "outbox.{aggregate_type}".
+// The placeholders {aggregate_type}, {event_type} and {aggregate_id} are
+// replaced from the event; Sanitize maps each rune of a replaced value that
+// the broker does not allow in a name, and may be nil.
+type Template struct {
+	raw      string
+	sanitize func(rune) rune
+	fixed    bool
+}
+
+// Placeholders lists the names a template may use.
+var Placeholders = []string{"{aggregate_type}", "{event_type}", "{aggregate_id}"}
+
+// NewTemplate parses raw. It fails on an unknown {placeholder}.
+func NewTemplate(raw string, sanitize func(rune) rune) (Template, error) {
+	rest := raw
+	for {
+		i := strings.IndexByte(rest, '{')
+		if i < 0 {
+			break
+		}
+		j := strings.IndexByte(rest[i:], '}')
+		if j < 0 {
+			return Template{}, fmt.Errorf("template %q: unclosed {", raw)
+		}
+		name := rest[i : i+j+1]
+		known := false
+		for _, p := range Placeholders {
+			known = known || p == name
+		}
+		if !known {
+			return Template{}, fmt.Errorf("template %q: unknown placeholder %s (allowed: %s)", raw, name, strings.Join(Placeholders, ", "))
+		}
+		rest = rest[i+j+1:]
+	}
+	return Template{raw: raw, sanitize: sanitize, fixed: !strings.Contains(raw, "{")}, nil
+}
+
+// Raw returns the template text.
+func (t Template) Raw() string { return t.raw }
+
+// Render returns the destination of e. An empty value renders as "_".
+func (t Template) Render(e *event.Event) string {
+	if t.fixed {
+		return t.raw
+	}
+	r := strings.NewReplacer(
+		"{aggregate_type}", t.clean(e.AggregateType),
+		"{event_type}", t.clean(e.EventType),
+		"{aggregate_id}", t.clean(e.AggregateID),
+	)
+	return r.Replace(t.raw)
+}
+
+func (t Template) clean(v string) string {
+	if v == "" {
+		return "_"
+	}
+	if t.sanitize == nil {
+		return v
+	}
+	return strings.Map(t.sanitize, v)
+}
