@@ -1,0 +1,22 @@
+GO ?= go
+
+.PHONY: test deps demo build vet
+
+# test installs missing test dependencies, then runs every test.
+test: deps
+	$(GO) test -count=1 -timeout 15m ./...
+
+deps:
+	bash scripts/deps.sh
+
+demo:
+	$(GO) run ./cmd/relay demo
+
+# build compiles every package and puts the commands in bin/.
+build:
+	$(GO) build ./...
+	$(GO) build -o bin/ ./cmd/...
+
+vet:
+	$(GO) vet ./...
+	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

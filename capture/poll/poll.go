@@ -1,0 +1,264 @@
+// Package poll captures outbox rows by polling: each batch is claimed with
+// SELECT … FOR UPDATE SKIP LOCKED in seq order inside a transaction that
+// stays open until the pipeline settled the batch, and then archives the
+// published rows and dead-letters the failed ones in that same transaction.
+//
+// # Late commits
+//
+// seq values are taken when a row is inserted, but transactions commit in
+// any order: a transaction holding seq 5 can still be open when one holding
+// seq 6 has committed. Publishing 6 then would put an aggregate's newer event
+// before an older one. Poll capture therefore only claims rows up to a safe
+// watermark, computed like this on every poll:
+//
+//  1. H := the last value handed out by the seq column's sequence.
+//  2. L := the transactions (virtual ids) that hold RowExclusiveLock on the
+//     outbox table, i.e. every transaction that has inserted into it and is
+//     still open. An INSERT takes that lock before it draws its seq value
+//     and keeps it until the transaction ends.
+//
+// Every row with seq ≤ H was drawn by a transaction that either ended before
+// step 2 (its rows are final) or is in L. So once no transaction of L holds
+// the lock any more, every row with seq ≤ H is committed or gone, and rows
+// up to H can be published in seq order. Pending (H, L) pairs are kept until
+// they are released by a later poll. Unlike a filter on xmin against the
+// snapshot's xmin, this waits neither for unrelated long transactions nor
+// misses a writer whose xid is newer than the committed row's; it waits only
+// for open transactions that wrote to the outbox.
+package poll
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxrelay/relay/capture"
+	"github.com/outboxrelay/relay/internal/schema"
+	"github.com/outboxrelay/relay/sink"
+)
+
+// Options configures a Source. Zero values take the defaults given.
+type Options struct {
+	// Pool serves the claiming transactions; each open batch holds one
+	// connection, so size it above the pipeline's window in batches. The
+	// listener connection is opened separately with the pool's config.
+	Pool *pgxpool.Pool
+	// Layout names the outbox and dead-letter tables.
+	Layout schema.Layout
+	// BatchSize is the most rows one claim takes. Default 500.
+	BatchSize int
+	// Interval is the longest wait between polls while the outbox is idle.
+	// An insert wakes the poller at once when the notify trigger of `relay
+	// init` is installed. Default 200ms.
+	Interval time.Duration
+	// Logger receives the source's logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// standbyInterval is how often a relay that is not the leader tries to take
+// over.
+const standbyInterval = time.Second
+
+// blockedInterval is how soon the poller looks again when rows were held
+// back by an open writer.
+const blockedInterval = 10 * time.Millisecond
+
+// Source is a poll-mode capture.Source. Next must be called from one
+// goroutine; batches may be completed from others.
+type Source struct {
+	opts     Options
+	log      *slog.Logger
+	info     schema.Info
+	sql      queries
+	listener *pgx.Conn // holds the leader lock and LISTENs
+	leader   bool
+	marks    watermarks
+	cursor   int64       // claims continue after this seq until reset
+	rewind   atomic.Bool // set when rows below cursor may be unlocked again
+	idle     bool        // the last claim did not fill a batch
+	blocked  bool        // the last claim was held back by an open writer
+}
+
+// New inspects the outbox table, creates the dead-letter table when it is
+// missing and returns a source. A missing outbox table is a permanent error.
+func New(ctx context.Context, opts Options) (*Source, error) {
+	if opts.BatchSize <= 0 {
+		opts.BatchSize = 500
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = 200 * time.Millisecond
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	info, err := schema.Inspect(ctx, opts.Pool, opts.Layout)
+	if err != nil {
+		if errors.Is(err, schema.ErrNoOutbox) {
+			err = sink.AsPermanent(err)
+		}
+		return nil, err
+	}
+	if info.SeqSequence == "" {
+		return nil, sink.AsPermanent(fmt.Errorf("outbox table %s: column %s has no sequence (declare it GENERATED ALWAYS AS IDENTITY)",
+			opts.Layout.Outbox, opts.Layout.Cols.Seq))
+	}
+	if err := schema.EnsureDeadLetter(ctx, opts.Pool, opts.Layout, info); err != nil {
+		return nil, err
+	}
+	return &Source{opts: opts, log: opts.Logger, info: info, sql: buildQueries(opts.Layout, info)}, nil
+}
+
+// Next claims the next batch, waiting while the outbox is idle or another
+// relay is the leader.
+func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
+	for {
+		if err := s.lead(ctx); err != nil {
+			return nil, err
+		}
+		if !s.leader {
+			if err := sleep(ctx, standbyInterval); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if s.idle {
+			s.idle = false
+			if err := s.wait(ctx); err != nil {
+				return nil, err
+			}
+		}
+		b, err := s.claim(ctx)
+		if err != nil || b != nil {
+			return b, err
+		}
+		s.idle = true
+	}
+}
+
+// Close releases the listener connection, which also gives up leadership.
+func (s *Source) Close() error {
+	if s.listener == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return s.listener.Close(ctx)
+}
+
+// lead makes sure the listener connection is up and tries to take the
+// leader lock that makes one relay at a time claim rows.
+func (s *Source) lead(ctx context.Context) error {
+	if s.listener != nil && s.listener.IsClosed() {
+		s.listener, s.leader = nil, false
+		s.log.Warn("lost the leader connection; claiming stops until it is back")
+	}
+	if s.leader {
+		return nil
+	}
+	if s.listener == nil {
+		conn, err := pgx.ConnectConfig(ctx, s.opts.Pool.Config().ConnConfig.Copy())
+		if err != nil {
+			return fmt.Errorf("connect listener: %w", err)
+		}
+		if _, err := conn.Exec(ctx, "LISTEN "+schema.Q(s.opts.Layout.NotifyChannel())); err != nil {
+			conn.Close(ctx)
+			return fmt.Errorf("listen: %w", err)
+		}
+		s.listener = conn
+	}
+	if err := s.listener.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext('outbox-relay'), hashtext($1))`,
+		s.opts.Layout.Outbox.String()).Scan(&s.leader); err != nil {
+		return fmt.Errorf("take leader lock: %w", err)
+	}
+	if s.leader {
+		s.log.Info("poll capture active", "table", s.opts.Layout.Outbox.String())
+	} else {
+		s.log.Debug("another relay is claiming; standing by", "table", s.opts.Layout.Outbox.String())
+	}
+	return nil
+}
+
+// wait blocks until an insert is notified or the poll interval passes.
+func (s *Source) wait(ctx context.Context) error {
+	d := s.opts.Interval
+	if s.blocked {
+		d = min(d, blockedInterval)
+	}
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	_, err := s.listener.WaitForNotification(wctx)
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case err != nil && wctx.Err() == nil:
+		// The connection broke; lead reconnects on the next round.
+		s.listener.Close(context.WithoutCancel(ctx))
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// watermarks are the pending (H, L) pairs of the package doc.
+type watermarks struct {
+	safe    int64
+	pending []watermark
+}
+
+type watermark struct {
+	seq     int64
+	writers []string
+}
+
+// maxPending bounds the pending list; beyond it the two oldest entries are
+// merged, which only makes the wait longer, never shorter.
+const maxPending = 64
+
+// advance records the pair (h, writers) read now and returns the highest seq
+// that is safe to claim.
+func (w *watermarks) advance(h int64, writers []string) int64 {
+	w.pending = append(w.pending, watermark{seq: h, writers: writers})
+	keep := w.pending[:0]
+	for _, m := range w.pending {
+		if !overlaps(m.writers, writers) {
+			w.safe = max(w.safe, m.seq)
+		} else if m.seq > w.safe {
+			keep = append(keep, m)
+		}
+	}
+	w.pending = keep
+	if len(w.pending) > maxPending {
+		a, b := w.pending[0], w.pending[1]
+		w.pending[1] = watermark{seq: b.seq, writers: append(slices.Clone(a.writers), b.writers...)}
+		w.pending = w.pending[1:]
+	}
+	return w.safe
+}
+
+// held reports whether rows are waiting for open writers.
+func (w *watermarks) held() bool { return len(w.pending) > 0 }
+
+func overlaps(a, b []string) bool {
+	for _, x := range a {
+		if slices.Contains(b, x) {
+			return true
+		}
+	}
+	return false
+}

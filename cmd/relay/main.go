@@ -1,0 +1,100 @@
+// Command relay publishes the rows an application writes to its outbox
+// table to a message broker. See README.md and ../shared/CONTRACT.md.
+//
+// Exit status: 0 success, 1 runtime failure, 2 bad usage or bad config.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/app"
+	"github.com/outboxrelay/relay/internal/demo"
+)
+
+const usage = `usage:
+  relay run    --config FILE                 run the relay until SIGINT/SIGTERM
+  relay init   --config FILE [--dry-run]     create the outbox, dead-letter table, trigger and stream
+  relay check  --config FILE                 check the config, Postgres and the sink
+  relay demo                                 run a self-contained demo (needs PostgreSQL server binaries)
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run executes one command and returns the exit status.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch cmd, rest := args[0], args[1:]; cmd {
+	case "run", "init", "check":
+		err = configCommand(ctx, cmd, rest, stdout, stderr)
+	case "demo":
+		err = demo.Run(ctx, demo.Options{Out: stdout})
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		err = &app.UsageError{Err: fmt.Errorf("unknown command %q\n%s", cmd, usage)}
+	}
+	return status(err, stderr)
+}
+
+func configCommand(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "", "path to the YAML config file (required)")
+	dryRun := false
+	if cmd == "init" {
+		fs.BoolVar(&dryRun, "dry-run", false, "print the SQL instead of running it")
+	}
+	if err := fs.Parse(args); err != nil {
+		return &app.UsageError{Err: err}
+	}
+	if *path == "" || fs.NArg() > 0 {
+		return &app.UsageError{Err: fmt.Errorf("relay %s: --config FILE is required and takes no other arguments", cmd)}
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return err
+	}
+	switch cmd {
+	case "init":
+		return app.Init(ctx, cfg, dryRun, stdout)
+	case "check":
+		return app.Check(ctx, cfg, stdout)
+	default:
+		return app.RunConfig(ctx, cfg, app.NewLogger(cfg.Log, stderr))
+	}
+}
+
+// status prints err and maps it to the exit status of CONTRACT §5.
+func status(err error, stderr io.Writer) int {
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case app.IsUsage(err):
+		fmt.Fprintln(stderr, "relay:", err)
+		return 2
+	case errors.Is(err, context.Canceled):
+		return 0
+	default:
+		fmt.Fprintln(stderr, "relay:", err)
+		return 1
+	}
+}

@@ -1,0 +1,397 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// minimal is the smallest valid config. Cases append to it from line 7,
+// either top-level sections or keys of capture.
+const minimal = `postgres:
+  url: postgres://app@localhost/app
+sink:
+  type: nats
+capture:
+  mode: poll
+`
+
+func env(vars map[string]string) func(string) (string, bool) {
+	return func(name string) (string, bool) {
+		v, ok := vars[name]
+		return v, ok
+	}
+}
+
+func TestLoadFull(t *testing.T) {
+	c, err := Load("testdata/full.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &Config{
+		Postgres: Postgres{URL: "postgres://app:secret@127.0.0.1:5432/app?sslmode=disable"},
+		Outbox: Outbox{Table: "events.outbox",
+			Columns: map[string]string{"aggregate_id": "order_id", "created_at": "inserted_at"}},
+		Capture: Capture{Mode: "wal",
+			Poll: Poll{Interval: Duration(250 * time.Millisecond), BatchSize: 1000},
+			WAL:  WAL{Slot: "orders_relay", Publication: "orders_pub"}},
+		Sink: Sink{Type: "nats",
+			NATS: NATS{URL: "nats://nats-1:4222,nats://nats-2:4222",
+				Subject: "orders.{aggregate_type}.{event_type}", Stream: "ORDERS"},
+			Kafka: Kafka{Brokers: []string{"kafka-1:9092", "kafka-2:9092"}, Topic: "orders.{aggregate_type}"},
+			SQS: SQS{Region: "eu-west-1", Endpoint: "http://127.0.0.1:9324",
+				QueueURL: "https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo",
+				Queue:    "orders-{aggregate_type}"},
+			Webhook: Webhook{URL: "https://hooks.example.com/{aggregate_type}/{aggregate_id}",
+				Timeout: Duration(2 * time.Second)}},
+		Archive:         Archive{Mode: "move", Table: "events.outbox_archive"},
+		Retry:           Retry{Initial: Duration(50 * time.Millisecond), Max: Duration(time.Minute), MaxAttempts: 5},
+		DeadLetter:      DeadLetter{Table: "events.outbox_dead_letter"},
+		HTTP:            HTTP{Listen: "127.0.0.1:9090"},
+		Log:             Log{Format: "json", Level: "debug"},
+		ShutdownTimeout: Duration(30 * time.Second),
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("got  %+v\nwant %+v", c, want)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	c, err := Parse([]byte(minimal), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &Config{
+		Postgres: Postgres{URL: "postgres://app@localhost/app"},
+		Outbox:   Outbox{Table: "public.outbox"},
+		Capture: Capture{Mode: "poll",
+			Poll: Poll{Interval: Duration(200 * time.Millisecond), BatchSize: 500},
+			WAL:  WAL{Slot: "outbox_relay", Publication: "outbox_relay"}},
+		Sink: Sink{Type: "nats",
+			NATS:    NATS{URL: "nats://127.0.0.1:4222", Subject: "outbox.{aggregate_type}", Stream: "OUTBOX"},
+			Kafka:   Kafka{Topic: "outbox.{aggregate_type}"},
+			Webhook: Webhook{Timeout: Duration(5 * time.Second)}},
+		Archive:         Archive{Mode: "delete", Table: "public.outbox_archive"},
+		Retry:           Retry{Initial: Duration(100 * time.Millisecond), Max: Duration(30 * time.Second), MaxAttempts: 10},
+		DeadLetter:      DeadLetter{Table: "public.outbox_dead_letter"},
+		Log:             Log{Format: "text", Level: "info"},
+		ShutdownTimeout: Duration(15 * time.Second),
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("got  %+v\nwant %+v", c, want)
+	}
+}
+
+func TestParseAccepts(t *testing.T) {
+	tests := []struct {
+		name, yaml string
+		check      func(*Config) bool
+	}{
+		{"null sections keep defaults", minimal + "retry:\nlog: ~\n",
+			func(c *Config) bool { return c.Retry.MaxAttempts == 10 && c.Log.Level == "info" }},
+		{"zero values take defaults", minimal + "retry:\n  initial: 0s\n  max_attempts: 0\n",
+			func(c *Config) bool { return c.Retry.Initial.D() == 100*time.Millisecond && c.Retry.MaxAttempts == 10 }},
+		{"scalars as strings", minimal + "http:\n  listen: 9090\n",
+			func(c *Config) bool { return c.HTTP.Listen == "9090" }},
+		{"merge key", minimal + "retry:\n  <<: {max_attempts: 3, initial: 1s}\n  max: 2s\n",
+			func(c *Config) bool { return c.Retry.MaxAttempts == 3 && c.Retry.Max.D() == 2*time.Second }},
+		{"anchor and alias", minimal + "archive:\n  table: &t events.archive\ndead_letter:\n  table: *t\n",
+			func(c *Config) bool { return c.DeadLetter.Table == "events.archive" }},
+		{"kafka sink", sinkCase("kafka", "  kafka:\n    brokers: [k:9092]\n"),
+			func(c *Config) bool { return c.Sink.Kafka.Brokers[0] == "k:9092" }},
+		{"sqs with queue template", sinkCase("sqs", "  sqs:\n    region: us-east-1\n    queue: q-{aggregate_type}\n"),
+			func(c *Config) bool { return c.Sink.SQS.Queue == "q-{aggregate_type}" }},
+		{"webhook sink", sinkCase("webhook", "  webhook:\n    url: \"http://h/{event_type}\"\n"),
+			func(c *Config) bool { return c.Sink.Webhook.URL == "http://h/{event_type}" }},
+		{"trailing document separator", minimal + "---\n",
+			func(c *Config) bool { return c.Capture.Mode == "poll" }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse([]byte(tt.yaml), env(nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.check(c) {
+				t.Errorf("unexpected config %+v", c)
+			}
+		})
+	}
+}
+
+func TestExpand(t *testing.T) {
+	vars := env(map[string]string{"HOST": "db", "EMPTY": "", "PORT": "5433"})
+	tests := []struct{ in, want string }{
+		{"${HOST}", "db"},
+		{"${UNSET}", ""},
+		{"${UNSET:-localhost}", "localhost"},
+		{"${EMPTY:-localhost}", "localhost"},
+		{"${HOST:-localhost}", "db"},
+		{"${PORT:-}", "5433"},
+		{"postgres://u@${HOST}:${PORT:-5432}/app", "postgres://u@db:5433/app"},
+		{"$$HOST and $${HOST}", "$HOST and ${HOST}"},
+		{"a $ alone, $HOST, trailing $", "a $ alone, $HOST, trailing $"},
+		{"${HOST\n}", "${HOST\n}"},
+		{"${not-a-name} ${HOST}", "${not-a-name} db"},
+		{"${HOST", "${HOST"},
+	}
+	for _, tt := range tests {
+		if got := string(expand([]byte(tt.in), vars)); got != tt.want {
+			t.Errorf("expand(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestParseExpandsEnv(t *testing.T) {
+	yaml := `postgres:
+  url: postgres://app@${PGHOST}/app
+capture:
+  mode: ${MODE:-poll}
+sink:
+  type: nats
+  nats:
+    stream: ${STREAM:-EVENTS}
+log:
+  level: bogus
+`
+	_, err := Parse([]byte(yaml), env(map[string]string{"PGHOST": "db", "STREAM": "S"}))
+	if err == nil || !strings.Contains(err.Error(), "line 10: log.level:") {
+		t.Fatalf("expansion moved lines or hid the error: %v", err)
+	}
+	c, err := Parse([]byte(strings.Replace(yaml, "bogus", "info", 1)), env(map[string]string{"PGHOST": "db", "STREAM": "S"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Postgres.URL != "postgres://app@db/app" || c.Capture.Mode != "poll" || c.Sink.NATS.Stream != "S" {
+		t.Errorf("unexpected config %+v", c)
+	}
+}
+
+// sinkCase is a valid config with a sink of type typ, followed by section,
+// which starts on line 7 inside sink.
+func sinkCase(typ, section string) string {
+	return "postgres:\n  url: postgres://app@localhost/app\ncapture:\n  mode: poll\nsink:\n  type: " + typ + "\n" + section
+}
+
+func TestErrors(t *testing.T) {
+	tests := []struct {
+		name, yaml string
+		line       int // 0: the message must carry no line
+		key, msg   string
+	}{
+		// Syntax.
+		{"bad indentation", minimal + "retry:\n  initial: 1s\n   max: 2s\n", 8, "retry.initial", "invalid YAML: "},
+		{"unclosed quote", minimal + "log:\n  level: 'info\n", 8, "log.level", "invalid YAML: could not find end character of single-quoted text"},
+		{"duplicate key", minimal + "log:\n  level: info\n  level: warn\n", 9, "log.level", `invalid YAML: mapping key "level" already defined at [8:3]`},
+		{"tab indentation", minimal + "log:\n\tlevel: info\n", 8, "log.level", "invalid YAML: found character"},
+		{"two documents", minimal + "---\nlog: {}\n", 8, "", "only one YAML document is allowed"},
+		{"unknown alias", minimal + "log:\n  level: *nope\n", 8, "log.level", "unknown alias *nope"},
+		// Unknown keys.
+		{"unknown top-level key", minimal + "retries:\n  max: 1s\n", 7, "retries", "unknown key (expected one of postgres, outbox, capture, sink, archive, retry, dead_letter, http, log, shutdown_timeout)"},
+		{"unknown nested key", minimal + "retry:\n  maximum: 1s\n", 8, "retry.maximum", "unknown key (expected one of initial, max, max_attempts)"},
+		{"unknown deep key", minimal + "  poll:\n    intervall: 1s\n", 8, "capture.poll.intervall", "unknown key (expected one of interval, batch_size)"},
+		// Types.
+		{"string for integer", minimal + "  poll:\n    batch_size: abc\n", 8, "capture.poll.batch_size", `expected an integer, got "abc"`},
+		{"float for integer", minimal + "retry:\n  max_attempts: 1.5\n", 8, "retry.max_attempts", "expected an integer, got 1.5"},
+		{"huge integer", minimal + "retry:\n  max_attempts: 99999999999999999999\n", 8, "retry.max_attempts", "expected an integer, got"},
+		{"list for string", minimal + "log:\n  level: [info]\n", 8, "log.level", "expected a string, got a list"},
+		{"unquoted braces", minimal + "dead_letter:\n  table: {aggregate_type}\n", 8, "dead_letter.table", `expected a string, got a mapping (quote a value that starts with "{")`},
+		{"string for list", sinkCase("kafka", "  kafka:\n    brokers: k:9092\n"), 8, "sink.kafka.brokers", "expected a list, got a string"},
+		{"string for mapping", minimal + "retry: fast\n", 7, "retry", "expected a mapping, got a string"},
+		{"integer for mapping", minimal + "  poll: 5\n", 7, "capture.poll", "expected a mapping, got an integer"},
+		{"list for map", minimal + "outbox:\n  columns: [id]\n", 8, "outbox.columns", "expected a mapping, got a list"},
+		{"not a mapping at all", "- postgres\n", 1, "", "expected a mapping, got a list"},
+		// Durations.
+		{"bad duration", minimal + "  poll:\n    interval: 10 seconds\n", 8, "capture.poll.interval", `invalid duration "10 seconds" (use Go durations like 250ms or 10s)`},
+		{"integer duration", minimal + "shutdown_timeout: 10\n", 7, "shutdown_timeout", "invalid duration 10 (use Go durations like 250ms or 10s)"},
+		{"negative duration", minimal + "retry:\n  initial: -1s\n", 8, "retry.initial", `invalid duration "-1s" (must not be negative)`},
+		// Required values.
+		{"postgres.url missing", "capture:\n  mode: poll\nsink:\n  type: nats\n", 0, "postgres.url", "required"},
+		{"postgres.url empty", strings.Replace(minimal, "postgres://app@localhost/app", "${UNSET}", 1), 2, "postgres.url", "must not be empty"},
+		{"capture.mode missing", "postgres:\n  url: x\nsink:\n  type: nats\n", 0, "capture.mode", "required (wal or poll)"},
+		{"capture.mode wrong", strings.Replace(minimal, "mode: poll", "mode: wall", 1), 6, "capture.mode", `must be wal or poll, got "wall"`},
+		{"sink.type missing", "postgres:\n  url: x\ncapture:\n  mode: wal\n", 0, "sink.type", "required (kafka, nats, sqs or webhook)"},
+		{"sink.type wrong", sinkCase("rabbitmq", ""), 6, "sink.type", `must be kafka, nats, sqs or webhook, got "rabbitmq"`},
+		{"kafka brokers missing", sinkCase("kafka", ""), 0, "sink.kafka.brokers", "required (a list of host:port)"},
+		{"kafka brokers empty", sinkCase("kafka", "  kafka:\n    brokers: []\n"), 8, "sink.kafka.brokers", "must not be empty (a list of host:port)"},
+		{"kafka broker empty", sinkCase("kafka", "  kafka:\n    brokers:\n      - k:9092\n      - \"\"\n"), 10, "sink.kafka.brokers[1]", "must not be empty"},
+		{"sqs region missing", sinkCase("sqs", "  sqs:\n    queue_url: http://q\n"), 0, "sink.sqs.region", "required"},
+		{"sqs no queue", sinkCase("sqs", "  sqs:\n    region: r\n"), 0, "sink.sqs.queue_url", "required (or sink.sqs.queue, a queue name template)"},
+		{"sqs both queues", sinkCase("sqs", "  sqs:\n    region: r\n    queue_url: http://q\n    queue: q\n"), 10, "sink.sqs.queue", "set either sink.sqs.queue_url or sink.sqs.queue, not both"},
+		{"webhook url missing", sinkCase("webhook", "  webhook:\n    timeout: 1s\n"), 0, "sink.webhook.url", "required"},
+		// Choices, ranges and names.
+		{"archive.mode", minimal + "archive:\n  mode: keep\n", 8, "archive.mode", `must be delete, mark or move, got "keep"`},
+		{"log.format", minimal + "log:\n  format: xml\n", 8, "log.format", `must be text or json, got "xml"`},
+		{"log.level", minimal + "log:\n  level: trace\n", 8, "log.level", `must be debug, info, warn or error, got "trace"`},
+		{"batch_size negative", minimal + "  poll:\n    batch_size: -1\n", 8, "capture.poll.batch_size", "must be between 1 and 100000, got -1"},
+		{"batch_size too big", minimal + "  poll:\n    batch_size: 100001\n", 8, "capture.poll.batch_size", "must be between 1 and 100000, got 100001"},
+		{"retry.max below initial", minimal + "retry:\n  initial: 2s\n  max: 1s\n", 9, "retry.max", "must be at least retry.initial (2s), got 1s"},
+		{"retry.max below default initial", minimal + "retry:\n  max: 10ms\n", 8, "retry.max", "must be at least retry.initial (100ms), got 10ms"},
+		{"max_attempts", minimal + "retry:\n  max_attempts: -3\n", 8, "retry.max_attempts", "must be at least 1, got -3"},
+		{"unknown column", minimal + "outbox:\n  columns:\n    kind: type\n", 9, "outbox.columns.kind", "unknown column (expected one of id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, seq)"},
+		{"empty column", minimal + "outbox:\n  columns:\n    seq: \"\"\n", 9, "outbox.columns.seq", "must not be empty (the table's column name)"},
+		{"outbox.table", minimal + "outbox:\n  table: a.b.c\n", 8, "outbox.table", `must be "name" or "schema.name", got "a.b.c"`},
+		{"archive.table", minimal + "archive:\n  table: .x\n", 8, "archive.table", `must be "name" or "schema.name", got ".x"`},
+		{"dead_letter.table", minimal + "dead_letter:\n  table: x.\n", 8, "dead_letter.table", `must be "name" or "schema.name", got "x."`},
+		{"nats.subject", sinkCase("nats", "  nats:\n    subject: outbox.{type}\n"), 8, "sink.nats.subject", `template "outbox.{type}": unknown placeholder {type} (allowed: {aggregate_type}, {event_type}, {aggregate_id})`},
+		{"kafka.topic", sinkCase("kafka", "  kafka:\n    brokers: [k]\n    topic: t.{x}\n"), 9, "sink.kafka.topic", `template "t.{x}": unknown placeholder {x}`},
+		{"sqs.queue", sinkCase("sqs", "  sqs:\n    region: r\n    queue: q-{id}\n"), 9, "sink.sqs.queue", `template "q-{id}": unknown placeholder {id}`},
+		{"webhook.url", sinkCase("webhook", "  webhook:\n    url: https://u:tok@h/{id}\n"), 8, "sink.webhook.url", `template "https://u:xxxxx@h/{id}": unknown placeholder {id}`},
+		{"unclosed placeholder", sinkCase("nats", "  nats:\n    subject: outbox.{aggregate_type\n"), 8, "sink.nats.subject", `template "outbox.{aggregate_type": unclosed {`},
+		{"wal slot", minimal + "  wal:\n    slot: Orders-Relay\n", 8, "capture.wal.slot", `must match ^[a-z0-9_]{1,63}$ (lowercase letters, digits and _), got "Orders-Relay"`},
+		{"wal slot too long", minimal + "  wal:\n    slot: " + strings.Repeat("s", 64) + "\n", 8, "capture.wal.slot", "must match"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parse("config.yaml", []byte(tt.yaml), env(nil))
+			if err == nil {
+				t.Fatal("no error")
+			}
+			t.Log(err)
+			prefix := fmt.Sprintf("config.yaml:%d: ", tt.line)
+			if tt.line == 0 {
+				prefix = "config.yaml: "
+			}
+			if tt.key != "" {
+				prefix += tt.key + ": "
+			}
+			if !strings.HasPrefix(err.Error(), prefix+tt.msg) {
+				t.Errorf("got  %q\nwant %q...", err, prefix+tt.msg)
+			}
+			var e *Error
+			if !errors.As(err, &e) || e.Line != tt.line || e.Key != tt.key {
+				t.Errorf("errors.As: got %+v", e)
+			}
+		})
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	_, err := Load(filepath.Join(t.TempDir(), "missing.yaml"))
+	var e *Error
+	if !errors.As(err, &e) || !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "missing.yaml: cannot read the config file: no such file") {
+		t.Errorf("missing file: %v", err)
+	}
+
+	path := filepath.Join(t.TempDir(), "relay.yaml")
+	if err := os.WriteFile(path, []byte(minimal+"log:\n  level: loud\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Load(path)
+	if !errors.As(err, &e) || err.Error() != path+`:8: log.level: must be debug, info, warn or error, got "loud"` {
+		t.Errorf("bad file: %v", err)
+	}
+}
+
+func TestErrorsAreJoined(t *testing.T) {
+	yaml := "postgres:\n  uri: x\ncapture:\n  mode: poll\n  poll:\n    interval: soon\n"
+	_, err := parse("config.yaml", []byte(yaml), env(nil))
+	want := "config.yaml:2: postgres.uri: unknown key (expected one of url)\n" +
+		`config.yaml:6: capture.poll.interval: invalid duration "soon" (use Go durations like 250ms or 10s)`
+	if err == nil || err.Error() != want {
+		t.Errorf("decode errors: got\n%v\nwant\n%s", err, want)
+	}
+
+	yaml = "capture:\n  mode: both\nlog:\n  level: loud\n"
+	_, err = parse("config.yaml", []byte(yaml), env(nil))
+	want = "config.yaml: postgres.url: required\n" +
+		`config.yaml:2: capture.mode: must be wal or poll, got "both"` + "\n" +
+		"config.yaml: sink.type: required (kafka, nats, sqs or webhook)\n" +
+		`config.yaml:4: log.level: must be debug, info, warn or error, got "loud"`
+	if err == nil || err.Error() != want {
+		t.Errorf("validation errors: got\n%v\nwant\n%s", err, want)
+	}
+}
+
+func TestErrorFormat(t *testing.T) {
+	tests := []struct {
+		err  Error
+		want string
+	}{
+		{Error{File: "c.yaml", Line: 3, Key: "log.level", Msg: "bad"}, "c.yaml:3: log.level: bad"},
+		{Error{File: "c.yaml", Key: "postgres.url", Msg: "required"}, "c.yaml: postgres.url: required"},
+		{Error{Line: 3, Key: "log.level", Msg: "bad"}, "line 3: log.level: bad"},
+		{Error{File: "c.yaml", Line: 1, Msg: "bad"}, "c.yaml:1: bad"},
+		{Error{Msg: "bad"}, "bad"},
+	}
+	for _, tt := range tests {
+		if got := tt.err.Error(); got != tt.want {
+			t.Errorf("got %q, want %q", got, tt.want)
+		}
+	}
+}
+
+func TestErrorsHidePostgresURL(t *testing.T) {
+	const url = "postgres://app:s3cr3t@db/app"
+	tests := []string{
+		"postgres: " + url + "\n",
+		"postgres:\n  url: [" + url + "]\n",
+		"postgres:\n  url: '" + url + "\n",
+		"postgres:\n  url: " + url + "\n  url: " + url + "\n",
+		"postgres:\n  url: " + url + "\n   bad: indent\n",
+		"postgres:\n  url: {" + url + "}\n",
+	}
+	for _, yaml := range tests {
+		_, err := Parse([]byte(yaml), env(nil))
+		if err == nil || strings.Contains(err.Error(), "s3cr3t") {
+			t.Errorf("%q: %v", yaml, err)
+		}
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"postgres://u:secret@h/db", "postgres://u:xxxxx@h/db"},
+		{"postgresql://u:secret@h:5432,h2:5433/db?sslmode=require", "postgresql://u:xxxxx@h:5432,h2:5433/db?sslmode=require"},
+		{"postgres://u@h/db", "postgres://u@h/db"},
+		{"postgres://h/db", "postgres://h/db"},
+		{"postgres://:secret@h/db", "postgres://:xxxxx@h/db"},
+		{"postgres://u:p@ss/w:rd@h/db", "postgres://u:xxxxx@h/db"},
+		{"postgres://u:sec%40ret@h/db", "postgres://u:xxxxx@h/db"},
+		{"postgres://h/db?user=u&password=secret&sslmode=disable", "postgres://h/db?user=u&password=xxxxx&sslmode=disable"},
+		{"host=h user=u password=secret dbname=db", "host=h user=u password=xxxxx dbname=db"},
+		{"host=h password = 'sec ret\\' x' dbname=db", "host=h password = xxxxx dbname=db"},
+		{"host=h password='unterminated secret", "host=h password=xxxxx"},
+		{"host=h PASSWORD=secret", "host=h PASSWORD=xxxxx"},
+		{"host=h sslpassword=secret", "host=h sslpassword=xxxxx"},
+		{"host=h dbname=db", "host=h dbname=db"},
+		{"postgres://u:secret@h:bad port/%zz", "postgres://u:xxxxx@h:bad port/%zz"},
+		{"", ""},
+	}
+	for _, tt := range tests {
+		if got := RedactURL(tt.in); got != tt.want {
+			t.Errorf("RedactURL(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestColumn(t *testing.T) {
+	o := Outbox{Columns: map[string]string{"aggregate_id": "order_id"}}
+	for name, want := range map[string]string{"aggregate_id": "order_id", "seq": "seq", "id": "id"} {
+		if got := o.Column(name); got != want {
+			t.Errorf("Column(%q) = %q, want %q", name, got, want)
+		}
+	}
+	if got := (Outbox{}).Column("payload"); got != "payload" {
+		t.Errorf("Column without mapping = %q", got)
+	}
+}
+
+func TestSplitTable(t *testing.T) {
+	tests := []struct{ in, schema, name string }{
+		{"outbox", "public", "outbox"},
+		{"public.outbox", "public", "outbox"},
+		{"events.Outbox", "events", "Outbox"},
+	}
+	for _, tt := range tests {
+		if s, n := SplitTable(tt.in); s != tt.schema || n != tt.name {
+			t.Errorf("SplitTable(%q) = %q, %q", tt.in, s, n)
+		}
+	}
+}

@@ -1,0 +1,168 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"reflect"
+	"regexp"
+	"strings"
+
+	"github.com/goccy/go-yaml"
+	"github.com/goccy/go-yaml/ast"
+	"github.com/goccy/go-yaml/parser"
+)
+
+// Error is a problem with the configuration. Every error Load and Parse
+// return is an *Error or joins several, so callers find one with errors.As.
+type Error struct {
+	// File is the config file's path; empty for Parse.
+	File string
+	// Line is the 1-based line of the problem; 0 when unknown, e.g. for a
+	// required key that is missing.
+	Line int
+	// Key is the dotted key path, e.g. capture.poll.interval; empty when the
+	// problem concerns the whole file.
+	Key string
+	// Msg says what is wrong.
+	Msg string
+	// Err is the underlying error, if any, such as a failed read.
+	Err error
+}
+
+// Error formats e as "file:line: key: msg", leaving out the parts that are
+// unknown. Without a file the line is written as "line 12: ".
+func (e *Error) Error() string {
+	var b strings.Builder
+	switch {
+	case e.File != "" && e.Line > 0:
+		fmt.Fprintf(&b, "%s:%d: ", e.File, e.Line)
+	case e.File != "":
+		b.WriteString(e.File + ": ")
+	case e.Line > 0:
+		fmt.Fprintf(&b, "line %d: ", e.Line)
+	}
+	if e.Key != "" {
+		b.WriteString(e.Key + ": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// Unwrap returns the underlying error.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Load reads the configuration file at path and parses it like Parse, with
+// the process environment. Errors name the file.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		reason := err
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			reason = pe.Err
+		}
+		return nil, &Error{File: path, Msg: "cannot read the config file: " + reason.Error(), Err: err}
+	}
+	return parse(path, data, os.LookupEnv)
+}
+
+// Parse expands ${VAR} and ${VAR:-default} in data with lookupEnv, decodes
+// the YAML strictly, applies the defaults and validates the result. It
+// reports every problem it finds, each as an *Error.
+func Parse(data []byte, lookupEnv func(string) (string, bool)) (*Config, error) {
+	return parse("", data, lookupEnv)
+}
+
+// parse is Parse with the file name that errors carry.
+func parse(file string, data []byte, lookupEnv func(string) (string, bool)) (*Config, error) {
+	data = expand(data, lookupEnv)
+	l := &loader{file: file, lines: map[string]int{}, anchors: map[string]ast.Node{}}
+	var c Config
+	l.decodeFile(data, &c)
+	if len(l.errs) == 0 {
+		setDefaults(&c)
+		l.validate(&c)
+	}
+	switch len(l.errs) {
+	case 0:
+		return &c, nil
+	case 1:
+		return nil, l.errs[0]
+	}
+	return nil, errors.Join(l.errs...)
+}
+
+// loader decodes and validates one config file, collecting its errors.
+type loader struct {
+	file    string
+	lines   map[string]int // key path -> line of the key, for every key in the file
+	anchors map[string]ast.Node
+	errs    []error
+}
+
+// errorf records a problem with key on line.
+func (l *loader) errorf(line int, key, format string, args ...any) {
+	l.errs = append(l.errs, &Error{File: l.file, Line: line, Key: key, Msg: fmt.Sprintf(format, args...)})
+}
+
+// decodeFile parses data and decodes its single document into c.
+func (l *loader) decodeFile(data []byte, c *Config) {
+	f, err := parser.ParseBytes(data, 0)
+	if err != nil {
+		l.syntaxError(data, err)
+		return
+	}
+	var bodies []ast.Node
+	for _, doc := range f.Docs {
+		if doc.Body != nil {
+			bodies = append(bodies, doc.Body)
+		}
+	}
+	switch {
+	case len(bodies) > 1:
+		l.errorf(lineOf(bodies[1]), "", "only one YAML document is allowed")
+	case len(bodies) == 1:
+		l.decode(bodies[0], reflect.ValueOf(c).Elem(), "")
+	}
+}
+
+// syntaxError records a YAML syntax error. goccy's message is used without
+// its source excerpt, which could show the postgres password.
+func (l *loader) syntaxError(data []byte, err error) {
+	line, msg := 0, "invalid YAML"
+	var ye yaml.Error
+	if errors.As(err, &ye) {
+		line, msg = tokenLine(ye.GetToken()), "invalid YAML: "+ye.GetMessage()
+	}
+	l.errorf(line, keyAt(data, line), "%s", msg)
+}
+
+var keyLine = regexp.MustCompile(`^[\s-]*([A-Za-z0-9_.]+)\s*:(\s|$)`)
+
+// keyAt guesses the key path of line from indentation, for syntax errors,
+// where there is no syntax tree to walk.
+func keyAt(data []byte, line int) string {
+	type entry struct {
+		indent int
+		key    string
+	}
+	var stack []entry
+	for i, text := range strings.SplitN(string(data), "\n", line+1) {
+		m := keyLine.FindStringSubmatchIndex(text)
+		if i >= line || m == nil {
+			continue
+		}
+		indent := m[2]
+		for len(stack) > 0 && stack[len(stack)-1].indent >= indent {
+			stack = stack[:len(stack)-1]
+		}
+		stack = append(stack, entry{indent, text[m[2]:m[3]]})
+	}
+	keys := make([]string, len(stack))
+	for i, e := range stack {
+		keys[i] = e.key
+	}
+	return strings.Join(keys, ".")
+}

@@ -1,0 +1,202 @@
+package config
+
+import (
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/outboxrelay/relay/sink"
+)
+
+// columnNames are the contract's outbox columns, the keys of outbox.columns.
+var columnNames = []string{"id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers", "created_at", "seq"}
+
+const maxBatchSize = 100000
+
+var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+
+// setDefaults replaces zero values with the defaults documented on the
+// fields of Config.
+func setDefaults(c *Config) {
+	orDefault(&c.Outbox.Table, "public.outbox")
+	orDefault(&c.Capture.Poll.Interval, Duration(200*time.Millisecond))
+	orDefault(&c.Capture.Poll.BatchSize, 500)
+	orDefault(&c.Capture.WAL.Slot, "outbox_relay")
+	orDefault(&c.Capture.WAL.Publication, "outbox_relay")
+	orDefault(&c.Sink.NATS.URL, "nats://127.0.0.1:4222")
+	orDefault(&c.Sink.NATS.Subject, "outbox.{aggregate_type}")
+	orDefault(&c.Sink.NATS.Stream, "OUTBOX")
+	orDefault(&c.Sink.Kafka.Topic, "outbox.{aggregate_type}")
+	orDefault(&c.Sink.Webhook.Timeout, Duration(5*time.Second))
+	orDefault(&c.Archive.Mode, "delete")
+	orDefault(&c.Archive.Table, "public.outbox_archive")
+	orDefault(&c.Retry.Initial, Duration(100*time.Millisecond))
+	orDefault(&c.Retry.Max, Duration(30*time.Second))
+	orDefault(&c.Retry.MaxAttempts, 10)
+	orDefault(&c.DeadLetter.Table, "public.outbox_dead_letter")
+	orDefault(&c.Log.Format, "text")
+	orDefault(&c.Log.Level, "info")
+	orDefault(&c.ShutdownTimeout, Duration(15*time.Second))
+}
+
+// orDefault sets *v to def when *v is the zero value.
+func orDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+// validate checks c after the defaults were applied. Negative durations were
+// already rejected while decoding, and zero ones replaced by defaults.
+func (l *loader) validate(c *Config) {
+	l.required("postgres.url", c.Postgres.URL, "")
+	l.table("outbox.table", c.Outbox.Table)
+	l.checkColumns(c.Outbox.Columns)
+	l.checkCapture(c.Capture)
+	l.checkSink(c.Sink)
+	l.choice("archive.mode", c.Archive.Mode, "delete", "mark", "move")
+	l.table("archive.table", c.Archive.Table)
+	l.checkRetry(c.Retry)
+	l.table("dead_letter.table", c.DeadLetter.Table)
+	l.choice("log.format", c.Log.Format, "text", "json")
+	l.choice("log.level", c.Log.Level, "debug", "info", "warn", "error")
+}
+
+// checkColumns checks the outbox.columns remapping.
+func (l *loader) checkColumns(cols map[string]string) {
+	for _, name := range slices.Sorted(maps.Keys(cols)) {
+		key := "outbox.columns." + name
+		if !slices.Contains(columnNames, name) {
+			l.invalid(key, "unknown column (expected one of %s)", strings.Join(columnNames, ", "))
+		} else {
+			l.required(key, cols[name], "the table's column name")
+		}
+	}
+}
+
+// checkCapture checks the mode and the settings of both modes.
+func (l *loader) checkCapture(c Capture) {
+	l.choice("capture.mode", c.Mode, "wal", "poll")
+	if c.Poll.BatchSize < 1 || c.Poll.BatchSize > maxBatchSize {
+		l.invalid("capture.poll.batch_size", "must be between 1 and %d, got %d", maxBatchSize, c.Poll.BatchSize)
+	}
+	if !slotName.MatchString(c.WAL.Slot) {
+		l.invalid("capture.wal.slot", "must match %s (lowercase letters, digits and _), got %q", slotName, c.WAL.Slot)
+	}
+}
+
+// checkSink checks the selected sink's settings; the others are ignored.
+func (l *loader) checkSink(s Sink) {
+	if !l.choice("sink.type", s.Type, "kafka", "nats", "sqs", "webhook") {
+		return
+	}
+	switch s.Type {
+	case "kafka":
+		l.checkKafka(s.Kafka)
+	case "nats":
+		l.template("sink.nats.subject", s.NATS.Subject)
+	case "sqs":
+		l.checkSQS(s.SQS)
+	case "webhook":
+		if l.required("sink.webhook.url", s.Webhook.URL, "") {
+			l.template("sink.webhook.url", s.Webhook.URL)
+		}
+	}
+}
+
+// checkKafka checks the kafka sink: brokers are required.
+func (l *loader) checkKafka(k Kafka) {
+	if len(k.Brokers) == 0 {
+		l.required("sink.kafka.brokers", "", "a list of host:port")
+	}
+	for i, b := range k.Brokers {
+		l.required(fmt.Sprintf("sink.kafka.brokers[%d]", i), b, "")
+	}
+	l.template("sink.kafka.topic", k.Topic)
+}
+
+// checkSQS checks the sqs sink: a region and exactly one queue setting.
+func (l *loader) checkSQS(s SQS) {
+	l.required("sink.sqs.region", s.Region, "")
+	switch {
+	case s.QueueURL != "" && s.Queue != "":
+		l.invalid("sink.sqs.queue", "set either sink.sqs.queue_url or sink.sqs.queue, not both")
+	case s.Queue != "":
+		l.template("sink.sqs.queue", s.Queue)
+	default:
+		l.required("sink.sqs.queue_url", s.QueueURL, "or sink.sqs.queue, a queue name template")
+	}
+}
+
+// checkRetry checks the backoff bounds and the attempt limit.
+func (l *loader) checkRetry(r Retry) {
+	if r.Max < r.Initial {
+		l.invalid("retry.max", "must be at least retry.initial (%s), got %s", r.Initial.D(), r.Max.D())
+	}
+	if r.MaxAttempts < 1 {
+		l.invalid("retry.max_attempts", "must be at least 1, got %d", r.MaxAttempts)
+	}
+}
+
+// invalid records a problem with the value of key, on key's line if the key
+// is in the file.
+func (l *loader) invalid(key, format string, args ...any) {
+	l.errorf(l.lines[key], key, format, args...)
+}
+
+// required reports whether value is set, recording an error if not; what,
+// if not empty, describes the expected value.
+func (l *loader) required(key, value, what string) bool {
+	if value != "" {
+		return true
+	}
+	msg := "required"
+	if _, present := l.lines[key]; present {
+		msg = "must not be empty"
+	}
+	if what != "" {
+		msg += " (" + what + ")"
+	}
+	l.invalid(key, "%s", msg)
+	return false
+}
+
+// choice reports whether value is one of allowed, recording an error if not.
+func (l *loader) choice(key, value string, allowed ...string) bool {
+	if !l.required(key, value, orList(allowed)) {
+		return false
+	}
+	if !slices.Contains(allowed, value) {
+		l.invalid(key, "must be %s, got %q", orList(allowed), value)
+		return false
+	}
+	return true
+}
+
+// table checks a table name: name or schema.name.
+func (l *loader) table(key, value string) {
+	parts := strings.Split(value, ".")
+	if len(parts) > 2 || slices.Contains(parts, "") {
+		l.invalid(key, `must be "name" or "schema.name", got %q`, value)
+	}
+}
+
+// template checks that a destination template uses only known placeholders.
+// The message goes through RedactURL since webhook URLs may carry secrets.
+func (l *loader) template(key, value string) {
+	if _, err := sink.NewTemplate(value, nil); err != nil {
+		l.invalid(key, "%s", RedactURL(err.Error()))
+	}
+}
+
+// orList writes words as "a, b or c".
+func orList(words []string) string {
+	if len(words) < 2 {
+		return strings.Join(words, "")
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " or " + words[len(words)-1]
+}

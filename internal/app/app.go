@@ -1,0 +1,92 @@
+// Package app wires the relay's commands together: it builds the capture
+// source, the sink and the pipeline from a loaded config. cmd/relay parses
+// the command line and maps the errors returned here to exit statuses.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxrelay/relay/config"
+)
+
+// UsageError is a problem with the command line or the config that is found
+// before the relay touches anything; the CLI exits with status 2 for it.
+type UsageError struct{ Err error }
+
+func (e *UsageError) Error() string { return e.Err.Error() }
+func (e *UsageError) Unwrap() error { return e.Err }
+
+// IsUsage reports whether err calls for exit status 2: a UsageError or a
+// config error.
+func IsUsage(err error) bool {
+	var u *UsageError
+	var c *config.Error
+	return errors.As(err, &u) || errors.As(err, &c)
+}
+
+// supported rejects config choices this build does not implement yet.
+func supported(cfg *config.Config) error {
+	var missing []string
+	if cfg.Capture.Mode != "poll" {
+		missing = append(missing, fmt.Sprintf("capture.mode %q is not implemented yet (use poll)", cfg.Capture.Mode))
+	}
+	if cfg.Sink.Type != "nats" {
+		missing = append(missing, fmt.Sprintf("sink.type %q is not implemented yet (use nats)", cfg.Sink.Type))
+	}
+	if cfg.Archive.Mode != "delete" {
+		missing = append(missing, fmt.Sprintf("archive.mode %q is not implemented yet (use delete)", cfg.Archive.Mode))
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	errs := make([]error, len(missing))
+	for i, m := range missing {
+		errs[i] = errors.New(m)
+	}
+	return &UsageError{Err: errors.Join(errs...)}
+}
+
+// NewLogger returns the logger log.format and log.level ask for, writing to w.
+func NewLogger(cfg config.Log, w io.Writer) *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(cfg.Level))
+	opts := &slog.HandlerOptions{Level: lvl}
+	if cfg.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// applicationName is set on every connection the relay opens, so operators
+// can tell them apart in pg_stat_activity.
+const applicationName = "outbox-relay"
+
+// connect opens a pool to postgres.url and checks it answers. Errors name
+// the database with its password redacted.
+func connect(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, &UsageError{Err: fmt.Errorf("postgres.url %s: cannot parse", config.RedactURL(url))}
+	}
+	pcfg.MaxConns = maxConns
+	pcfg.ConnConfig.RuntimeParams["application_name"] = applicationName
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to postgres %s: %w", config.RedactURL(url), err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to postgres %s: %w", config.RedactURL(url), err)
+	}
+	return pool, nil
+}
+
+// stderrLogger is used before the config chose a format.
+var stderrLogger = slog.New(slog.NewTextHandler(os.Stderr, nil))

@@ -1,0 +1,52 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/schema"
+	natssink "github.com/outboxrelay/relay/sink/nats"
+)
+
+// ErrCheckFailed is returned by Check when any check failed.
+var ErrCheckFailed = errors.New("check failed")
+
+// Check validates what the relay needs beyond the config file: Postgres is
+// reachable, the outbox table exists with the mapped columns, and the sink
+// is reachable with its stream in place. It prints one line per check with
+// the fix for each problem and returns ErrCheckFailed when any failed.
+func Check(ctx context.Context, cfg *config.Config, w io.Writer) error {
+	if err := supported(cfg); err != nil {
+		return err
+	}
+	failed := false
+	report := func(what string, err error, fix string) {
+		if err == nil {
+			fmt.Fprintf(w, "ok    %s\n", what)
+			return
+		}
+		failed = true
+		fmt.Fprintf(w, "FAIL  %s: %v\n      fix: %s\n", what, err, fix)
+	}
+	l := schema.FromConfig(cfg)
+	pool, err := connect(ctx, cfg.Postgres.URL, 2)
+	report("postgres "+config.RedactURL(cfg.Postgres.URL), err, "check postgres.url, that the server runs and accepts this user")
+	if err == nil {
+		_, err = schema.Inspect(ctx, pool, l)
+		report("outbox table "+l.Outbox.String(), err, "run `relay init`, or fix outbox.table / outbox.columns")
+		pool.Close()
+	}
+	snk, err := natssink.New(ctx, cfg.Sink.NATS, natssink.Options{})
+	report("nats "+config.RedactURL(cfg.Sink.NATS.URL), err, "check sink.nats.url and that the server runs with JetStream enabled")
+	if err == nil {
+		report("nats stream "+cfg.Sink.NATS.Stream, snk.Check(ctx), "run `relay init` (or `relay run`, which creates it)")
+		snk.Close()
+	}
+	if failed {
+		return ErrCheckFailed
+	}
+	return nil
+}

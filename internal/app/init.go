@@ -1,0 +1,69 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/schema"
+	natssink "github.com/outboxrelay/relay/sink/nats"
+)
+
+// Init creates what is missing: the outbox table with the index serving the
+// poll query, the insert notify trigger (poll mode), the dead-letter table
+// and the NATS stream. With dryRun it prints the SQL and changes nothing.
+// Every statement is idempotent, so Init can run on every deploy.
+func Init(ctx context.Context, cfg *config.Config, dryRun bool, w io.Writer) error {
+	if err := supported(cfg); err != nil {
+		return err
+	}
+	l := schema.FromConfig(cfg)
+	if dryRun {
+		for _, stmt := range initSQL(l, cfg, nil) {
+			fmt.Fprintf(w, "%s;\n\n", stmt)
+		}
+		fmt.Fprintf(w, "-- NATS: create JetStream stream %s covering subject %s when missing\n",
+			cfg.Sink.NATS.Stream, cfg.Sink.NATS.Subject)
+		return nil
+	}
+	pool, err := connect(ctx, cfg.Postgres.URL, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, l.CreateOutbox()); err != nil {
+		return fmt.Errorf("create outbox table %s: %w", l.Outbox, err)
+	}
+	info, err := schema.Inspect(ctx, pool, l)
+	if err != nil {
+		return err
+	}
+	for _, stmt := range initSQL(l, cfg, info.Types)[1:] {
+		if _, err := pool.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("init: %w\nstatement: %s", err, stmt)
+		}
+	}
+	fmt.Fprintf(w, "postgres: outbox %s, dead-letter table %s ready\n", l.Outbox, l.DeadLetter)
+
+	snk, err := natssink.New(ctx, cfg.Sink.NATS, natssink.Options{})
+	if err != nil {
+		return err
+	}
+	defer snk.Close()
+	if err := snk.EnsureStream(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "nats: stream %s ready\n", cfg.Sink.NATS.Stream)
+	return nil
+}
+
+// initSQL lists the statements of Init, the outbox table first. types are
+// the existing outbox's column types, or nil for the contract's.
+func initSQL(l schema.Layout, cfg *config.Config, types map[string]string) []string {
+	stmts := []string{l.CreateOutbox(), l.CreatePollIndex()}
+	if cfg.Capture.Mode == "poll" {
+		stmts = append(stmts, l.CreateNotifyTrigger()...)
+	}
+	return append(stmts, l.CreateDeadLetter(types)...)
+}

@@ -1,0 +1,153 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/outboxrelay/relay/capture/poll"
+	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/schema"
+	"github.com/outboxrelay/relay/pipeline"
+	natssink "github.com/outboxrelay/relay/sink/nats"
+)
+
+// Relay is a configured, connected relay ready to Run.
+type Relay struct {
+	cfg      *config.Config
+	log      *slog.Logger
+	pipeline *pipeline.Pipeline
+	ln       net.Listener
+	closers  []func()
+}
+
+// pipelineWindow is the most events held between capture and archive.
+const pipelineWindow = 10000
+
+// Open connects to Postgres and the sink, creates the dead-letter table and
+// NATS stream when missing, and returns a relay ready to run. A missing
+// outbox table is an error naming it.
+func Open(ctx context.Context, cfg *config.Config, log *slog.Logger) (r *Relay, err error) {
+	if err := supported(cfg); err != nil {
+		return nil, err
+	}
+	r = &Relay{cfg: cfg, log: log}
+	defer func() {
+		if err != nil {
+			r.Close()
+		}
+	}()
+	if err := r.listen(); err != nil {
+		return nil, err
+	}
+	batch := cfg.Capture.Poll.BatchSize
+	pool, err := connect(ctx, cfg.Postgres.URL, int32(pipelineWindow/batch+4))
+	if err != nil {
+		return nil, err
+	}
+	r.closers = append(r.closers, pool.Close)
+
+	snk, err := natssink.New(ctx, cfg.Sink.NATS, natssink.Options{Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	r.closers = append(r.closers, func() { snk.Close() })
+	if err := snk.EnsureStream(ctx); err != nil {
+		return nil, err
+	}
+
+	src, err := poll.New(ctx, poll.Options{
+		Pool: pool, Layout: schema.FromConfig(cfg), BatchSize: batch,
+		Interval: cfg.Capture.Poll.Interval.D(), Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.closers = append(r.closers, func() { src.Close() })
+
+	r.pipeline = pipeline.New(src, snk, pipeline.Options{
+		Logger: log,
+		Retry: pipeline.Retry{Initial: cfg.Retry.Initial.D(), Max: cfg.Retry.Max.D(),
+			MaxAttempts: cfg.Retry.MaxAttempts},
+		MaxInFlight:     pipelineWindow,
+		BatchSize:       batch,
+		ShutdownTimeout: cfg.ShutdownTimeout.D(),
+	})
+	return r, nil
+}
+
+// Stats returns the pipeline's live counters.
+func (r *Relay) Stats() *pipeline.Stats { return r.pipeline.Stats() }
+
+// Run relays until ctx is cancelled, then drains in-flight work and returns
+// nil. It serves the HTTP endpoints when http.listen is set.
+func (r *Relay) Run(ctx context.Context) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return r.pipeline.Run(ctx) })
+	if r.ln != nil {
+		g.Go(func() error { return r.serveHTTP(gctx) })
+	}
+	return g.Wait()
+}
+
+// Close releases the sink, the source and the database pool.
+func (r *Relay) Close() {
+	for i := len(r.closers) - 1; i >= 0; i-- {
+		r.closers[i]()
+	}
+}
+
+// RunConfig opens a relay from cfg and runs it until ctx is cancelled.
+func RunConfig(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
+	r, err := Open(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	log.Info("relay running", "capture", cfg.Capture.Mode, "sink", cfg.Sink.Type,
+		"table", cfg.Outbox.Table, "postgres", config.RedactURL(cfg.Postgres.URL))
+	if err := r.Run(ctx); err != nil {
+		return err
+	}
+	log.Info("relay stopped", "published", r.Stats().Published.Load())
+	return nil
+}
+
+// listen opens http.listen, so a taken address fails before the relay runs.
+func (r *Relay) listen() error {
+	if r.cfg.HTTP.Listen == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", r.cfg.HTTP.Listen)
+	if err != nil {
+		return fmt.Errorf("http.listen %s: %w", r.cfg.HTTP.Listen, err)
+	}
+	r.ln = ln
+	r.closers = append(r.closers, func() { ln.Close() })
+	return nil
+}
+
+// serveHTTP serves /healthz, /readyz and /metrics until ctx is cancelled.
+func (r *Relay) serveHTTP(ctx context.Context) error {
+	srv := &http.Server{Handler: r.handler(), ReadHeaderTimeout: 5 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(r.ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("http server: %w", err)
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+		if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("http server: %w", err)
+		}
+		return nil
+	}
+}

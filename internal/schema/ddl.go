@@ -1,0 +1,90 @@
+package schema
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// contractTypes are the outbox column types of CONTRACT §1, in Columns.List
+// order.
+var contractTypes = []string{"uuid", "text", "text", "text", "jsonb", "jsonb", "timestamp with time zone", "bigint"}
+
+// CreateOutbox returns the statement creating the outbox table of CONTRACT §1
+// when it is missing.
+func (l Layout) CreateOutbox() string {
+	c := l.Cols
+	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+  %s uuid PRIMARY KEY,
+  %s text NOT NULL,
+  %s text NOT NULL,
+  %s text NOT NULL,
+  %s jsonb NOT NULL,
+  %s jsonb,
+  %s timestamptz NOT NULL DEFAULT now(),
+  %s bigint GENERATED ALWAYS AS IDENTITY
+)`, l.Outbox.Ident(), Q(c.ID), Q(c.AggregateType), Q(c.AggregateID), Q(c.EventType),
+		Q(c.Payload), Q(c.Headers), Q(c.CreatedAt), Q(c.Seq))
+}
+
+// CreatePollIndex returns the statement creating the index that serves the
+// poll query (WHERE seq <= $1 ORDER BY seq).
+func (l Layout) CreatePollIndex() string {
+	return fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s)`,
+		Q(truncate(l.Outbox.Name+"_relay_seq_idx")), l.Outbox.Ident(), Q(l.Cols.Seq))
+}
+
+// CreateNotifyTrigger returns the statements installing a statement-level
+// insert trigger that notifies NotifyChannel, so poll capture wakes at once.
+// Postgres folds identical notifications of one transaction into one.
+func (l Layout) CreateNotifyTrigger() []string {
+	fn := l.Outbox.sibling("_relay_notify")
+	return []string{
+		fmt.Sprintf(`CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+  PERFORM pg_notify(%s, '');
+  RETURN NULL;
+END
+$fn$`, fn, quoteLiteral(l.NotifyChannel())),
+		fmt.Sprintf(`CREATE OR REPLACE TRIGGER %s AFTER INSERT ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()`,
+			Q(truncate(l.Outbox.Name+"_relay_notify")), l.Outbox.Ident(), fn),
+	}
+}
+
+// CreateDeadLetter returns the statements creating the dead-letter table
+// when it is missing: the outbox columns with the outbox's types (types maps
+// column name to type; the contract's types are used for missing entries),
+// all nullable so a malformed row can be kept, plus the failure columns of
+// CONTRACT §2.
+func (l Layout) CreateDeadLetter(types map[string]string) []string {
+	var cols []string
+	for i, c := range l.Cols.List() {
+		t := types[c]
+		if t == "" {
+			t = contractTypes[i]
+		}
+		cols = append(cols, fmt.Sprintf("  %s %s", Q(c), t))
+	}
+	cols = append(cols,
+		"  error text", "  error_class text", "  attempts int",
+		"  first_failed_at timestamptz", "  last_failed_at timestamptz",
+		"  dead_lettered_at timestamptz NOT NULL DEFAULT now()")
+	return []string{
+		fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n%s\n)", l.DeadLetter.Ident(), strings.Join(cols, ",\n")),
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s)`,
+			Q(truncate(l.DeadLetter.Name+"_id_idx")), l.DeadLetter.Ident(), Q(l.Cols.ID)),
+	}
+}
+
+// EnsureDeadLetter creates the dead-letter table when it is missing, with
+// the column types of the existing outbox table described by info.
+func EnsureDeadLetter(ctx context.Context, q Querier, l Layout, info Info) error {
+	for _, stmt := range l.CreateDeadLetter(info.Types) {
+		if _, err := q.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("create dead-letter table %s: %w", l.DeadLetter, err)
+		}
+	}
+	return nil
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

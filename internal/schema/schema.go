@@ -1,0 +1,176 @@
+// Package schema knows the relay's tables: the outbox (with its column
+// mapping), the dead-letter table and the objects `relay init` creates. Every
+// identifier it puts into SQL is quoted.
+package schema
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/event"
+)
+
+// Querier is what the package needs of a pgx connection, pool or
+// transaction.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Table is a schema-qualified table name.
+type Table struct{ Schema, Name string }
+
+// ParseTable splits "schema.name" ("public" when no schema is given).
+func ParseTable(qualified string) Table {
+	s, n := config.SplitTable(qualified)
+	return Table{Schema: s, Name: n}
+}
+
+// Ident returns the quoted identifier for SQL.
+func (t Table) Ident() string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
+
+// String returns schema.name for messages.
+func (t Table) String() string { return t.Schema + "." + t.Name }
+
+// sibling returns a quoted object name in t's schema made of t's name and suffix.
+func (t Table) sibling(suffix string) string {
+	return pgx.Identifier{t.Schema, truncate(t.Name+suffix)}.Sanitize()
+}
+
+func truncate(s string) string {
+	if len(s) > 63 {
+		return s[:63]
+	}
+	return s
+}
+
+// Columns are the outbox's column names after the config's remapping.
+type Columns struct {
+	ID, AggregateType, AggregateID, EventType, Payload, Headers, CreatedAt, Seq string
+}
+
+// List returns the column names in contract order.
+func (c Columns) List() []string {
+	return []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, c.Headers, c.CreatedAt, c.Seq}
+}
+
+// Quoted returns the column names in contract order, quoted and joined by
+// ", ", prefixed with alias and a dot when alias is not empty.
+func (c Columns) Quoted(alias string) string {
+	cols := c.List()
+	for i, n := range cols {
+		cols[i] = pgx.Identifier{n}.Sanitize()
+		if alias != "" {
+			cols[i] = alias + "." + cols[i]
+		}
+	}
+	return strings.Join(cols, ", ")
+}
+
+// Q quotes one column name.
+func Q(name string) string { return pgx.Identifier{name}.Sanitize() }
+
+// Layout is every table the relay touches.
+type Layout struct {
+	Outbox     Table
+	Cols       Columns
+	DeadLetter Table
+	Archive    Table
+}
+
+// FromConfig builds the layout from a loaded config.
+func FromConfig(cfg *config.Config) Layout {
+	o := cfg.Outbox
+	return Layout{
+		Outbox: ParseTable(o.Table),
+		Cols: Columns{
+			ID: o.Column("id"), AggregateType: o.Column("aggregate_type"), AggregateID: o.Column("aggregate_id"),
+			EventType: o.Column("event_type"), Payload: o.Column("payload"), Headers: o.Column("headers"),
+			CreatedAt: o.Column("created_at"), Seq: o.Column("seq"),
+		},
+		DeadLetter: ParseTable(cfg.DeadLetter.Table),
+		Archive:    ParseTable(cfg.Archive.Table),
+	}
+}
+
+// NotifyChannel is the channel the insert trigger notifies and poll capture
+// listens on.
+func (l Layout) NotifyChannel() string {
+	return truncate("relay_" + l.Outbox.Schema + "_" + l.Outbox.Name)
+}
+
+// Info is what Inspect learned about an existing outbox table.
+type Info struct {
+	// Types maps each mapped column name to its SQL type (format_type).
+	Types map[string]string
+	// ContentType follows from the payload column's type.
+	ContentType string
+	// SeqSequence is the regclass text of the sequence behind seq, or empty.
+	SeqSequence string
+}
+
+// ErrNoOutbox is returned by Inspect when the outbox table does not exist.
+var ErrNoOutbox = errors.New("outbox table does not exist")
+
+// Inspect checks that the outbox table exists with every mapped column and a
+// supported payload type.
+func Inspect(ctx context.Context, q Querier, l Layout) (Info, error) {
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, l.Outbox.Ident()).Scan(&exists); err != nil {
+		return Info{}, fmt.Errorf("inspect outbox table %s: %w", l.Outbox, err)
+	}
+	if !exists {
+		return Info{}, fmt.Errorf("%w: %s (create it with `relay init` or by hand, see CONTRACT §1)", ErrNoOutbox, l.Outbox)
+	}
+	info := Info{Types: map[string]string{}}
+	rows, err := q.Query(ctx, `SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
+		WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, l.Outbox.Ident())
+	if err != nil {
+		return Info{}, fmt.Errorf("inspect outbox table %s: %w", l.Outbox, err)
+	}
+	for rows.Next() {
+		var name, typ string
+		if err := rows.Scan(&name, &typ); err != nil {
+			return Info{}, err
+		}
+		info.Types[name] = typ
+	}
+	if err := rows.Err(); err != nil {
+		return Info{}, fmt.Errorf("inspect outbox table %s: %w", l.Outbox, err)
+	}
+	for _, c := range l.Cols.List() {
+		if _, ok := info.Types[c]; !ok {
+			return Info{}, fmt.Errorf("outbox table %s has no column %q (map it with outbox.columns)", l.Outbox, c)
+		}
+	}
+	if info.ContentType, err = contentType(info.Types[l.Cols.Payload]); err != nil {
+		return Info{}, fmt.Errorf("outbox table %s column %s: %w", l.Outbox, l.Cols.Payload, err)
+	}
+	var seq *string
+	if err := q.QueryRow(ctx, `SELECT pg_get_serial_sequence($1, $2)`, l.Outbox.Ident(), l.Cols.Seq).Scan(&seq); err != nil {
+		return Info{}, fmt.Errorf("inspect outbox table %s: %w", l.Outbox, err)
+	}
+	if seq != nil {
+		info.SeqSequence = *seq
+	}
+	return info, nil
+}
+
+func contentType(sqlType string) (string, error) {
+	switch sqlType {
+	case "jsonb", "json":
+		return event.ContentTypeJSON, nil
+	case "text", "character varying":
+		return event.ContentTypeText, nil
+	case "bytea":
+		return event.ContentTypeBinary, nil
+	}
+	return "", fmt.Errorf("payload type %s is not supported (use jsonb, json, text or bytea)", sqlType)
+}

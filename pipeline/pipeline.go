@@ -1,0 +1,182 @@
+// Package pipeline moves captured events to a sink: it keeps events of one
+// aggregate in source order, publishes events of different aggregates
+// concurrently and in batches, retries failures with backoff, dead-letters
+// events that keep failing, and hands each settled batch back to its source
+// to be archived.
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/outboxrelay/relay/capture"
+	"github.com/outboxrelay/relay/sink"
+)
+
+// Options configures a Pipeline. Zero values take the defaults given on each
+// field.
+type Options struct {
+	// Logger receives the pipeline's logs. Default slog.Default().
+	Logger *slog.Logger
+	// Retry is the backoff for failed publishes.
+	Retry Retry
+	// MaxInFlight is the most events held between capture and archive; the
+	// source is not read while it is reached. Default 10000.
+	MaxInFlight int
+	// BatchSize is the most events in one Publish call. Default 500.
+	BatchSize int
+	// Concurrency is the most Publish calls in flight at once. Default 8.
+	Concurrency int
+	// ShutdownTimeout bounds the drain after the Run context is cancelled:
+	// in-flight events keep being published and archived until it expires,
+	// then what is left is abandoned to be captured again. Default 15s.
+	ShutdownTimeout time.Duration
+}
+
+func (o *Options) setDefaults() {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	o.Retry.setDefaults()
+	if o.MaxInFlight <= 0 {
+		o.MaxInFlight = 10000
+	}
+	if o.BatchSize <= 0 {
+		o.BatchSize = 500
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 8
+	}
+	if o.ShutdownTimeout <= 0 {
+		o.ShutdownTimeout = 15 * time.Second
+	}
+}
+
+// Stats are counters of a running pipeline, safe to read concurrently.
+type Stats struct {
+	Captured     atomic.Int64 // events received from the source
+	Published    atomic.Int64 // events acknowledged by the sink
+	DeadLettered atomic.Int64 // events given up on
+	Retries      atomic.Int64 // failed publish attempts that will be retried
+	Archived     atomic.Int64 // events whose batch was archived
+	InFlight     atomic.Int64 // events captured and not yet settled
+	Ready        atomic.Bool  // false while the sink is unreachable
+}
+
+// Pipeline connects one source to one sink. Run it once.
+type Pipeline struct {
+	src   capture.Source
+	snk   sink.Sink
+	opts  Options
+	log   *slog.Logger
+	stats Stats
+}
+
+// New returns a pipeline from src to snk.
+func New(src capture.Source, snk sink.Sink, opts Options) *Pipeline {
+	opts.setDefaults()
+	p := &Pipeline{src: src, snk: snk, opts: opts, log: opts.Logger}
+	p.stats.Ready.Store(true)
+	return p
+}
+
+// Stats returns the pipeline's live counters.
+func (p *Pipeline) Stats() *Stats { return &p.stats }
+
+// Run captures, publishes and archives until ctx is cancelled, then drains
+// in-flight events for at most Options.ShutdownTimeout and returns nil. It
+// returns an error when the source fails for good.
+func (p *Pipeline) Run(ctx context.Context) error {
+	hardCtx, cancelHard := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelHard()
+	stopTimer := context.AfterFunc(ctx, func() {
+		time.AfterFunc(p.opts.ShutdownTimeout, cancelHard)
+	})
+	defer stopTimer()
+
+	readCtx, stopReading := context.WithCancel(ctx)
+	defer stopReading()
+	batches := make(chan capture.Batch)
+	var readErr error
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		readErr = p.read(readCtx, batches)
+	}()
+
+	e := newEngine(p, hardCtx)
+	err := e.loop(ctx, batches, readDone, func() error { return readErr })
+	stopReading()
+	<-readDone
+	e.wait()
+	return err
+}
+
+// read feeds batches from the source until ctx ends or the source fails for
+// good. Failures that may pass are retried with backoff.
+func (p *Pipeline) read(ctx context.Context, out chan<- capture.Batch) error {
+	failures := 0
+	for {
+		b, err := p.src.Next(ctx)
+		if ctx.Err() != nil {
+			if b != nil {
+				b.Abandon(context.WithoutCancel(ctx))
+			}
+			return ctx.Err()
+		}
+		if err != nil {
+			if sink.ClassOf(err) == sink.Permanent {
+				return fmt.Errorf("capture: %w", err)
+			}
+			failures++
+			wait := p.opts.Retry.unavailableDelay(failures)
+			p.log.Warn("capture failed, retrying", "err", err, "retry_in", wait)
+			if sleep(ctx, wait) != nil {
+				return ctx.Err()
+			}
+			continue
+		}
+		failures = 0
+		select {
+		case out <- b:
+		case <-ctx.Done():
+			b.Abandon(context.WithoutCancel(ctx))
+			return ctx.Err()
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// completer runs batch completions in their own goroutines and waits for
+// them on shutdown.
+type completer struct {
+	wg  sync.WaitGroup
+	ctx context.Context
+	log *slog.Logger
+	st  *Stats
+}
+
+func (c *completer) complete(b capture.Batch, o capture.Outcome) {
+	c.wg.Go(func() {
+		if err := b.Complete(c.ctx, o); err != nil {
+			c.log.Warn("archive failed; the batch's events will be captured and published again with the same message_id",
+				"err", err, "events", len(b.Events()))
+			return
+		}
+		c.st.Archived.Add(int64(len(b.Events())))
+	})
+}

@@ -1,0 +1,207 @@
+// Package nats publishes events to a NATS JetStream stream.
+//
+// Each event becomes one message on the subject rendered from the subject
+// template, with the payload as body and the headers Nats-Msg-Id and
+// message_id set to the event ID, so JetStream drops a redelivery that
+// arrives within the stream's duplicate window.
+package nats
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/sink"
+)
+
+// Options tunes a Sink. The zero value uses the defaults documented on each
+// field.
+type Options struct {
+	// MaxInFlight caps the messages published but not yet acknowledged,
+	// across all concurrent Publish calls. A publish that finds the window
+	// full waits for a free slot for up to AckTimeout. Default 4096.
+	MaxInFlight int
+	// AckTimeout bounds the wait for one message's PubAck. Default 5s.
+	AckTimeout time.Duration
+	// Logger receives connection events (disconnects, reconnects,
+	// asynchronous errors) and stream creation. Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxInFlight <= 0 {
+		o.MaxInFlight = 4096
+	}
+	if o.AckTimeout <= 0 {
+		o.AckTimeout = 5 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Connection settings. Reconnects never stop and the reconnect buffer is
+// disabled: while the connection is down a publish fails at once and the
+// pipeline retries it, instead of a buffered copy surfacing after the event
+// was already given up on.
+const (
+	clientName     = "outbox-relay"
+	reconnectWait  = 250 * time.Millisecond
+	connectTimeout = 5 * time.Second
+	pingInterval   = 10 * time.Second
+	// duplicateWindow is the duplicate window of a stream EnsureStream
+	// creates.
+	duplicateWindow = 2 * time.Minute
+)
+
+// Sink publishes events to JetStream. It implements sink.Sink; its methods
+// are safe for concurrent use.
+type Sink struct {
+	cfg     config.NATS
+	opts    Options
+	subject sink.Template
+	pattern string // the stream subject covering every rendered subject
+	nc      *nats.Conn
+	js      jetstream.JetStream
+
+	closeOnce sync.Once
+	closed    chan struct{}
+}
+
+// New connects to the NATS servers of cfg.URL and returns a sink publishing
+// to subjects rendered from cfg.Subject. It fails on a subject template that
+// cannot yield valid subjects, and with an error classified
+// sink.Unavailable when no server can be reached before ctx is done or 5s
+// pass. New neither checks nor creates the stream; see EnsureStream and
+// Check.
+func New(ctx context.Context, cfg config.NATS, opts Options) (*Sink, error) {
+	opts = opts.withDefaults()
+	subject, err := sink.NewTemplate(cfg.Subject, sanitize)
+	if err != nil {
+		return nil, fmt.Errorf("sink.nats.subject: %w", err)
+	}
+	pattern, err := subjectPattern(cfg.Subject)
+	if err != nil {
+		return nil, fmt.Errorf("sink.nats.subject: %w", err)
+	}
+	nc, err := connect(ctx, cfg.URL, opts.Logger)
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc,
+		jetstream.WithPublishAsyncMaxPending(opts.MaxInFlight),
+		jetstream.WithPublishAsyncTimeout(opts.AckTimeout),
+	)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return &Sink{
+		cfg:     cfg,
+		opts:    opts,
+		subject: subject,
+		pattern: pattern,
+		nc:      nc,
+		js:      js,
+		closed:  make(chan struct{}),
+	}, nil
+}
+
+func connect(ctx context.Context, url string, log *slog.Logger) (*nats.Conn, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, sink.AsUnavailable(fmt.Errorf("connect to nats %s: %w", redact(url), err))
+	}
+	timeout := connectTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(dl))
+	}
+	nc, err := nats.Connect(url,
+		nats.Name(clientName),
+		nats.Timeout(timeout),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(reconnectWait),
+		nats.ReconnectBufSize(-1),
+		nats.PingInterval(pingInterval),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			log.Warn("nats disconnected", "url", redact(url), "err", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("nats reconnected", "server", redact(nc.ConnectedUrl()))
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			log.Warn("nats error", "err", err)
+		}),
+	)
+	if err != nil {
+		return nil, sink.AsUnavailable(fmt.Errorf("connect to nats %s: %w", redact(url), err))
+	}
+	return nc, nil
+}
+
+// redact replaces the user information (user, password or token) of every
+// URL in the comma separated urls with "***".
+func redact(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, u := range parts {
+		at := strings.LastIndexByte(u, '@')
+		if at < 0 {
+			continue
+		}
+		scheme := ""
+		if j := strings.Index(u, "://"); j >= 0 && j < at {
+			scheme = u[:j+3]
+		}
+		parts[i] = scheme + "***" + u[at:]
+	}
+	return strings.Join(parts, ",")
+}
+
+// sanitize maps a rune of a template value that a subject token cannot hold
+// (the separator ".", the wildcards "*" and ">", whitespace and control
+// characters) to '_'.
+func sanitize(r rune) rune {
+	if r == '.' || r == '*' || r == '>' || unicode.IsSpace(r) || unicode.IsControl(r) {
+		return '_'
+	}
+	return r
+}
+
+// subjectPattern returns the subject filter covering every subject tmpl can
+// render: each token holding a placeholder becomes "*". It fails on an empty
+// token or a literal character not allowed in a subject token.
+func subjectPattern(tmpl string) (string, error) {
+	tokens := strings.Split(tmpl, ".")
+	for i, tok := range tokens {
+		literal := tok
+		for _, p := range sink.Placeholders {
+			literal = strings.ReplaceAll(literal, p, "")
+		}
+		if tok == "" || strings.Map(sanitize, literal) != literal {
+			return "", fmt.Errorf("template %q: token %q is not a valid NATS subject token", tmpl, tok)
+		}
+		if literal != tok {
+			tokens[i] = "*"
+		}
+	}
+	return strings.Join(tokens, "."), nil
+}
+
+// Close closes the connection. Publish calls waiting for acknowledgements
+// fail at once with an error classified sink.Unavailable. Close is
+// idempotent and always returns nil.
+func (s *Sink) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		s.nc.Close()
+	})
+	return nil
+}
