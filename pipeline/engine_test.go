@@ -715,3 +715,30 @@ func TestEmptyBatchCompleted(t *testing.T) {
 
 var _ capture.Source = (*fakeSource)(nil)
 var _ sink.Sink = (*fakeSink)(nil)
+
+// Transient failures wait for the backoff between attempts instead of
+// hammering the sink.
+func TestTransientRetryBacksOff(t *testing.T) {
+	snk := newFakeSink(func(e *event.Event, _ int) action {
+		if e.ID == "f1" {
+			return action{err: errFlaky}
+		}
+		return action{}
+	})
+	opts := testOptions()
+	opts.Retry = Retry{Initial: 10 * time.Millisecond, Max: 10 * time.Millisecond, MaxAttempts: 1 << 30}
+	opts.ShutdownTimeout = 50 * time.Millisecond
+	r := start(t, newFakeSource([]*event.Event{mkEvent("f1", "F"), mkEvent("g1", "G")}), snk, opts)
+	waitFor(t, "g1 to be published", 5*time.Second, func() bool { return snk.isAcked("g1") })
+	time.Sleep(200 * time.Millisecond)
+	// Mean delay 5ms: about 40 attempts; without backoff, thousands.
+	if n := snk.attemptsOf("f1"); n < 2 || n > 400 {
+		t.Errorf("f1 attempted %d times in 200ms with a 10ms full-jitter backoff, want about 40", n)
+	}
+	// The drain retries f1 until ShutdownTimeout, then abandons its batch.
+	if err := r.stop(t, 5*time.Second); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+	r.src.checkSettledOnce(t)
+	snk.checkViolations(t)
+}

@@ -495,6 +495,14 @@ func (s *fakeSink) checkViolations(t *testing.T) {
 // settled, and the first successful publishes are in source order.
 func checkOrder(t *testing.T, src *fakeSource, snk *fakeSink, dead map[string]capture.DeadEvent) {
 	t.Helper()
+	for _, p := range orderProblems(src, snk, dead) {
+		t.Error(p)
+	}
+}
+
+func orderProblems(src *fakeSource, snk *fakeSink, dead map[string]capture.DeadEvent) []string {
+	var out []string
+	bad := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
 	index := map[string]int{} // id → position within its aggregate
 	order := map[string][]string{}
 	for _, b := range src.handedBatches() {
@@ -510,12 +518,12 @@ func checkOrder(t *testing.T, src *fakeSource, snk *fakeSink, dead map[string]ca
 		for i, r := range recs {
 			at, ok := index[r.id]
 			if !ok {
-				t.Errorf("aggregate %s: sink saw unknown event %s", agg, r.id)
-				return
+				bad("aggregate %s: sink saw unknown event %s", agg, r.id)
+				break
 			}
 			if i == 0 {
 				if at != 0 {
-					t.Errorf("aggregate %s: first attempt is %s (#%d), not its first event %s", agg, r.id, at, order[agg][0])
+					bad("aggregate %s: first attempt is %s (#%d), not its first event %s", agg, r.id, at, order[agg][0])
 				}
 				pos = at
 				continue
@@ -524,18 +532,19 @@ func checkOrder(t *testing.T, src *fakeSource, snk *fakeSink, dead map[string]ca
 			switch {
 			case at == pos:
 				if prev.err == nil {
-					t.Errorf("aggregate %s: %s published again after it was acknowledged", agg, r.id)
+					bad("aggregate %s: %s published again after it was acknowledged", agg, r.id)
 				}
 			case at == pos+1:
 				if _, isDead := dead[prev.id]; prev.err != nil && !isDead {
-					t.Errorf("aggregate %s: %s attempted while the older %s had failed (%v) and was neither acknowledged nor dead", agg, r.id, prev.id, prev.err)
+					bad("aggregate %s: %s attempted while the older %s had failed (%v) and was neither acknowledged nor dead", agg, r.id, prev.id, prev.err)
 				}
 			default:
-				t.Errorf("aggregate %s: attempt of %s (#%d) follows %s (#%d): out of source order", agg, r.id, at, prev.id, pos)
+				bad("aggregate %s: attempt of %s (#%d) follows %s (#%d): out of source order", agg, r.id, at, prev.id, pos)
 			}
 			pos = at
 		}
 	}
+	return out
 }
 
 // ---------------------------------------------------------------------------

@@ -71,13 +71,14 @@ func configCommand(ctx context.Context, cmd string, args []string, stdout, stder
 	if err != nil {
 		return err
 	}
+	log := app.NewLogger(cfg.Log, stderr)
 	switch cmd {
 	case "init":
-		return app.Init(ctx, cfg, dryRun, stdout)
+		return app.Init(ctx, cfg, dryRun, stdout, log)
 	case "check":
-		return app.Check(ctx, cfg, stdout)
+		return app.Check(ctx, cfg, stdout, log)
 	default:
-		return app.RunConfig(ctx, cfg, app.NewLogger(cfg.Log, stderr))
+		return app.RunConfig(ctx, cfg, log)
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -87,6 +86,3 @@ func connect(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, er
 	}
 	return pool, nil
 }
-
-// stderrLogger is used before the config chose a format.
-var stderrLogger = slog.New(slog.NewTextHandler(os.Stderr, nil))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/schema"
@@ -17,8 +18,9 @@ var ErrCheckFailed = errors.New("check failed")
 // Check validates what the relay needs beyond the config file: Postgres is
 // reachable, the outbox table exists with the mapped columns, and the sink
 // is reachable with its stream in place. It prints one line per check with
-// the fix for each problem and returns ErrCheckFailed when any failed.
-func Check(ctx context.Context, cfg *config.Config, w io.Writer) error {
+// the fix for each problem and returns ErrCheckFailed when any failed. log
+// receives the sink's logs.
+func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logger) error {
 	if err := supported(cfg); err != nil {
 		return err
 	}
@@ -39,7 +41,7 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer) error {
 		report("outbox table "+l.Outbox.String(), err, "run `relay init`, or fix outbox.table / outbox.columns")
 		pool.Close()
 	}
-	snk, err := natssink.New(ctx, cfg.Sink.NATS, natssink.Options{})
+	snk, err := natssink.New(ctx, cfg.Sink.NATS, natssink.Options{Logger: log})
 	report("nats "+config.RedactURL(cfg.Sink.NATS.URL), err, "check sink.nats.url and that the server runs with JetStream enabled")
 	if err == nil {
 		report("nats stream "+cfg.Sink.NATS.Stream, snk.Check(ctx), "run `relay init` (or `relay run`, which creates it)")

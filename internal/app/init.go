@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/schema"
@@ -13,8 +14,9 @@ import (
 // Init creates what is missing: the outbox table with the index serving the
 // poll query, the insert notify trigger (poll mode), the dead-letter table
 // and the NATS stream. With dryRun it prints the SQL and changes nothing.
-// Every statement is idempotent, so Init can run on every deploy.
-func Init(ctx context.Context, cfg *config.Config, dryRun bool, w io.Writer) error {
+// Every statement is idempotent, so Init can run on every deploy. log
+// receives the sink's logs.
+func Init(ctx context.Context, cfg *config.Config, dryRun bool, w io.Writer, log *slog.Logger) error {
 	if err := supported(cfg); err != nil {
 		return err
 	}
@@ -46,7 +48,7 @@ func Init(ctx context.Context, cfg *config.Config, dryRun bool, w io.Writer) err
 	}
 	fmt.Fprintf(w, "postgres: outbox %s, dead-letter table %s ready\n", l.Outbox, l.DeadLetter)
 
-	snk, err := natssink.New(ctx, cfg.Sink.NATS, natssink.Options{})
+	snk, err := natssink.New(ctx, cfg.Sink.NATS, natssink.Options{Logger: log})
 	if err != nil {
 		return err
 	}

@@ -80,14 +80,14 @@ func (e *env) startClients(ctx context.Context, logs io.Writer) error {
 	if e.cfg, err = relayConfig(e.dsn, e.nats.URL()); err != nil {
 		return err
 	}
-	if err := createSchema(ctx, e.cfg); err != nil {
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if err := createSchema(ctx, e.cfg, log); err != nil {
 		return err
 	}
 	if e.cons, err = startConsumer(ctx, e.nats.URL()); err != nil {
 		return err
 	}
 	e.closers = append(e.closers, e.cons.stop)
-	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if e.rel, err = startRelay(ctx, e.cfg, log); err != nil {
 		return err
 	}
@@ -127,8 +127,8 @@ shutdown_timeout: 5s
 
 // createSchema runs `relay init` for cfg and creates the business table the
 // producers update in the same transactions as they write the outbox.
-func createSchema(ctx context.Context, cfg *config.Config) error {
-	if err := app.Init(ctx, cfg, false, io.Discard); err != nil {
+func createSchema(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
+	if err := app.Init(ctx, cfg, false, io.Discard, log); err != nil {
 		return fmt.Errorf("relay init: %w", err)
 	}
 	pool, err := connect(ctx, cfg.Postgres.URL, 1)

@@ -41,7 +41,7 @@ func (t Table) String() string { return t.Schema + "." + t.Name }
 
 // sibling returns a quoted object name in t's schema made of t's name and suffix.
 func (t Table) sibling(suffix string) string {
-	return pgx.Identifier{t.Schema, truncate(t.Name+suffix)}.Sanitize()
+	return pgx.Identifier{t.Schema, truncate(t.Name + suffix)}.Sanitize()
 }
 
 func truncate(s string) string {

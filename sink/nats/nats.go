@@ -132,6 +132,9 @@ func connect(ctx context.Context, url string, log *slog.Logger) (*nats.Conn, err
 		nats.ReconnectBufSize(-1),
 		nats.PingInterval(pingInterval),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err == nil { // a deliberate Close
+				return
+			}
 			log.Warn("nats disconnected", "url", redact(url), "err", err)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
