@@ -1,0 +1,322 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxrelay/relay/internal/testenv"
+	"github.com/outboxrelay/relay/internal/verify"
+)
+
+// relayBin is the relay binary built once for the package's tests.
+var relayBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "relay-bin-")
+	if err != nil {
+		panic(err)
+	}
+	relayBin = filepath.Join(dir, "relay")
+	if out, err := exec.Command("go", "build", "-o", relayBin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build relay: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	testenv.OnExit(func() { os.RemoveAll(dir) })
+	testenv.Main(m)
+}
+
+// stack is one database, one NATS server and a relay config pointing at
+// them, with the logs of what producers wrote and consumers received.
+type stack struct {
+	t       *testing.T
+	dsn     string
+	nats    *testenv.NATS
+	cfgPath string
+	pool    *pgxpool.Pool
+	wire    *verify.Log // every message seen on the subjects (core NATS)
+	stream  *verify.Log // what the JetStream stream holds
+	mu      sync.Mutex
+	relays  []*relayProc
+}
+
+// newStack starts NATS, writes a poll-mode config and runs `relay init`.
+func newStack(t *testing.T) *stack {
+	t.Helper()
+	n, err := testenv.StartNATS(testenv.NATSOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.Shutdown)
+	s := &stack{t: t, dsn: testenv.NewDB(t), nats: n, wire: verify.NewLog(), stream: verify.NewLog()}
+	s.cfgPath = writeConfig(t, fmt.Sprintf(`postgres:
+  url: %s
+capture:
+  mode: poll
+  poll:
+    interval: 50ms
+sink:
+  type: nats
+  nats:
+    url: %s
+shutdown_timeout: 10s
+`, s.dsn, n.URL()))
+	if out, code := runRelay(t, "init", "--config", s.cfgPath); code != 0 {
+		t.Fatalf("relay init: exit %d\n%s", code, out)
+	}
+	if s.pool, err = pgxpool.New(context.Background(), s.dsn); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.pool.Close)
+	s.subscribe()
+	return s
+}
+
+func writeConfig(t *testing.T, yaml string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "relay.yaml")
+	if err := os.WriteFile(p, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// runRelay runs a relay command to completion and returns its combined
+// output and exit status.
+func runRelay(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, relayBin, args...).CombinedOutput()
+	if err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			return string(out), ee.ExitCode()
+		}
+		t.Fatalf("relay %v: %v", args, err)
+	}
+	return string(out), 0
+}
+
+// relayProc is a `relay run` child process.
+type relayProc struct {
+	cmd  *exec.Cmd
+	logs bytes.Buffer
+	done chan struct{}
+	err  error
+}
+
+// start launches `relay run` on the stack's config.
+func (s *stack) start() *relayProc {
+	s.t.Helper()
+	p := &relayProc{cmd: exec.Command(relayBin, "run", "--config", s.cfgPath), done: make(chan struct{})}
+	p.cmd.Stdout, p.cmd.Stderr = &p.logs, &p.logs
+	if err := p.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	s.mu.Lock()
+	s.relays = append(s.relays, p)
+	s.mu.Unlock()
+	s.t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.done
+		if s.t.Failed() {
+			s.t.Logf("relay log:\n%s", p.logs.String())
+		}
+	})
+	return p
+}
+
+// kill sends SIGKILL and waits for the process to end.
+func (p *relayProc) kill() {
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// stop sends SIGTERM and returns the exit status, failing after d.
+func (p *relayProc) stop(t *testing.T, d time.Duration) int {
+	t.Helper()
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(d):
+		t.Fatalf("relay did not exit within %s of SIGTERM", d)
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+// produce writes events over aggregates from producers goroutines, each
+// owning its aggregates and committing 1–3 events per transaction in step
+// order. It returns when all are written or ctx ends.
+func (s *stack) produce(ctx context.Context, events, aggregates, producers int) {
+	var wg sync.WaitGroup
+	per := events / producers
+	for p := range producers {
+		wg.Go(func() { s.producer(ctx, p, producers, per, aggregates) })
+	}
+	wg.Wait()
+}
+
+func (s *stack) producer(ctx context.Context, p, producers, events, aggregates int) {
+	steps := map[int]int{}
+	for written := 0; written < events && ctx.Err() == nil; {
+		agg := p + producers*rand.IntN(aggregates/producers)
+		n := min(1+rand.IntN(3), events-written)
+		tx, err := s.pool.Begin(ctx)
+		if err != nil {
+			return
+		}
+		type row struct {
+			id   string
+			step int
+		}
+		var rows []row
+		for range n {
+			steps[agg]++
+			r := row{uuid.NewString(), steps[agg]}
+			name := fmt.Sprintf("order-%d", agg)
+			payload := fmt.Sprintf(`{"aggregate":%q,"step":%d}`, name, r.step)
+			if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
+				VALUES ($1, 'order', $2, 'step', $3, '{"trace":"t"}')`, r.id, name, payload); err != nil {
+				tx.Rollback(ctx)
+				return
+			}
+			rows = append(rows, r)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return
+		}
+		for _, r := range rows {
+			name := fmt.Sprintf("order-%d", agg)
+			s.wire.Written(r.id, name, r.step)
+			s.stream.Written(r.id, name, r.step)
+		}
+		written += n
+	}
+}
+
+// subscribe records every message published on the stream's subjects with
+// a core NATS subscription, which also sees what JetStream deduplicates.
+func (s *stack) subscribe() {
+	nc, err := nats.Connect(s.nats.URL())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(nc.Close)
+	sub, err := nc.Subscribe("outbox.>", func(m *nats.Msg) { s.wire.Delivered(delivery(m.Header, m.Data)) })
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	sub.SetPendingLimits(-1, -1)
+	nc.Flush()
+}
+
+// delivery decodes one message into a verify.Delivery, checking its
+// headers against its payload.
+func delivery(h nats.Header, data []byte) verify.Delivery {
+	var body struct {
+		Aggregate string
+		Step      int
+	}
+	d := verify.Delivery{MessageID: h.Get("message_id"), AggregateID: h.Get("aggregate_id")}
+	if err := json.Unmarshal(data, &body); err != nil {
+		d.Problem = "payload: " + err.Error()
+	}
+	d.Step = body.Step
+	switch {
+	case h.Get("Nats-Msg-Id") != d.MessageID:
+		d.Problem = "Nats-Msg-Id " + h.Get("Nats-Msg-Id") + " differs from message_id"
+	case body.Aggregate != d.AggregateID:
+		d.Problem = "aggregate_id header " + d.AggregateID + " differs from the payload's " + body.Aggregate
+	case h.Get("event_type") != "step" || h.Get("aggregate_type") != "order" || h.Get("trace") != "t":
+		d.Problem = fmt.Sprintf("headers %v", h)
+	}
+	return d
+}
+
+// readStream records the stream's messages in stream order.
+func (s *stack) readStream() {
+	s.t.Helper()
+	nc, err := nats.Connect(s.nats.URL())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, "OUTBOX")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	info, _ := st.Info(ctx)
+	c, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for range info.State.Msgs {
+		m, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			s.t.Fatalf("read stream: %v", err)
+		}
+		s.stream.Delivered(delivery(m.Headers(), m.Data()))
+	}
+}
+
+// outboxRows counts the rows left in the outbox.
+func (s *stack) outboxRows() int {
+	var n int
+	if err := s.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&n); err != nil {
+		s.t.Fatal(err)
+	}
+	return n
+}
+
+// waitDrained waits until every written event is on the wire and the
+// outbox is empty.
+func (s *stack) waitDrained(d time.Duration) {
+	s.t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		r := s.wire.Check()
+		if len(r.Missing) == 0 && s.outboxRows() == 0 {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.t.Fatalf("not drained after %s: %s, outbox rows %d", d, s.wire.Check(), s.outboxRows())
+}
+
+// verify checks both logs and fails the test on any broken guarantee.
+func (s *stack) verify() (wire, stream verify.Report) {
+	s.t.Helper()
+	s.readStream()
+	wire, stream = s.wire.Check(), s.stream.Check()
+	if err := wire.Err(); err != nil {
+		s.t.Errorf("on the wire: %v", err)
+	}
+	if err := stream.Err(); err != nil {
+		s.t.Errorf("in the stream: %v", err)
+	}
+	if stream.Duplicates > 0 {
+		s.t.Errorf("the stream holds %d duplicates despite Nats-Msg-Id", stream.Duplicates)
+	}
+	if n := s.outboxRows(); n != 0 {
+		s.t.Errorf("%d rows left in the outbox", n)
+	}
+	return wire, stream
+}
