@@ -178,6 +178,9 @@ func (e *engine) dispatch() {
 // settle applies the result of one Publish call.
 func (e *engine) settle(r result) {
 	e.inFlight--
+	if e.ctx.Err() != nil {
+		return // the drain timed out: loop abandons every unsettled batch
+	}
 	now := time.Now()
 	anyOK, anyDown := false, false
 	for i, q := range r.queues {
@@ -193,7 +196,8 @@ func (e *engine) settle(r result) {
 		switch class := sink.ClassOf(err); {
 		case class == sink.Unavailable:
 			anyDown = true
-			e.markReady(q)
+			q.retryAt = now.Add(e.p.opts.Retry.unavailableDelay(e.outages + 1))
+			heap.Push(&e.retries, q)
 		case e.failed(it, class, now):
 			e.pop(q, it, now)
 		default:

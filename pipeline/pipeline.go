@@ -110,6 +110,9 @@ func (p *Pipeline) Run(ctx context.Context) error {
 
 	e := newEngine(p, hardCtx)
 	err := e.loop(ctx, batches, readDone, func() error { return readErr })
+	if err != nil {
+		cancelHard() // the relay stops: do not wait for publishes to time out
+	}
 	stopReading()
 	<-readDone
 	e.wait()

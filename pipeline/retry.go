@@ -36,6 +36,9 @@ func (r *Retry) setDefaults() {
 func (r Retry) ceiling(n int, limit time.Duration) time.Duration {
 	d := r.Initial
 	for i := 1; i < n && d < limit; i++ {
+		if d > limit/2 {
+			return limit
+		}
 		d *= 2
 	}
 	return min(d, limit)

@@ -50,8 +50,6 @@ type stack struct {
 	pool    *pgxpool.Pool
 	wire    *verify.Log // every message seen on the subjects (core NATS)
 	stream  *verify.Log // what the JetStream stream holds
-	mu      sync.Mutex
-	relays  []*relayProc
 }
 
 // newStack starts NATS, writes a poll-mode config and runs `relay init`.
@@ -122,20 +120,24 @@ type relayProc struct {
 // start launches `relay run` on the stack's config.
 func (s *stack) start() *relayProc {
 	s.t.Helper()
-	p := &relayProc{cmd: exec.Command(relayBin, "run", "--config", s.cfgPath), done: make(chan struct{})}
+	return startProc(s.t, context.Background(), "run", "--config", s.cfgPath)
+}
+
+// startProc starts the relay binary with args; it is killed when the test
+// ends, and its log is printed if the test failed.
+func startProc(t *testing.T, ctx context.Context, args ...string) *relayProc {
+	t.Helper()
+	p := &relayProc{cmd: exec.CommandContext(ctx, relayBin, args...), done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = &p.logs, &p.logs
 	if err := p.cmd.Start(); err != nil {
-		s.t.Fatal(err)
+		t.Fatal(err)
 	}
 	go func() { p.err = p.cmd.Wait(); close(p.done) }()
-	s.mu.Lock()
-	s.relays = append(s.relays, p)
-	s.mu.Unlock()
-	s.t.Cleanup(func() {
+	t.Cleanup(func() {
 		p.cmd.Process.Kill()
 		<-p.done
-		if s.t.Failed() {
-			s.t.Logf("relay log:\n%s", p.logs.String())
+		if t.Failed() {
+			t.Logf("relay log:\n%s", p.logs.String())
 		}
 	})
 	return p

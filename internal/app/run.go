@@ -33,33 +33,37 @@ const pipelineWindow = 10000
 // Open connects to Postgres and the sink, creates the dead-letter table and
 // NATS stream when missing, and returns a relay ready to run. A missing
 // outbox table is an error naming it.
-func Open(ctx context.Context, cfg *config.Config, log *slog.Logger) (r *Relay, err error) {
+func Open(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Relay, error) {
 	if err := supported(cfg); err != nil {
 		return nil, err
 	}
-	r = &Relay{cfg: cfg, log: log}
-	defer func() {
-		if err != nil {
-			r.Close()
-		}
-	}()
-	if err := r.listen(); err != nil {
+	r := &Relay{cfg: cfg, log: log}
+	if err := r.open(ctx); err != nil {
+		r.Close()
 		return nil, err
+	}
+	return r, nil
+}
+
+func (r *Relay) open(ctx context.Context) error {
+	cfg, log := r.cfg, r.log
+	if err := r.listen(); err != nil {
+		return err
 	}
 	batch := cfg.Capture.Poll.BatchSize
 	pool, err := connect(ctx, cfg.Postgres.URL, int32(pipelineWindow/batch+4))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	r.closers = append(r.closers, pool.Close)
 
 	snk, err := natssink.New(ctx, cfg.Sink.NATS, natssink.Options{Logger: log})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	r.closers = append(r.closers, func() { snk.Close() })
 	if err := snk.EnsureStream(ctx); err != nil {
-		return nil, err
+		return err
 	}
 
 	src, err := poll.New(ctx, poll.Options{
@@ -67,7 +71,7 @@ func Open(ctx context.Context, cfg *config.Config, log *slog.Logger) (r *Relay, 
 		Interval: cfg.Capture.Poll.Interval.D(), Logger: log,
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	r.closers = append(r.closers, func() { src.Close() })
 
@@ -79,7 +83,7 @@ func Open(ctx context.Context, cfg *config.Config, log *slog.Logger) (r *Relay, 
 		BatchSize:       batch,
 		ShutdownTimeout: cfg.ShutdownTimeout.D(),
 	})
-	return r, nil
+	return nil
 }
 
 // Stats returns the pipeline's live counters.

@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxrelay/relay/internal/testenv"
+)
+
+// TestBadInput checks each kind of bad input gives a message naming the
+// thing and the contract's exit status, without creating anything.
+func TestBadInput(t *testing.T) {
+	n, err := testenv.StartNATS(testenv.NATSOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Shutdown()
+	dsn := testenv.NewDB(t)
+	deadPort := freePort(t)
+	base := func(url, extra string) string {
+		return fmt.Sprintf("postgres:\n  url: %s\ncapture:\n  mode: poll\nsink:\n  type: nats\n  nats:\n    url: %s\n%s", url, n.URL(), extra)
+	}
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		yaml  string
+		code  int
+		wants []string
+		not   string
+	}{
+		{name: "no command", code: 2, wants: []string{"usage"}},
+		{name: "unknown command", args: []string{"frobnicate"}, code: 2, wants: []string{`unknown command "frobnicate"`}},
+		{name: "missing --config", args: []string{"run"}, code: 2, wants: []string{"--config"}},
+		{name: "missing file", args: []string{"run", "--config", "/nonexistent.yaml"}, code: 2, wants: []string{"/nonexistent.yaml"}},
+		{name: "invalid yaml", args: []string{"run"}, yaml: "postgres:\n  url: [unclosed\n", code: 2, wants: []string{"relay.yaml:"}},
+		{name: "unknown key", args: []string{"run"}, yaml: base(dsn, "retry:\n  maximum: 3s\n"), code: 2,
+			wants: []string{"relay.yaml:10:", "retry.maximum", "unknown key"}},
+		{name: "bad duration", args: []string{"check"}, yaml: base(dsn, "retry:\n  max: 10 seconds\n"), code: 2,
+			wants: []string{"relay.yaml:10:", "retry.max", "invalid duration"}},
+		{name: "missing required", args: []string{"run"}, yaml: "capture:\n  mode: poll\nsink:\n  type: nats\n", code: 2,
+			wants: []string{"postgres.url", "required"}},
+		{name: "not implemented", args: []string{"run"}, yaml: strings.Replace(base(dsn, ""), "mode: poll", "mode: wal", 1), code: 2,
+			wants: []string{"capture.mode", "not implemented yet"}},
+		{name: "unreachable postgres", args: []string{"run"}, yaml: base(fmt.Sprintf("postgres://app:s3cret@127.0.0.1:%d/app", deadPort), ""), code: 1,
+			wants: []string{"connect to postgres", "xxxxx"}, not: "s3cret"},
+		{name: "unreachable nats", args: []string{"run"},
+			yaml: strings.Replace(base(dsn, ""), n.URL(), fmt.Sprintf("nats://127.0.0.1:%d", deadPort), 1), code: 1,
+			wants: []string{"nats"}},
+		{name: "missing outbox table", args: []string{"run"}, yaml: base(dsn, ""), code: 1,
+			wants: []string{"public.outbox", "relay init"}},
+		{name: "check reports missing outbox", args: []string{"check"}, yaml: base(dsn, ""), code: 1,
+			wants: []string{"FAIL  outbox table public.outbox", "fix:"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := tc.args
+			if tc.yaml != "" {
+				args = append(args, "--config", writeConfig(t, tc.yaml))
+			}
+			out, code := runRelay(t, args...)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d\n%s", code, tc.code, out)
+			}
+			for _, w := range tc.wants {
+				if !strings.Contains(out, w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
+				}
+			}
+			if tc.not != "" && strings.Contains(out, tc.not) {
+				t.Errorf("output leaks %q:\n%s", tc.not, out)
+			}
+		})
+	}
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var tables int
+	conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_tables WHERE schemaname = 'public'`).Scan(&tables)
+	if tables != 0 {
+		t.Errorf("bad runs created %d tables", tables)
+	}
+}
+
+func freePort(t *testing.T) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestInitDryRunAndCheck covers `relay init --dry-run` (prints SQL, changes
+// nothing), `relay init`, and `relay check` passing afterwards.
+func TestInitDryRunAndCheck(t *testing.T) {
+	n, err := testenv.StartNATS(testenv.NATSOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Shutdown()
+	dsn := testenv.NewDB(t)
+	cfg := writeConfig(t, fmt.Sprintf(`postgres:
+  url: %s
+outbox:
+  table: app.events
+  columns: {aggregate_id: order_id}
+capture:
+  mode: poll
+sink:
+  type: nats
+  nats:
+    url: %s
+`, dsn, n.URL()))
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA app`); err != nil {
+		t.Fatal(err)
+	}
+	out, code := runRelay(t, "init", "--config", cfg, "--dry-run")
+	if code != 0 || !strings.Contains(out, `CREATE TABLE IF NOT EXISTS "app"."events"`) || !strings.Contains(out, `"order_id" text NOT NULL`) {
+		t.Fatalf("dry run: exit %d\n%s", code, out)
+	}
+	var exists bool
+	conn.QueryRow(ctx, `SELECT to_regclass('app.events') IS NOT NULL`).Scan(&exists)
+	if exists {
+		t.Fatal("--dry-run created the table")
+	}
+	if out, code := runRelay(t, "init", "--config", cfg); code != 0 {
+		t.Fatalf("init: exit %d\n%s", code, out)
+	}
+	if out, code := runRelay(t, "init", "--config", cfg); code != 0 {
+		t.Fatalf("second init is not idempotent: exit %d\n%s", code, out)
+	}
+	if out, code := runRelay(t, "check", "--config", cfg); code != 0 || strings.Contains(out, "FAIL") {
+		t.Fatalf("check after init: exit %d\n%s", code, out)
+	}
+	// The trigger notifies and the relay publishes from the remapped table.
+	id := uuid.NewString()
+	if _, err := conn.Exec(ctx, `INSERT INTO app.events (id, aggregate_type, order_id, event_type, payload) VALUES ($1, 'order', 'o1', 'created', '{}')`, id); err != nil {
+		t.Fatal(err)
+	}
+	cmdCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	p := startProc(t, cmdCtx, "run", "--config", cfg)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var left int
+		conn.QueryRow(ctx, `SELECT count(*) FROM app.events`).Scan(&left)
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("row not published:\n%s", p.logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code := p.stop(t, 15*time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+}
