@@ -3,8 +3,11 @@ package main
 import (
 	"context"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // TestEndToEnd runs concurrent producers over 600 aggregates against a
@@ -69,4 +72,30 @@ func TestGracefulStop(t *testing.T) {
 	s.waitDrained(60 * time.Second)
 	wire, _ := s.verify()
 	t.Logf("graceful stop: %s", wire)
+}
+
+// TestPoisonRowDeadLettered puts a malformed row among good ones of the same
+// aggregate: it goes to the dead-letter table with its error, and the rest
+// are published in order.
+func TestPoisonRowDeadLettered(t *testing.T) {
+	s := newStack(t)
+	ctx := context.Background()
+	s.produce(ctx, 20, 4, 2)
+	poison := uuid.NewString()
+	if _, err := s.pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
+		VALUES ($1, 'order', 'order-0', 'step', '{}', '{"attempt": 1}')`, poison); err != nil {
+		t.Fatal(err)
+	}
+	s.produce(ctx, 20, 4, 2)
+	relay := s.start()
+	s.waitDrained(30 * time.Second)
+	relay.stop(t, 15*time.Second)
+	s.verify()
+	var id, msg, class string
+	if err := s.pool.QueryRow(ctx, `SELECT id::text, error, error_class FROM outbox_dead_letter`).Scan(&id, &msg, &class); err != nil {
+		t.Fatal(err)
+	}
+	if id != poison || class != "permanent" || !strings.Contains(msg, "headers") {
+		t.Fatalf("dead letter %s %q %s", id, msg, class)
+	}
 }

@@ -50,6 +50,8 @@ type stack struct {
 	pool    *pgxpool.Pool
 	wire    *verify.Log // every message seen on the subjects (core NATS)
 	stream  *verify.Log // what the JetStream stream holds
+	mu      sync.Mutex
+	steps   map[int]int // aggregate -> last step written
 }
 
 // newStack starts NATS, writes a poll-mode config and runs `relay init`.
@@ -60,7 +62,7 @@ func newStack(t *testing.T) *stack {
 		t.Fatal(err)
 	}
 	t.Cleanup(n.Shutdown)
-	s := &stack{t: t, dsn: testenv.NewDB(t), nats: n, wire: verify.NewLog(), stream: verify.NewLog()}
+	s := &stack{t: t, dsn: testenv.NewDB(t), nats: n, wire: verify.NewLog(), stream: verify.NewLog(), steps: map[int]int{}}
 	s.cfgPath = writeConfig(t, fmt.Sprintf(`postgres:
   url: %s
 capture:
@@ -174,7 +176,6 @@ func (s *stack) produce(ctx context.Context, events, aggregates, producers int) 
 }
 
 func (s *stack) producer(ctx context.Context, p, producers, events, aggregates int) {
-	steps := map[int]int{}
 	for written := 0; written < events && ctx.Err() == nil; {
 		agg := p + producers*rand.IntN(aggregates/producers)
 		n := min(1+rand.IntN(3), events-written)
@@ -188,8 +189,7 @@ func (s *stack) producer(ctx context.Context, p, producers, events, aggregates i
 		}
 		var rows []row
 		for range n {
-			steps[agg]++
-			r := row{uuid.NewString(), steps[agg]}
+			r := row{uuid.NewString(), s.nextStep(agg)}
 			name := fmt.Sprintf("order-%d", agg)
 			payload := fmt.Sprintf(`{"aggregate":%q,"step":%d}`, name, r.step)
 			if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
@@ -209,6 +209,15 @@ func (s *stack) producer(ctx context.Context, p, producers, events, aggregates i
 		}
 		written += n
 	}
+}
+
+// nextStep returns the next step number of aggregate agg; steps continue
+// across produce calls.
+func (s *stack) nextStep(agg int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.steps[agg]++
+	return s.steps[agg]
 }
 
 // subscribe records every message published on the stream's subjects with
@@ -270,12 +279,21 @@ func (s *stack) readStream() {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	for range info.State.Msgs {
-		m, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
+	for left := int(info.State.Msgs); left > 0; {
+		if ctx.Err() != nil {
+			s.t.Fatalf("read stream: %d messages not received", left)
+		}
+		batch, err := c.Fetch(min(left, 1000), jetstream.FetchMaxWait(time.Second))
 		if err != nil {
 			s.t.Fatalf("read stream: %v", err)
 		}
-		s.stream.Delivered(delivery(m.Headers(), m.Data()))
+		for m := range batch.Messages() {
+			s.stream.Delivered(delivery(m.Headers(), m.Data()))
+			left--
+		}
+		if err := batch.Error(); err != nil {
+			s.t.Fatalf("read stream: %v", err)
+		}
 	}
 }
 
