@@ -32,6 +32,13 @@ else
   fi
 fi
 
-# Later: kcat for the Kafka tests, npm packages for the SQS/webhook emulators.
-# if ! command -v kcat >/dev/null 2>&1; then apt_install kcat; fi
+# kcat (Debian package kcat, formerly kafkacat): sink/kafka's interop test
+# reads with it what the relay wrote to an in-process kfake cluster.
+if command -v kcat >/dev/null 2>&1; then
+  echo "deps: kcat present"
+else
+  apt_install kcat
+fi
+
+# Later: npm packages for the SQS/webhook emulators.
 # if ! command -v npm >/dev/null 2>&1; then apt_install npm; fi
