@@ -34,6 +34,8 @@ func (l *loader) decode(n ast.Node, v reflect.Value, path string) {
 		l.decodeList(n, v, path)
 	case v.Kind() == reflect.Int:
 		l.decodeInt(n, v, path)
+	case v.Kind() == reflect.Bool:
+		l.decodeBool(n, v, path)
 	case v.Kind() == reflect.String:
 		l.decodeString(n, v, path)
 	}
@@ -152,6 +154,16 @@ func intValue(n ast.Node) (int64, bool) {
 		return int64(x), x <= math.MaxInt64
 	}
 	return 0, false
+}
+
+// decodeBool accepts only true or false.
+func (l *loader) decodeBool(n ast.Node, v reflect.Value, path string) {
+	b, ok := n.(*ast.BoolNode)
+	if !ok {
+		l.errorf(lineOf(n), path, "expected true or false, got %s", describe(n))
+		return
+	}
+	v.SetBool(b.Value)
 }
 
 // decodeString accepts any scalar, as written, so that "stream: 123" works.
