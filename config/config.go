@@ -132,15 +132,11 @@ type Retry struct {
 	MaxAttempts int `yaml:"max_attempts"`
 }
 
-// DeadLetter configures the dead-letter table.
+// DeadLetter configures the dead-letter table. After an event is
+// dead-lettered, its aggregate continues with its next event.
 type DeadLetter struct {
 	// Table is the dead-letter table. Default public.outbox_dead_letter.
 	Table string `yaml:"table"`
-	// ParkAggregate, when true, holds an aggregate's later events in the
-	// outbox while one of its events is dead-lettered, until that dead letter
-	// is redriven or dropped. Default false: the aggregate continues with its
-	// next event.
-	ParkAggregate bool `yaml:"park_aggregate"`
 }
 
 // HTTP configures the metrics and health endpoint.

@@ -99,3 +99,53 @@ func TestPoisonRowDeadLettered(t *testing.T) {
 		t.Fatalf("dead letter %s %q %s", id, msg, class)
 	}
 }
+
+// TestDeadLetterRedrive dead-letters a malformed row, lists it, repairs it
+// in the dead-letter table, redrives it and sees it published with its
+// original id; then drop empties the table.
+func TestDeadLetterRedrive(t *testing.T) {
+	s := newStack(t)
+	ctx := context.Background()
+	poison := uuid.NewString()
+	if _, err := s.pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
+		VALUES ($1, 'order', 'poison-1', 'step', '{"aggregate":"poison-1","step":1}', '["not", "a", "map"]')`, poison); err != nil {
+		t.Fatal(err)
+	}
+	s.wire.Written(poison, "poison-1", 1)
+	s.stream.Written(poison, "poison-1", 1)
+	s.produce(ctx, 40, 4, 2)
+	relay := s.start()
+	defer relay.stop(t, 15*time.Second)
+	waitFor(t, func() bool { return s.outboxRows() == 0 })
+
+	out, code := runRelay(t, "dlq", "list", "--config", s.cfgPath)
+	if code != 0 || !strings.Contains(out, poison) || !strings.Contains(out, "permanent") || !strings.Contains(out, "order/poison-1") {
+		t.Fatalf("dlq list: exit %d\n%s", code, out)
+	}
+	if _, err := s.pool.Exec(ctx, `UPDATE outbox_dead_letter SET headers = '{"trace":"t"}' WHERE id = $1`, poison); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := runRelay(t, "dlq", "redrive", "--config", s.cfgPath, "--id", poison); code != 0 || !strings.Contains(out, "redrove 1") {
+		t.Fatalf("dlq redrive: exit %d\n%s", code, out)
+	}
+	s.waitDrained(30 * time.Second)
+	s.verify()
+	if out, code := runRelay(t, "dlq", "list", "--config", s.cfgPath); code != 0 || !strings.Contains(out, "no dead letters") {
+		t.Fatalf("dlq list after redrive: exit %d\n%s", code, out)
+	}
+	if out, code := runRelay(t, "dlq", "drop", "--config", s.cfgPath, "--id", "not-a-uuid"); code != 2 {
+		t.Fatalf("dlq drop with a bad id: exit %d, want 2\n%s", code, out)
+	}
+	if out, code := runRelay(t, "dlq", "drop", "--config", s.cfgPath, "--aggregate", "poison-1"); code != 0 || !strings.Contains(out, "dropped 0") {
+		t.Fatalf("dlq drop: exit %d\n%s", code, out)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 30s")
+		}
+	}
+}

@@ -12,17 +12,23 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
+
+	"github.com/google/uuid"
 
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/app"
 	"github.com/outboxrelay/relay/internal/demo"
+	"github.com/outboxrelay/relay/internal/schema"
 )
 
 const usage = `usage:
   relay run    --config FILE                 run the relay until SIGINT/SIGTERM
   relay init   --config FILE [--dry-run]     create the outbox, dead-letter table, trigger and stream
   relay check  --config FILE                 check the config, Postgres and the sink
+  relay dlq    list|redrive|drop --config FILE [--id UUID ...] [--aggregate ID] [--older-than DURATION] [--limit N]
+                                             inspect, re-publish (same ids) or delete dead letters
   relay demo                                 run a self-contained demo (needs PostgreSQL server binaries)
 `
 
@@ -42,6 +48,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch cmd, rest := args[0], args[1:]; cmd {
 	case "run", "init", "check":
 		err = configCommand(ctx, cmd, rest, stdout, stderr)
+	case "dlq":
+		err = dlqCommand(ctx, rest, stdout, stderr)
 	case "demo":
 		err = demo.Run(ctx, demo.Options{Out: stdout})
 	case "help", "-h", "--help":
@@ -80,6 +88,40 @@ func configCommand(ctx context.Context, cmd string, args []string, stdout, stder
 	default:
 		return app.RunConfig(ctx, cfg, log)
 	}
+}
+
+// dlqCommand runs `relay dlq list|redrive|drop`.
+func dlqCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || !slices.Contains([]string{"list", "redrive", "drop"}, args[0]) {
+		return &app.UsageError{Err: fmt.Errorf("relay dlq: want list, redrive or drop\n%s", usage)}
+	}
+	action := app.DLQAction(args[0])
+	fs := flag.NewFlagSet("dlq "+args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "", "path to the YAML config file (required)")
+	var f schema.DeadLetterFilter
+	fs.Func("id", "a dead letter's id (repeatable); default all", func(s string) error {
+		u, err := uuid.Parse(s)
+		if err != nil {
+			return fmt.Errorf("not a UUID: %q", s)
+		}
+		f.IDs = append(f.IDs, u.String())
+		return nil
+	})
+	fs.StringVar(&f.Aggregate, "aggregate", "", "only this aggregate_id")
+	fs.DurationVar(&f.OlderThan, "older-than", 0, "only dead letters whose last failure is older than this")
+	limit := fs.Int("limit", 100, "list at most this many")
+	if err := fs.Parse(args[1:]); err != nil {
+		return &app.UsageError{Err: err}
+	}
+	if *path == "" || fs.NArg() > 0 || *limit <= 0 {
+		return &app.UsageError{Err: fmt.Errorf("relay dlq %s: --config FILE is required, --limit must be positive, and no other arguments are taken", action)}
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return err
+	}
+	return app.DLQ(ctx, cfg, action, f, *limit, stdout)
 }
 
 // status prints err and maps it to the exit status of CONTRACT §5.

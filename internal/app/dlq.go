@@ -1,0 +1,86 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/schema"
+)
+
+// DLQAction is a `relay dlq` subcommand.
+type DLQAction string
+
+// The dlq subcommands.
+const (
+	DLQList    DLQAction = "list"
+	DLQRedrive DLQAction = "redrive"
+	DLQDrop    DLQAction = "drop"
+)
+
+// DLQ lists, redrives or drops the dead letters matching f and reports to
+// w. list prints at most limit rows as a table.
+func DLQ(ctx context.Context, cfg *config.Config, action DLQAction, f schema.DeadLetterFilter, limit int, w io.Writer) error {
+	l := schema.FromConfig(cfg)
+	pool, err := connect(ctx, cfg.Postgres.URL, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, l.DeadLetter.Ident()).Scan(&exists); err != nil {
+		return fmt.Errorf("dead-letter table %s: %w", l.DeadLetter, err)
+	}
+	if !exists {
+		fmt.Fprintf(w, "no dead letters: table %s does not exist yet (relay run and relay init create it)\n", l.DeadLetter)
+		return nil
+	}
+	switch action {
+	case DLQRedrive:
+		n, err := l.Redrive(ctx, pool, f)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "redrove %d dead letters into %s with their original ids\n", n, l.Outbox)
+	case DLQDrop:
+		n, err := l.DropDeadLetters(ctx, pool, f)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "dropped %d dead letters from %s\n", n, l.DeadLetter)
+	default:
+		dls, err := l.ListDeadLetters(ctx, pool, f, limit)
+		if err != nil {
+			return err
+		}
+		printDeadLetters(w, dls)
+	}
+	return nil
+}
+
+func printDeadLetters(w io.Writer, dls []schema.DeadLetter) {
+	if len(dls) == 0 {
+		fmt.Fprintln(w, "no dead letters")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tAGGREGATE\tEVENT_TYPE\tATTEMPTS\tCLASS\tLAST_FAILED\tERROR")
+	for _, d := range dls {
+		fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%d\t%s\t%s\t%s\n", d.ID, d.AggregateType, d.AggregateID, d.EventType,
+			d.Attempts, d.ErrorClass, d.LastFailed.UTC().Format(time.RFC3339), oneLine(d.Error, 80))
+	}
+	tw.Flush()
+}
+
+// oneLine flattens s to one line of at most n runes.
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}

@@ -1,0 +1,98 @@
+package schema
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DeadLetterFilter selects dead letters. Zero fields select everything.
+type DeadLetterFilter struct {
+	// IDs are event ids (message_ids).
+	IDs []string
+	// Aggregate is an aggregate_id.
+	Aggregate string
+	// OlderThan selects dead letters whose last failure is older than this.
+	OlderThan time.Duration
+}
+
+// where returns the filter's condition on the dead-letter table and its
+// arguments, numbered from $1.
+func (l Layout) where(f DeadLetterFilter) (string, []any) {
+	var ids []string
+	if len(f.IDs) > 0 {
+		ids = f.IDs
+	}
+	var older *time.Duration
+	if f.OlderThan > 0 {
+		older = &f.OlderThan
+	}
+	cond := fmt.Sprintf(`($1::text[] IS NULL OR %s::text = ANY($1))
+		AND ($2 = '' OR %s = $2)
+		AND ($3::interval IS NULL OR last_failed_at < now() - $3::interval)`,
+		Q(l.Cols.ID), Q(l.Cols.AggregateID))
+	return cond, []any{ids, f.Aggregate, older}
+}
+
+// DeadLetter is one row of the dead-letter table.
+type DeadLetter struct {
+	ID, AggregateType, AggregateID, EventType string
+	Error, ErrorClass                         string
+	Attempts                                  int
+	LastFailed                                time.Time
+}
+
+// ListDeadLetters returns up to limit dead letters matching f, oldest
+// failure first.
+func (l Layout) ListDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter, limit int) ([]DeadLetter, error) {
+	cond, args := l.where(f)
+	c := l.Cols
+	rows, err := q.Query(ctx, fmt.Sprintf(`SELECT %s::text, coalesce(%s, ''), coalesce(%s, ''), coalesce(%s, ''),
+		coalesce(error, ''), coalesce(error_class, ''), coalesce(attempts, 0), coalesce(last_failed_at, dead_lettered_at)
+		FROM %s WHERE %s ORDER BY last_failed_at, %s LIMIT %d`,
+		Q(c.ID), Q(c.AggregateType), Q(c.AggregateID), Q(c.EventType), l.DeadLetter.Ident(), cond, Q(c.Seq), limit), args...)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters in %s: %w", l.DeadLetter, err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetter, error) {
+		var d DeadLetter
+		err := r.Scan(&d.ID, &d.AggregateType, &d.AggregateID, &d.EventType, &d.Error, &d.ErrorClass, &d.Attempts, &d.LastFailed)
+		return d, err
+	})
+}
+
+// Redrive moves the dead letters matching f back into the outbox with
+// their original ids, so consumers still deduplicate them, in their
+// original seq order. A dead letter whose id is already in the outbox is
+// only removed. It returns how many rows went back into the outbox.
+func (l Layout) Redrive(ctx context.Context, q Querier, f DeadLetterFilter) (int64, error) {
+	cond, args := l.where(f)
+	c := l.Cols
+	cols := fmt.Sprintf("%s, %s, %s, %s, %s, %s, %s", Q(c.ID), Q(c.AggregateType), Q(c.AggregateID),
+		Q(c.EventType), Q(c.Payload), Q(c.Headers), Q(c.CreatedAt))
+	tag, err := q.Exec(ctx, fmt.Sprintf(`WITH moved AS (
+		DELETE FROM %[1]s WHERE %[2]s RETURNING *
+	), latest AS (
+		SELECT DISTINCT ON (%[3]s) * FROM moved ORDER BY %[3]s, dead_lettered_at DESC
+	)
+	INSERT INTO %[4]s (%[5]s)
+	SELECT %[5]s FROM latest
+	WHERE NOT EXISTS (SELECT 1 FROM %[4]s o WHERE o.%[3]s = latest.%[3]s)
+	ORDER BY %[6]s`, l.DeadLetter.Ident(), cond, Q(c.ID), l.Outbox.Ident(), cols, Q(c.Seq)), args...)
+	if err != nil {
+		return 0, fmt.Errorf("redrive dead letters from %s into %s: %w", l.DeadLetter, l.Outbox, err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// DropDeadLetters deletes the dead letters matching f and returns how many.
+func (l Layout) DropDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter) (int64, error) {
+	cond, args := l.where(f)
+	tag, err := q.Exec(ctx, fmt.Sprintf(`DELETE FROM %s WHERE %s`, l.DeadLetter.Ident(), cond), args...)
+	if err != nil {
+		return 0, fmt.Errorf("drop dead letters from %s: %w", l.DeadLetter, err)
+	}
+	return tag.RowsAffected(), nil
+}
