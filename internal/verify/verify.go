@@ -28,6 +28,7 @@ type Delivery struct {
 type Log struct {
 	mu         sync.Mutex
 	written    map[string]written
+	maybe      map[string]written
 	deliveries []Delivery
 }
 
@@ -37,13 +38,22 @@ type written struct {
 }
 
 // NewLog returns an empty log.
-func NewLog() *Log { return &Log{written: map[string]written{}} }
+func NewLog() *Log { return &Log{written: map[string]written{}, maybe: map[string]written{}} }
 
 // Written records that the producer committed event id as step of
 // aggregate.
 func (l *Log) Written(id, aggregate string, step int) {
 	l.mu.Lock()
 	l.written[id] = written{aggregate, step}
+	l.mu.Unlock()
+}
+
+// MaybeWritten records an event whose commit outcome is unknown (the
+// connection broke during COMMIT): it is not lost if never delivered, and
+// not foreign if delivered.
+func (l *Log) MaybeWritten(id, aggregate string, step int) {
+	l.mu.Lock()
+	l.maybe[id] = written{aggregate, step}
 	l.mu.Unlock()
 }
 
@@ -86,6 +96,9 @@ func (l *Log) Check() Report {
 		}
 		seen[d.MessageID] = true
 		w, ok := l.written[d.MessageID]
+		if !ok {
+			w, ok = l.maybe[d.MessageID]
+		}
 		if !ok || w.aggregate != d.AggregateID || w.step != d.Step {
 			r.Foreign = append(r.Foreign, fmt.Sprintf("%s (aggregate %s step %d)", d.MessageID, d.AggregateID, d.Step))
 			continue

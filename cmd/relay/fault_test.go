@@ -1,0 +1,107 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxrelay/relay/internal/testenv"
+)
+
+// readyz returns the status of the relay's /readyz, or 0 when it does not
+// answer.
+func readyz(addr string) int {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestBrokerOutage stops NATS for a few seconds while producers write: the
+// relay keeps running, reports not ready, dead-letters nothing, and
+// resumes promptly when NATS is back, without loss.
+func TestBrokerOutage(t *testing.T) {
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	s := newStack(t, stackOptions{Extra: "http:\n  listen: " + addr + "\nretry:\n  max_attempts: 1\n"})
+	s.wireGaps = true
+	relay := s.start()
+	waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	produced := make(chan struct{})
+	go func() { s.produce(ctx, 4000, 500, 4); close(produced) }()
+	time.Sleep(300 * time.Millisecond)
+	s.nats.Stop()
+	waitFor(t, func() bool { return readyz(addr) == http.StatusServiceUnavailable })
+	time.Sleep(3 * time.Second)
+	if err := s.nats.Start(); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	before := s.outboxRows()
+	waitFor(t, func() bool { return s.outboxRows() < before })
+	resumed := time.Since(back)
+	<-produced
+	s.waitDrained(60 * time.Second)
+	if code := relay.stop(t, 15*time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	s.verify()
+	var dead int
+	s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_dead_letter`).Scan(&dead)
+	if dead != 0 {
+		t.Fatalf("%d events dead-lettered during a broker outage", dead)
+	}
+	t.Logf("broker outage: publishing resumed %.2fs after NATS came back; %s", resumed.Seconds(), s.stream.Check())
+}
+
+// TestPostgresRestartAndCuts restarts Postgres and cuts the relay's
+// database connections (through a proxy) while producers write: the relay
+// reconnects and finishes without loss or order breaks.
+func TestPostgresRestartAndCuts(t *testing.T) {
+	pg, err := testenv.StartPostgres(context.Background(), testenv.PostgresOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Stop() })
+	dsn, err := pg.CreateDatabase(context.Background(), "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := testenv.StartProxy(fmt.Sprintf("127.0.0.1:%d", pg.Port()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	relayDSN := strings.Replace(dsn, fmt.Sprintf(":%d/", pg.Port()), fmt.Sprintf(":%d/", proxy.Port()), 1)
+	s := newStack(t, stackOptions{DSN: dsn})
+	rewriteDSN(t, s.cfgPath, dsn, relayDSN)
+	relay := s.start()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	produced := make(chan struct{})
+	go func() { s.produce(ctx, 6000, 500, 4); close(produced) }()
+	for i := range 3 {
+		time.Sleep(400 * time.Millisecond)
+		proxy.Cut()
+		time.Sleep(400 * time.Millisecond)
+		if i == 1 {
+			if err := pg.Restart(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	<-produced
+	s.waitDrained(60 * time.Second)
+	if code := relay.stop(t, 15*time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	wire, _ := s.verify()
+	t.Logf("postgres restart and 3 cuts: %s", wire)
+}
