@@ -39,7 +39,7 @@ func TestLoadFull(t *testing.T) {
 		Outbox: Outbox{Table: "events.outbox",
 			Columns: map[string]string{"aggregate_id": "order_id", "created_at": "inserted_at"}},
 		Capture: Capture{Mode: "wal",
-			Poll: Poll{Interval: Duration(250 * time.Millisecond), BatchSize: 1000},
+			Poll: Poll{Interval: Duration(250 * time.Millisecond), BatchSize: 1000, Partitions: 16},
 			WAL:  WAL{Slot: "orders_relay", Publication: "orders_pub"}},
 		Sink: Sink{Type: "nats",
 			NATS: NATS{URL: "nats://nats-1:4222,nats://nats-2:4222",
@@ -71,7 +71,7 @@ func TestDefaults(t *testing.T) {
 		Postgres: Postgres{URL: "postgres://app@localhost/app"},
 		Outbox:   Outbox{Table: "public.outbox"},
 		Capture: Capture{Mode: "poll",
-			Poll: Poll{Interval: Duration(200 * time.Millisecond), BatchSize: 500},
+			Poll: Poll{Interval: Duration(200 * time.Millisecond), BatchSize: 500, Partitions: 16},
 			WAL:  WAL{Slot: "outbox_relay", Publication: "outbox_relay"}},
 		Sink: Sink{Type: "nats",
 			NATS:    NATS{URL: "nats://127.0.0.1:4222", Subject: "outbox.{aggregate_type}", Stream: "OUTBOX"},
@@ -195,7 +195,7 @@ func TestErrors(t *testing.T) {
 		// Unknown keys.
 		{"unknown top-level key", minimal + "retries:\n  max: 1s\n", 7, "retries", "unknown key (expected one of postgres, outbox, capture, sink, archive, retry, dead_letter, http, log, shutdown_timeout)"},
 		{"unknown nested key", minimal + "retry:\n  maximum: 1s\n", 8, "retry.maximum", "unknown key (expected one of initial, max, max_attempts)"},
-		{"unknown deep key", minimal + "  poll:\n    intervall: 1s\n", 8, "capture.poll.intervall", "unknown key (expected one of interval, batch_size)"},
+		{"unknown deep key", minimal + "  poll:\n    intervall: 1s\n", 8, "capture.poll.intervall", "unknown key (expected one of interval, batch_size, partitions)"},
 		// Types.
 		{"string for integer", minimal + "  poll:\n    batch_size: abc\n", 8, "capture.poll.batch_size", `expected an integer, got "abc"`},
 		{"float for integer", minimal + "retry:\n  max_attempts: 1.5\n", 8, "retry.max_attempts", "expected an integer, got 1.5"},

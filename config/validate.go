@@ -16,6 +16,8 @@ var columnNames = []string{"id", "aggregate_type", "aggregate_id", "event_type",
 
 const maxBatchSize = 100000
 
+const maxPartitions = 1024
+
 var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 
 // setDefaults replaces zero values with the defaults documented on the
@@ -24,6 +26,7 @@ func setDefaults(c *Config) {
 	orDefault(&c.Outbox.Table, "public.outbox")
 	orDefault(&c.Capture.Poll.Interval, Duration(200*time.Millisecond))
 	orDefault(&c.Capture.Poll.BatchSize, 500)
+	orDefault(&c.Capture.Poll.Partitions, 16)
 	orDefault(&c.Capture.WAL.Slot, "outbox_relay")
 	orDefault(&c.Capture.WAL.Publication, "outbox_relay")
 	orDefault(&c.Sink.NATS.URL, "nats://127.0.0.1:4222")
@@ -83,6 +86,9 @@ func (l *loader) checkCapture(c Capture) {
 	l.choice("capture.mode", c.Mode, "wal", "poll")
 	if c.Poll.BatchSize < 1 || c.Poll.BatchSize > maxBatchSize {
 		l.invalid("capture.poll.batch_size", "must be between 1 and %d, got %d", maxBatchSize, c.Poll.BatchSize)
+	}
+	if c.Poll.Partitions < 1 || c.Poll.Partitions > maxPartitions {
+		l.invalid("capture.poll.partitions", "must be between 1 and %d, got %d", maxPartitions, c.Poll.Partitions)
 	}
 	if !slotName.MatchString(c.WAL.Slot) {
 		l.invalid("capture.wal.slot", "must match %s (lowercase letters, digits and _), got %q", slotName, c.WAL.Slot)

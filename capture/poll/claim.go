@@ -16,7 +16,7 @@ import (
 
 // queries are the source's SQL, built once with quoted identifiers.
 type queries struct {
-	lastSeq, writers, claim, archive, deadLetter string
+	lastSeq, writers, lockWork, leased, claim, archive, deadLetter string
 }
 
 func buildQueries(l schema.Layout, info schema.Info) queries {
@@ -28,10 +28,17 @@ func buildQueries(l schema.Layout, info schema.Info) queries {
 			WHERE locktype = 'relation' AND relation = $1::regclass AND mode = 'RowExclusiveLock'
 			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			AND pid IS DISTINCT FROM pg_backend_pid()`,
+		lockWork: `SELECT pg_advisory_xact_lock_shared($1, p) FROM unnest($2::int[]) AS p`,
+		leased: `SELECT coalesce(array_agg(objid::int), '{}') FROM pg_locks
+			WHERE locktype = 'advisory' AND granted AND pid = $2 AND objsubid = 2
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			AND classid = $1::int::oid AND objid::int = ANY($3::int[])`,
 		claim: fmt.Sprintf(`SELECT %s::text, %s, %s, %s, %s, %s, %s, %s FROM %s
-			WHERE %s > $1 AND %s <= $2 ORDER BY %s LIMIT $3 FOR UPDATE SKIP LOCKED`,
+			WHERE %s > $1 AND %s <= $2 AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[])
+			ORDER BY %s LIMIT $3 FOR UPDATE SKIP LOCKED`,
 			schema.Q(c.ID), schema.Q(c.AggregateType), schema.Q(c.AggregateID), schema.Q(c.EventType),
-			schema.Q(c.Payload), schema.Q(c.Headers), schema.Q(c.CreatedAt), seq, t, seq, seq, seq),
+			schema.Q(c.Payload), schema.Q(c.Headers), schema.Q(c.CreatedAt), seq, t, seq, seq,
+			schema.Q(c.AggregateID), seq),
 		archive: fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::bigint[])`, t, seq),
 		deadLetter: fmt.Sprintf(`INSERT INTO %s (%s, error, error_class, attempts, first_failed_at, last_failed_at)
 			SELECT %s, d.error, d.class, d.attempts, d.first_failed, d.last_failed
@@ -57,14 +64,22 @@ func (s *Source) claim(ctx context.Context) (capture.Batch, error) {
 }
 
 func (s *Source) claimIn(ctx context.Context, tx pgx.Tx) (*batch, error) {
-	safe, err := s.watermark(ctx, tx)
+	safe, parts, err := s.prepare(ctx, tx)
 	if err != nil {
 		return nil, err
+	}
+	if len(parts) < len(s.lease.owned) {
+		s.log.Warn("partition leases lost; claiming stops until they are leased again",
+			"leased", len(parts), "owned", len(s.lease.owned))
+		s.disconnect(ctx)
+		if len(parts) == 0 {
+			return nil, nil
+		}
 	}
 	if s.rewind.Swap(false) {
 		s.cursor = 0
 	}
-	rows, err := tx.Query(ctx, s.sql.claim, s.cursor, safe, s.opts.BatchSize)
+	rows, err := tx.Query(ctx, s.sql.claim, s.cursor, safe, s.opts.BatchSize, s.opts.Partitions, parts)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
@@ -89,18 +104,24 @@ func (s *Source) claimIn(ctx context.Context, tx pgx.Tx) (*batch, error) {
 	return b, nil
 }
 
-// watermark reads H and L (see the package doc) in one round trip and
-// returns the safe seq.
-func (s *Source) watermark(ctx context.Context, tx pgx.Tx) (int64, error) {
+// prepare takes the work locks of the owned partitions, checks which of
+// them this relay still leases (see Scale-out in lease.go), and reads H and
+// L (see the package doc), in one round trip. It returns the safe seq and
+// the partitions to claim.
+func (s *Source) prepare(ctx context.Context, tx pgx.Tx) (int64, []int32, error) {
 	var h int64
 	var writers []string
+	var parts []int32
+	k := s.lease.keys
 	br := &pgx.Batch{}
+	br.Queue(s.sql.lockWork, k.work, s.lease.owned)
+	br.Queue(s.sql.leased, k.lease, s.lease.pid, s.lease.owned).QueryRow(func(r pgx.Row) error { return r.Scan(&parts) })
 	br.Queue(s.sql.lastSeq, s.info.SeqSequence).QueryRow(func(r pgx.Row) error { return r.Scan(&h) })
 	br.Queue(s.sql.writers, s.opts.Layout.Outbox.Ident()).QueryRow(func(r pgx.Row) error { return r.Scan(&writers) })
 	if err := tx.SendBatch(ctx, br).Close(); err != nil {
-		return 0, fmt.Errorf("read watermark: %w", err)
+		return 0, nil, fmt.Errorf("prepare claim: %w", err)
 	}
-	return s.marks.advance(h, writers), nil
+	return s.marks.advance(h, writers), parts, nil
 }
 
 // batch is a claimed set of rows and the transaction that locks them.

@@ -58,13 +58,14 @@ type Options struct {
 	// An insert wakes the poller at once when the notify trigger of `relay
 	// init` is installed. Default 200ms.
 	Interval time.Duration
+	// Partitions is how many partitions the outbox is split into by a hash
+	// of aggregate_id, the unit of work shared between relays (see Scale-out
+	// in lease.go). Every relay on one outbox must use the same number.
+	// Default 16.
+	Partitions int
 	// Logger receives the source's logs. Default slog.Default().
 	Logger *slog.Logger
 }
-
-// standbyInterval is how often a relay that is not the leader tries to take
-// over.
-const standbyInterval = time.Second
 
 // blockedInterval is how soon the poller looks again when rows were held
 // back by an open writer.
@@ -77,8 +78,7 @@ type Source struct {
 	log      *slog.Logger
 	info     schema.Info
 	sql      queries
-	listener *pgx.Conn // holds the leader lock and LISTENs
-	leader   bool
+	lease    leases
 	marks    watermarks
 	cursor   int64       // claims continue after this seq until reset
 	rewind   atomic.Bool // set when rows below cursor may be unlocked again
@@ -98,6 +98,9 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.Partitions <= 0 {
+		opts.Partitions = 16
+	}
 	info, err := schema.Inspect(ctx, opts.Pool, opts.Layout)
 	if err != nil {
 		if errors.Is(err, schema.ErrNoOutbox) {
@@ -112,18 +115,25 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	if err := schema.EnsureDeadLetter(ctx, opts.Pool, opts.Layout, info); err != nil {
 		return nil, err
 	}
-	return &Source{opts: opts, log: opts.Logger, info: info, sql: buildQueries(opts.Layout, info)}, nil
+	s := &Source{opts: opts, log: opts.Logger, info: info, sql: buildQueries(opts.Layout, info)}
+	s.lease = leases{keys: newLockKeys(opts.Layout.Outbox.String()), n: opts.Partitions, log: opts.Logger,
+		onGained: func() { s.rewind.Store(true) }}
+	return s, nil
 }
 
-// Next claims the next batch, waiting while the outbox is idle or another
-// relay is the leader.
+// Next claims the next batch of the partitions this relay leases, waiting
+// while the outbox is idle or this relay holds no partition.
 func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
 	for {
-		if err := s.lead(ctx); err != nil {
+		if err := s.connect(ctx); err != nil {
 			return nil, err
 		}
-		if !s.leader {
-			if err := sleep(ctx, standbyInterval); err != nil {
+		if err := s.lease.rebalance(ctx); err != nil {
+			s.disconnect(ctx)
+			return nil, err
+		}
+		if len(s.lease.owned) == 0 {
+			if err := sleep(ctx, rebalanceInterval); err != nil {
 				return nil, err
 			}
 			continue
@@ -142,47 +152,44 @@ func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
 	}
 }
 
-// Close releases the listener connection, which also gives up leadership.
+// Close releases the lease connection, which gives up every partition.
 func (s *Source) Close() error {
-	if s.listener == nil {
+	if s.lease.conn == nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return s.listener.Close(ctx)
+	return s.lease.conn.Close(ctx)
 }
 
-// lead makes sure the listener connection is up and tries to take the
-// leader lock that makes one relay at a time claim rows.
-func (s *Source) lead(ctx context.Context) error {
-	if s.listener != nil && s.listener.IsClosed() {
-		s.listener, s.leader = nil, false
-		s.log.Warn("lost the leader connection; claiming stops until it is back")
-	}
-	if s.leader {
+// connect makes sure the lease connection is up: it LISTENs for inserts and
+// holds this relay's membership and partition leases.
+func (s *Source) connect(ctx context.Context) error {
+	if s.lease.conn != nil && !s.lease.conn.IsClosed() {
 		return nil
 	}
-	if s.listener == nil {
-		conn, err := pgx.ConnectConfig(ctx, s.opts.Pool.Config().ConnConfig.Copy())
-		if err != nil {
-			return fmt.Errorf("connect listener: %w", err)
-		}
-		if _, err := conn.Exec(ctx, "LISTEN "+schema.Q(s.opts.Layout.NotifyChannel())); err != nil {
-			conn.Close(ctx)
-			return fmt.Errorf("listen: %w", err)
-		}
-		s.listener = conn
+	s.lease.lost()
+	conn, err := pgx.ConnectConfig(ctx, s.opts.Pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return fmt.Errorf("connect lease connection: %w", err)
 	}
-	if err := s.listener.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext('outbox-relay'), hashtext($1))`,
-		s.opts.Layout.Outbox.String()).Scan(&s.leader); err != nil {
-		return fmt.Errorf("take leader lock: %w", err)
+	if _, err := conn.Exec(ctx, "LISTEN "+schema.Q(s.opts.Layout.NotifyChannel())); err != nil {
+		conn.Close(ctx)
+		return fmt.Errorf("listen: %w", err)
 	}
-	if s.leader {
-		s.log.Info("poll capture active", "table", s.opts.Layout.Outbox.String())
-	} else {
-		s.log.Debug("another relay is claiming; standing by", "table", s.opts.Layout.Outbox.String())
+	if err := s.lease.join(ctx, conn); err != nil {
+		conn.Close(ctx)
+		return err
 	}
 	return nil
+}
+
+// disconnect closes the lease connection after an error on it.
+func (s *Source) disconnect(ctx context.Context) {
+	if s.lease.conn != nil {
+		s.lease.conn.Close(context.WithoutCancel(ctx))
+	}
+	s.lease.lost()
 }
 
 // wait blocks until an insert is notified or the poll interval passes.
@@ -193,13 +200,12 @@ func (s *Source) wait(ctx context.Context) error {
 	}
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	_, err := s.listener.WaitForNotification(wctx)
+	_, err := s.lease.conn.WaitForNotification(wctx)
 	switch {
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case err != nil && wctx.Err() == nil:
-		// The connection broke; lead reconnects on the next round.
-		s.listener.Close(context.WithoutCancel(ctx))
+		s.disconnect(ctx) // Next reconnects
 	}
 	return nil
 }

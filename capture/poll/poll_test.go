@@ -329,25 +329,60 @@ func TestMissingOutboxIsNamed(t *testing.T) {
 	}
 }
 
-// TestOneLeader shows a second source stands by while the first claims.
-func TestOneLeader(t *testing.T) {
+// TestPartitionsShared shows two sources split the partitions, never claim
+// the same aggregate, and one takes over all partitions when the other
+// closes.
+func TestPartitionsShared(t *testing.T) {
 	pool := setup(t, layout)
-	a := newSource(t, pool, layout, 10)
-	insert(t, pool, "x", 1)
-	b := next(t, a, 5*time.Second)
-	if b == nil {
-		t.Fatal("leader claimed nothing")
+	a := newSource(t, pool, layout, 1000)
+	b := newSource(t, pool, layout, 1000)
+	for i := range 200 {
+		insert(t, pool, fmt.Sprintf("agg-%d", i), 1)
 	}
-	defer b.Abandon(context.Background())
-	standby := newSource(t, pool, layout, 10)
-	insert(t, pool, "y", 1)
-	if got := next(t, standby, 1500*time.Millisecond); got != nil {
-		t.Fatalf("standby claimed %v", ids(got.Events()))
+	aggs := func(bt capture.Batch) map[string]bool {
+		m := map[string]bool{}
+		for _, e := range bt.Events() {
+			m[e.AggregateID] = true
+		}
+		return m
 	}
-	a.Close()
-	if got := next(t, standby, 5*time.Second); got == nil {
-		t.Fatal("standby did not take over")
-	} else {
-		got.Abandon(context.Background())
+	// Let both join and balance: the first claims of a may still hold all.
+	var ba, bb capture.Batch
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		ba, bb = next(t, a, 3*time.Second), next(t, b, 3*time.Second)
+		if ba != nil && bb != nil {
+			break
+		}
+		for _, x := range []capture.Batch{ba, bb} {
+			if x != nil {
+				x.Abandon(context.Background())
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the two sources did not split the partitions")
+		}
+	}
+	ma, mb := aggs(ba), aggs(bb)
+	for agg := range ma {
+		if mb[agg] {
+			t.Fatalf("aggregate %s claimed by both relays", agg)
+		}
+	}
+	if len(ma)+len(mb) != 200 {
+		t.Fatalf("claimed %d + %d aggregates, want 200", len(ma), len(mb))
+	}
+	complete(t, ba)
+	bb.Abandon(context.Background())
+	b.Close()
+	var got int
+	for deadline := time.Now().Add(15 * time.Second); got < len(mb) && time.Now().Before(deadline); {
+		if x := next(t, a, 3*time.Second); x != nil {
+			got += len(x.Events())
+			complete(t, x)
+		}
+	}
+	if got != len(mb) {
+		t.Fatalf("after the other relay closed, claimed %d of its %d rows", got, len(mb))
 	}
 }

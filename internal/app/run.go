@@ -68,7 +68,7 @@ func (r *Relay) open(ctx context.Context) error {
 
 	src, err := poll.New(ctx, poll.Options{
 		Pool: pool, Layout: schema.FromConfig(cfg), BatchSize: batch,
-		Interval: cfg.Capture.Poll.Interval.D(), Logger: log,
+		Interval: cfg.Capture.Poll.Interval.D(), Partitions: cfg.Capture.Poll.Partitions, Logger: log,
 	})
 	if err != nil {
 		return err
