@@ -65,6 +65,7 @@ type Stats struct {
 	Archived     atomic.Int64 // events whose batch was archived
 	InFlight     atomic.Int64 // events captured and not yet settled
 	Ready        atomic.Bool  // false while the sink is unreachable
+	Capturing    atomic.Bool  // false while the source fails (e.g. Postgres unreachable)
 }
 
 // Pipeline connects one source to one sink. Run it once.
@@ -81,6 +82,7 @@ func New(src capture.Source, snk sink.Sink, opts Options) *Pipeline {
 	opts.setDefaults()
 	p := &Pipeline{src: src, snk: snk, opts: opts, log: opts.Logger}
 	p.stats.Ready.Store(true)
+	p.stats.Capturing.Store(true)
 	return p
 }
 
@@ -136,6 +138,7 @@ func (p *Pipeline) read(ctx context.Context, out chan<- capture.Batch) error {
 				return fmt.Errorf("capture: %w", err)
 			}
 			failures++
+			p.stats.Capturing.Store(false)
 			wait := p.opts.Retry.unavailableDelay(failures)
 			p.log.Warn("capture failed, retrying", "err", err, "retry_in", wait)
 			if sleep(ctx, wait) != nil {
@@ -144,6 +147,7 @@ func (p *Pipeline) read(ctx context.Context, out chan<- capture.Batch) error {
 			continue
 		}
 		failures = 0
+		p.stats.Capturing.Store(true)
 		select {
 		case out <- b:
 		case <-ctx.Done():

@@ -71,6 +71,9 @@ func TestGracefulStop(t *testing.T) {
 	s.start()
 	s.waitDrained(60 * time.Second)
 	wire, _ := s.verify()
+	if wire.Duplicates != 0 {
+		t.Errorf("a restart after SIGTERM published %d duplicates, want 0", wire.Duplicates)
+	}
 	t.Logf("graceful stop: %s", wire)
 }
 
