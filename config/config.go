@@ -88,12 +88,59 @@ type NATS struct {
 	Stream string `yaml:"stream"`
 }
 
-// Kafka configures the Kafka sink.
+// Kafka configures the Kafka sink. See sink/kafka.
 type Kafka struct {
-	// Brokers are the seed brokers. Required for the kafka sink.
+	// Brokers are the seed brokers, as host:port. Required for the kafka
+	// sink.
 	Brokers []string `yaml:"brokers"`
-	// Topic is the topic template. Default outbox.{aggregate_type}.
+	// Topic is the topic template. A character Kafka does not allow in a
+	// topic name (other than a-z A-Z 0-9 . _ -) in a replaced value becomes
+	// '_'. Default outbox.{aggregate_type}.
 	Topic string `yaml:"topic"`
+	// ClientID is the client.id the relay sends to the brokers, which shows
+	// in their logs and quotas. Empty means outbox-relay, applied by the
+	// sink.
+	ClientID string `yaml:"client_id"`
+	// Partitions is the partition count of the topics the relay creates
+	// (`relay init` for a fixed topic, the first publish for a templated
+	// one). 0 means the broker's num.partitions. Existing topics are never
+	// changed.
+	Partitions int `yaml:"partitions"`
+	// ReplicationFactor is the replication factor of the topics the relay
+	// creates. 0 means the broker's default.replication.factor.
+	ReplicationFactor int `yaml:"replication_factor"`
+	// TLS configures encryption to the brokers.
+	TLS KafkaTLS `yaml:"tls"`
+	// SASL configures authentication to the brokers.
+	SASL KafkaSASL `yaml:"sasl"`
+}
+
+// KafkaTLS configures TLS to the Kafka brokers.
+type KafkaTLS struct {
+	// Enabled turns TLS on. Default false; the other keys require it.
+	Enabled bool `yaml:"enabled"`
+	// CAFile is a PEM file of the certificate authorities that sign the
+	// brokers' certificates. Empty means the system's roots.
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are the PEM client certificate and key for
+	// mutual TLS; set both or neither.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// InsecureSkipVerify accepts any broker certificate. For tests only.
+	// Default false.
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
+}
+
+// KafkaSASL configures SASL authentication to the Kafka brokers.
+type KafkaSASL struct {
+	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512. Empty disables
+	// SASL.
+	Mechanism string `yaml:"mechanism"`
+	// Username is required with a mechanism.
+	Username string `yaml:"username"`
+	// Password is required with a mechanism. Use ${VAR} to keep it out of
+	// the file; it is never logged.
+	Password string `yaml:"password"`
 }
 
 // SQS configures the SQS sink.
@@ -108,13 +155,26 @@ type SQS struct {
 	Queue string `yaml:"queue"`
 }
 
-// Webhook configures the webhook sink.
+// Webhook configures the webhook sink. See docs/webhook.md.
 type Webhook struct {
-	// URL is the URL template events are POSTed to. Required for the
-	// webhook sink.
+	// URL is the URL template events are POSTed to: an absolute http or
+	// https URL whose path and query may hold placeholders, which are
+	// URL-escaped. Required for the webhook sink.
 	URL string `yaml:"url"`
-	// Timeout bounds one request. Default 5s.
+	// Timeout bounds one request, from sending it to reading the response
+	// status. Default 5s.
 	Timeout Duration `yaml:"timeout"`
+	// Secret, when set, signs every request with HMAC-SHA256 in the
+	// Webhook-Signature header. Use ${VAR} to keep it out of the file; it
+	// is never logged. Default empty: requests are not signed.
+	Secret string `yaml:"secret"`
+	// Headers are added to every request, e.g. Authorization. They override
+	// the row's headers and cannot set the contract headers, Content-Type,
+	// Webhook-Signature or hop-by-hop headers. Values are never logged.
+	Headers map[string]string `yaml:"headers"`
+	// MaxConcurrency caps the requests in flight at once. 0 means 64,
+	// applied by the sink.
+	MaxConcurrency int `yaml:"max_concurrency"`
 }
 
 // Archive says what happens to a row once its publish was acknowledged.
@@ -136,11 +196,15 @@ type Retry struct {
 	MaxAttempts int `yaml:"max_attempts"`
 }
 
-// DeadLetter configures the dead-letter table. After an event is
-// dead-lettered, its aggregate continues with its next event.
+// DeadLetter configures the dead-letter table.
 type DeadLetter struct {
 	// Table is the dead-letter table. Default public.outbox_dead_letter.
 	Table string `yaml:"table"`
+	// ParkAggregate, when true, holds an aggregate's later events in the
+	// outbox while one of its events is dead-lettered, until that dead letter
+	// is redriven or dropped. Default false: the aggregate continues with its
+	// next event.
+	ParkAggregate bool `yaml:"park_aggregate"`
 }
 
 // HTTP configures the metrics and health endpoint.

@@ -114,7 +114,21 @@ func (l *loader) checkSink(s Sink) {
 	}
 }
 
-// checkKafka checks the kafka sink: brokers are required.
+// Kafka limits: partition counts are int32 and replication factors int16
+// on the wire; a topic name is at most 249 characters.
+const (
+	maxKafkaPartitions  = 1<<31 - 1
+	maxKafkaReplication = 1<<15 - 1
+	maxKafkaTopicLength = 249
+)
+
+// kafkaTopicChars matches the characters Kafka allows in a topic name.
+var kafkaTopicChars = regexp.MustCompile(`^[a-zA-Z0-9._-]*$`)
+
+// checkKafka checks the kafka sink: brokers are required, the topic
+// template's literal text must be legal in a topic name, creation settings
+// must fit the protocol, TLS keys need tls.enabled, and a SASL mechanism
+// needs a username and password. Messages never repeat the password.
 func (l *loader) checkKafka(k Kafka) {
 	if len(k.Brokers) == 0 {
 		l.required("sink.kafka.brokers", "", "a list of host:port")
@@ -122,7 +136,57 @@ func (l *loader) checkKafka(k Kafka) {
 	for i, b := range k.Brokers {
 		l.required(fmt.Sprintf("sink.kafka.brokers[%d]", i), b, "")
 	}
-	l.template("sink.kafka.topic", k.Topic)
+	if _, err := sink.NewTemplate(k.Topic, nil); err != nil {
+		l.invalid("sink.kafka.topic", "%s", err)
+	} else {
+		literal := k.Topic
+		for _, p := range sink.Placeholders {
+			literal = strings.ReplaceAll(literal, p, "")
+		}
+		switch {
+		case !kafkaTopicChars.MatchString(literal):
+			l.invalid("sink.kafka.topic", "%q has characters Kafka does not allow in a topic name (allowed: a-z A-Z 0-9 . _ -)", k.Topic)
+		case literal == k.Topic && (k.Topic == "." || k.Topic == ".."):
+			l.invalid("sink.kafka.topic", "%q is not a valid topic name", k.Topic)
+		case len(literal) > maxKafkaTopicLength:
+			l.invalid("sink.kafka.topic", "longer than Kafka's %d characters", maxKafkaTopicLength)
+		}
+	}
+	if k.Partitions < 0 || k.Partitions > maxKafkaPartitions {
+		l.invalid("sink.kafka.partitions", "must be between 1 and %d (0 or unset: the broker's num.partitions), got %d", maxKafkaPartitions, k.Partitions)
+	}
+	if k.ReplicationFactor < 0 || k.ReplicationFactor > maxKafkaReplication {
+		l.invalid("sink.kafka.replication_factor", "must be between 1 and %d (0 or unset: the broker's default.replication.factor), got %d", maxKafkaReplication, k.ReplicationFactor)
+	}
+	if !k.TLS.Enabled {
+		for _, key := range []struct {
+			name string
+			set  bool
+		}{
+			{"ca_file", k.TLS.CAFile != ""}, {"cert_file", k.TLS.CertFile != ""},
+			{"key_file", k.TLS.KeyFile != ""}, {"insecure_skip_verify", k.TLS.InsecureSkipVerify},
+		} {
+			if key.set {
+				l.invalid("sink.kafka.tls."+key.name, "has no effect unless sink.kafka.tls.enabled is true")
+			}
+		}
+	}
+	switch {
+	case k.TLS.CertFile != "" && k.TLS.KeyFile == "":
+		l.required("sink.kafka.tls.key_file", "", "the client key of sink.kafka.tls.cert_file")
+	case k.TLS.KeyFile != "" && k.TLS.CertFile == "":
+		l.required("sink.kafka.tls.cert_file", "", "the client certificate of sink.kafka.tls.key_file")
+	}
+	if k.SASL.Mechanism == "" {
+		if k.SASL.Username != "" || k.SASL.Password != "" {
+			l.required("sink.kafka.sasl.mechanism", "", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, with sink.kafka.sasl.username and password")
+		}
+		return
+	}
+	if l.choice("sink.kafka.sasl.mechanism", k.SASL.Mechanism, "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") {
+		l.required("sink.kafka.sasl.username", k.SASL.Username, "")
+		l.required("sink.kafka.sasl.password", k.SASL.Password, "use ${VAR} to read it from the environment")
+	}
 }
 
 // checkSQS checks the sqs sink: a region and exactly one queue setting.

@@ -25,6 +25,7 @@ type batchState struct {
 	batch   capture.Batch
 	pending int
 	outcome capture.Outcome
+	archive archiveState
 }
 
 // aggQueue holds an aggregate's events in source order. Only its head is
@@ -58,6 +59,8 @@ type engine struct {
 	outages  int       // consecutive unavailable results
 	done     completer
 	timer    *time.Timer
+	parked   map[string]*park // see park.go
+	received int              // batches received from the source
 }
 
 func newEngine(p *Pipeline, ctx context.Context) *engine {
@@ -65,6 +68,7 @@ func newEngine(p *Pipeline, ctx context.Context) *engine {
 		p:       p,
 		ctx:     ctx,
 		queues:  make(map[string]*aggQueue),
+		parked:  make(map[string]*park),
 		results: make(chan result, p.opts.Concurrency),
 		done:    completer{ctx: ctx, log: p.log, st: &p.stats},
 		timer:   time.NewTimer(time.Hour),
@@ -124,12 +128,18 @@ func (e *engine) wait() {
 func (e *engine) add(b capture.Batch) {
 	evs := b.Events()
 	bs := &batchState{batch: b, pending: len(evs)}
+	e.received++
 	e.p.stats.Captured.Add(int64(len(evs)))
+	e.held += len(evs)
 	if len(evs) == 0 {
-		e.done.complete(b, bs.outcome)
+		e.done.complete(bs)
 		return
 	}
 	for _, ev := range evs {
+		if e.parkedNow(ev.AggregateID) {
+			e.leave(&item{ev: ev, batch: bs})
+			continue
+		}
 		q := e.queues[ev.AggregateID]
 		if q == nil {
 			q = &aggQueue{id: ev.AggregateID, heapIdx: -1}
@@ -138,7 +148,6 @@ func (e *engine) add(b capture.Batch) {
 		q.items = append(q.items, &item{ev: ev, batch: bs})
 		e.markReady(q)
 	}
-	e.held += len(evs)
 	e.p.stats.InFlight.Store(int64(e.held))
 }
 
@@ -262,7 +271,10 @@ func (e *engine) pop(q *aggQueue, dead *item, now time.Time) {
 	e.held--
 	e.p.stats.InFlight.Store(int64(e.held))
 	if bs.pending--; bs.pending == 0 {
-		e.done.complete(bs.batch, bs.outcome)
+		e.done.complete(bs)
+	}
+	if dead != nil && e.p.opts.ParkAggregate {
+		e.parkAggregate(q, bs)
 	}
 	if len(q.items) == 0 {
 		delete(e.queues, q.id)

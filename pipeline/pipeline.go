@@ -31,6 +31,11 @@ type Options struct {
 	BatchSize int
 	// Concurrency is the most Publish calls in flight at once. Default 8.
 	Concurrency int
+	// ParkAggregate holds an aggregate's later events in the outbox once one
+	// of its events was dead-lettered (see park.go). The source must stop
+	// capturing aggregates that have a dead letter. Default false: the
+	// aggregate continues with its next event.
+	ParkAggregate bool
 	// ShutdownTimeout bounds the drain after the Run context is cancelled:
 	// in-flight events keep being published and archived until it expires,
 	// then what is left is abandoned to be captured again. Default 15s.
@@ -177,13 +182,15 @@ type completer struct {
 	st  *Stats
 }
 
-func (c *completer) complete(b capture.Batch, o capture.Outcome) {
+func (c *completer) complete(bs *batchState) {
 	c.wg.Go(func() {
-		if err := b.Complete(c.ctx, o); err != nil {
+		defer bs.archive.done.Store(true)
+		if err := bs.batch.Complete(c.ctx, bs.outcome); err != nil {
+			bs.archive.failed.Store(true)
 			c.log.Warn("archive failed; the batch's events will be captured and published again with the same message_id",
-				"err", err, "events", len(b.Events()))
+				"err", err, "events", len(bs.batch.Events()))
 			return
 		}
-		c.st.Archived.Add(int64(len(b.Events())))
+		c.st.Archived.Add(int64(len(bs.outcome.Published)))
 	})
 }

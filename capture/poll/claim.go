@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -19,9 +20,14 @@ type queries struct {
 	lastSeq, writers, lockWork, leased, claim, archive, deadLetter string
 }
 
-func buildQueries(l schema.Layout, info schema.Info) queries {
+func buildQueries(l schema.Layout, park bool) queries {
 	c, t := l.Cols, l.Outbox.Ident()
 	seq := schema.Q(c.Seq)
+	parked := ""
+	if park {
+		parked = fmt.Sprintf("AND NOT EXISTS (SELECT 1 FROM %s d WHERE d.%s = o.%s)",
+			l.DeadLetter.Ident(), schema.Q(c.AggregateID), schema.Q(c.AggregateID))
+	}
 	return queries{
 		lastSeq: `SELECT coalesce(pg_sequence_last_value($1::regclass), 0)`,
 		writers: `SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') FROM pg_locks
@@ -33,12 +39,11 @@ func buildQueries(l schema.Layout, info schema.Info) queries {
 			WHERE locktype = 'advisory' AND granted AND pid = $2 AND objsubid = 2
 			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			AND classid = $1::int::oid AND objid::int = ANY($3::int[])`,
-		claim: fmt.Sprintf(`SELECT %s::text, %s, %s, %s, %s, %s, %s, %s FROM %s
-			WHERE %s > $1 AND %s <= $2 AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[])
+		claim: fmt.Sprintf(`SELECT %s FROM %s o
+			WHERE %s > $1 AND %s <= $2 AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[]) %s
 			ORDER BY %s LIMIT $3 FOR UPDATE SKIP LOCKED`,
-			schema.Q(c.ID), schema.Q(c.AggregateType), schema.Q(c.AggregateID), schema.Q(c.EventType),
-			schema.Q(c.Payload), schema.Q(c.Headers), schema.Q(c.CreatedAt), seq, t, seq, seq,
-			schema.Q(c.AggregateID), seq),
+			strings.Replace(c.Quoted("o"), "o."+schema.Q(c.ID), "o."+schema.Q(c.ID)+"::text", 1), t, seq, seq,
+			schema.Q(c.AggregateID), parked, seq),
 		archive: fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::bigint[])`, t, seq),
 		deadLetter: fmt.Sprintf(`INSERT INTO %s (%s, error, error_class, attempts, first_failed_at, last_failed_at)
 			SELECT %s, d.error, d.class, d.attempts, d.first_failed, d.last_failed

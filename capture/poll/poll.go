@@ -63,6 +63,9 @@ type Options struct {
 	// in lease.go). Every relay on one outbox must use the same number.
 	// Default 16.
 	Partitions int
+	// ParkAggregates skips aggregates that have a row in the dead-letter
+	// table (dead_letter.park_aggregate). Default false.
+	ParkAggregates bool
 	// Logger receives the source's logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -74,16 +77,16 @@ const blockedInterval = 10 * time.Millisecond
 // Source is a poll-mode capture.Source. Next must be called from one
 // goroutine; batches may be completed from others.
 type Source struct {
-	opts     Options
-	log      *slog.Logger
-	info     schema.Info
-	sql      queries
-	lease    leases
-	marks    watermarks
-	cursor   int64       // claims continue after this seq until reset
-	rewind   atomic.Bool // set when rows below cursor may be unlocked again
-	idle     bool        // the last claim did not fill a batch
-	blocked  bool        // the last claim was held back by an open writer
+	opts    Options
+	log     *slog.Logger
+	info    schema.Info
+	sql     queries
+	lease   leases
+	marks   watermarks
+	cursor  int64       // claims continue after this seq until reset
+	rewind  atomic.Bool // set when rows below cursor may be unlocked again
+	idle    bool        // the last claim did not fill a batch
+	blocked bool        // the last claim was held back by an open writer
 }
 
 // New inspects the outbox table, creates the dead-letter table when it is
@@ -115,7 +118,7 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	if err := schema.EnsureDeadLetter(ctx, opts.Pool, opts.Layout, info); err != nil {
 		return nil, err
 	}
-	s := &Source{opts: opts, log: opts.Logger, info: info, sql: buildQueries(opts.Layout, info)}
+	s := &Source{opts: opts, log: opts.Logger, info: info, sql: buildQueries(opts.Layout, opts.ParkAggregates)}
 	s.lease = leases{keys: newLockKeys(opts.Layout.Outbox.String()), n: opts.Partitions, log: opts.Logger,
 		onGained: func() { s.rewind.Store(true) }}
 	return s, nil

@@ -39,6 +39,9 @@ func supported(cfg *config.Config) error {
 	if cfg.Sink.Type != "nats" {
 		missing = append(missing, fmt.Sprintf("sink.type %q is not implemented yet (use nats)", cfg.Sink.Type))
 	}
+	if cfg.DeadLetter.ParkAggregate && cfg.Capture.Mode == "wal" {
+		missing = append(missing, "dead_letter.park_aggregate is not implemented yet in wal mode (use poll)")
+	}
 	if cfg.Archive.Mode != "delete" {
 		missing = append(missing, fmt.Sprintf("archive.mode %q is not implemented yet (use delete)", cfg.Archive.Mode))
 	}

@@ -8,6 +8,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/schema"
 )
@@ -41,7 +43,11 @@ func DLQ(ctx context.Context, cfg *config.Config, action DLQAction, f schema.Dea
 	}
 	switch action {
 	case DLQRedrive:
-		n, err := l.Redrive(ctx, pool, f)
+		var n int64
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
+			n, err = l.Redrive(ctx, tx, f, cfg.DeadLetter.ParkAggregate)
+			return err
+		})
 		if err != nil {
 			return err
 		}

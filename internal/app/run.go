@@ -68,7 +68,8 @@ func (r *Relay) open(ctx context.Context) error {
 
 	src, err := poll.New(ctx, poll.Options{
 		Pool: pool, Layout: schema.FromConfig(cfg), BatchSize: batch,
-		Interval: cfg.Capture.Poll.Interval.D(), Partitions: cfg.Capture.Poll.Partitions, Logger: log,
+		Interval: cfg.Capture.Poll.Interval.D(), Partitions: cfg.Capture.Poll.Partitions,
+		ParkAggregates: cfg.DeadLetter.ParkAggregate, Logger: log,
 	})
 	if err != nil {
 		return err
@@ -79,6 +80,7 @@ func (r *Relay) open(ctx context.Context) error {
 		Logger: log,
 		Retry: pipeline.Retry{Initial: cfg.Retry.Initial.D(), Max: cfg.Retry.Max.D(),
 			MaxAttempts: cfg.Retry.MaxAttempts},
+		ParkAggregate:   cfg.DeadLetter.ParkAggregate,
 		MaxInFlight:     pipelineWindow,
 		BatchSize:       batch,
 		ShutdownTimeout: cfg.ShutdownTimeout.D(),

@@ -73,6 +73,8 @@ func (l Layout) CreateDeadLetter(types map[string]string) []string {
 		fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n%s\n)", l.DeadLetter.Ident(), strings.Join(cols, ",\n")),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s)`,
 			Q(truncate(l.DeadLetter.Name+"_id_idx")), l.DeadLetter.Ident(), Q(l.Cols.ID)),
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s)`,
+			Q(truncate(l.DeadLetter.Name+"_aggregate_idx")), l.DeadLetter.Ident(), Q(l.Cols.AggregateID)),
 	}
 }
 

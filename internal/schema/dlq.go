@@ -3,6 +3,7 @@ package schema
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -66,13 +67,14 @@ func (l Layout) ListDeadLetters(ctx context.Context, q Querier, f DeadLetterFilt
 // Redrive moves the dead letters matching f back into the outbox with
 // their original ids, so consumers still deduplicate them, in their
 // original seq order. A dead letter whose id is already in the outbox is
-// only removed. It returns how many rows went back into the outbox.
-func (l Layout) Redrive(ctx context.Context, q Querier, f DeadLetterFilter) (int64, error) {
+// only removed. With resequence (dead_letter.park_aggregate), the rows their
+// aggregates left parked in the outbox are re-inserted after them, so they
+// follow the redriven events in seq (and WAL) order. q should be a
+// transaction. It returns how many rows went back into the outbox.
+func (l Layout) Redrive(ctx context.Context, q Querier, f DeadLetterFilter, resequence bool) (int64, error) {
 	cond, args := l.where(f)
 	c := l.Cols
-	cols := fmt.Sprintf("%s, %s, %s, %s, %s, %s, %s", Q(c.ID), Q(c.AggregateType), Q(c.AggregateID),
-		Q(c.EventType), Q(c.Payload), Q(c.Headers), Q(c.CreatedAt))
-	tag, err := q.Exec(ctx, fmt.Sprintf(`WITH moved AS (
+	rows, err := q.Query(ctx, fmt.Sprintf(`WITH moved AS (
 		DELETE FROM %[1]s WHERE %[2]s RETURNING *
 	), latest AS (
 		SELECT DISTINCT ON (%[3]s) * FROM moved ORDER BY %[3]s, dead_lettered_at DESC
@@ -80,11 +82,48 @@ func (l Layout) Redrive(ctx context.Context, q Querier, f DeadLetterFilter) (int
 	INSERT INTO %[4]s (%[5]s)
 	SELECT %[5]s FROM latest
 	WHERE NOT EXISTS (SELECT 1 FROM %[4]s o WHERE o.%[3]s = latest.%[3]s)
-	ORDER BY %[6]s`, l.DeadLetter.Ident(), cond, Q(c.ID), l.Outbox.Ident(), cols, Q(c.Seq)), args...)
+	ORDER BY %[6]s
+	RETURNING %[3]s::text, %[7]s`, l.DeadLetter.Ident(), cond, Q(c.ID), l.Outbox.Ident(), l.insertColumns(), Q(c.Seq),
+		Q(c.AggregateID)), args...)
 	if err != nil {
 		return 0, fmt.Errorf("redrive dead letters from %s into %s: %w", l.DeadLetter, l.Outbox, err)
 	}
-	return tag.RowsAffected(), nil
+	var ids, aggs []string
+	var id, agg string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &agg}, func() error {
+		ids, aggs = append(ids, id), append(aggs, agg)
+		return nil
+	}); err != nil {
+		return 0, fmt.Errorf("redrive dead letters from %s into %s: %w", l.DeadLetter, l.Outbox, err)
+	}
+	if resequence && len(ids) > 0 {
+		if err := l.resequence(ctx, q, ids, aggs); err != nil {
+			return 0, err
+		}
+	}
+	return int64(len(ids)), nil
+}
+
+// resequence re-inserts the outbox rows of aggregates aggs, other than ids,
+// after everything else, keeping their ids and relative order.
+func (l Layout) resequence(ctx context.Context, q Querier, ids, aggs []string) error {
+	c := l.Cols
+	_, err := q.Exec(ctx, fmt.Sprintf(`WITH moved AS (
+		DELETE FROM %[1]s WHERE %[2]s = ANY($1) AND %[3]s::text <> ALL($2) RETURNING *
+	)
+	INSERT INTO %[1]s (%[4]s) SELECT %[4]s FROM moved ORDER BY %[5]s`,
+		l.Outbox.Ident(), Q(c.AggregateID), Q(c.ID), l.insertColumns(), Q(c.Seq)), aggs, ids)
+	if err != nil {
+		return fmt.Errorf("re-sequence parked events in %s: %w", l.Outbox, err)
+	}
+	return nil
+}
+
+// insertColumns lists the outbox columns an INSERT sets: all but seq.
+func (l Layout) insertColumns() string {
+	c := l.Cols
+	return strings.Join([]string{Q(c.ID), Q(c.AggregateType), Q(c.AggregateID), Q(c.EventType),
+		Q(c.Payload), Q(c.Headers), Q(c.CreatedAt)}, ", ")
 }
 
 // DropDeadLetters deletes the dead letters matching f and returns how many.
