@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -30,27 +31,30 @@ func TestEndToEnd(t *testing.T) {
 // TestKillAndRestart kills the relay with SIGKILL at random moments while
 // producers write, restarts it each time, and checks that nothing is lost,
 // every copy carries its row's message_id and per-aggregate order holds.
+// RELAY_SOAK=1 runs many more rounds.
 func TestKillAndRestart(t *testing.T) {
+	rounds, events := 8, 12000
+	if os.Getenv("RELAY_SOAK") != "" {
+		rounds, events = 60, 100000
+	}
 	s := newStack(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	produced := make(chan struct{})
-	go func() { s.produce(ctx, 12000, 600, 8); close(produced) }()
+	go func() { s.produce(ctx, events, 600, 8); close(produced) }()
 	kills := 0
-	for done := false; !done; {
+	for done := false; !done || kills < rounds; {
 		relay := s.start()
 		select {
 		case <-produced:
 			done = true
-		case <-time.After(time.Duration(200+rand.IntN(600)) * time.Millisecond):
+		case <-time.After(time.Duration(100+rand.IntN(700)) * time.Millisecond):
 		}
-		if !done || kills < 3 {
-			relay.kill()
-			kills++
-		}
+		relay.kill()
+		kills++
 	}
 	s.start()
-	s.waitDrained(60 * time.Second)
+	s.waitDrained(120 * time.Second)
 	wire, stream := s.verify()
 	t.Logf("kill -9 %d times: %s; stream: %s", kills, wire, stream)
 }

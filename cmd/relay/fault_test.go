@@ -137,3 +137,59 @@ func TestThreePollRelaysOneKilled(t *testing.T) {
 	}
 	t.Logf("three relays, one killed: %s; drained %.1fs after the kill; %d survivors published", wire, drained.Seconds(), busy)
 }
+
+// TestStallsAndCuts runs the relay's NATS and Postgres connections through
+// proxies that stall and cut them while producers write.
+func TestStallsAndCuts(t *testing.T) {
+	pg, err := testenv.StartPostgres(context.Background(), testenv.PostgresOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Stop() })
+	dsn, err := pg.CreateDatabase(context.Background(), "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dbProxy, err := testenv.StartProxy(fmt.Sprintf("127.0.0.1:%d", pg.Port()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(dbProxy.Close)
+	s := newStack(t, stackOptions{DSN: dsn})
+	s.wireGaps = true
+	natsProxy, err := testenv.StartProxy(strings.TrimPrefix(s.nats.URL(), "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(natsProxy.Close)
+	rewriteDSN(t, s.cfgPath, dsn, strings.Replace(dsn, fmt.Sprintf(":%d/", pg.Port()), fmt.Sprintf(":%d/", dbProxy.Port()), 1))
+	rewriteDSN(t, s.cfgPath, s.nats.URL(), "nats://"+natsProxy.Addr())
+	relay := s.start()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	produced := make(chan struct{})
+	go func() { s.produce(ctx, 6000, 500, 4); close(produced) }()
+	for _, fault := range []struct {
+		name     string
+		do, undo func()
+		hold     time.Duration
+	}{
+		{"stall nats", natsProxy.Stall, natsProxy.Resume, 2 * time.Second},
+		{"cut nats", natsProxy.Cut, func() {}, 0},
+		{"stall postgres", dbProxy.Stall, dbProxy.Resume, 2 * time.Second},
+		{"cut postgres", dbProxy.Cut, func() {}, 0},
+	} {
+		time.Sleep(400 * time.Millisecond)
+		t.Log(fault.name)
+		fault.do()
+		time.Sleep(fault.hold)
+		fault.undo()
+	}
+	<-produced
+	s.waitDrained(60 * time.Second)
+	if code := relay.stop(t, 15*time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	_, stream := s.verify()
+	t.Logf("stalls and cuts: %s", stream)
+}
