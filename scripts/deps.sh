@@ -40,5 +40,18 @@ else
   apt_install kcat
 fi
 
-# Later: npm packages for the SQS/webhook emulators.
-# if ! command -v npm >/dev/null 2>&1; then apt_install npm; fi
+# The SQS emulator (npm package local-aws-sqs) for sink/sqs's tests, installed
+# into the cache internal/testenv runs it from (testenv.SQSCacheDir; keep the
+# version in step with testenv.SQSEmulatorVersion). Needs Node.js and npm.
+SQS_EMULATOR_VERSION=2.0.2
+SQS_EMULATOR=local-aws-sqs@$SQS_EMULATOR_VERSION
+RELAY_TEST_CACHE="${RELAY_TEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/relay-test}"
+if ! command -v node >/dev/null 2>&1; then apt_install nodejs npm; fi
+if ! command -v npm >/dev/null 2>&1; then apt_install npm; fi
+if grep -qs "\"version\": \"$SQS_EMULATOR_VERSION\"" "$RELAY_TEST_CACHE/node_modules/local-aws-sqs/package.json"; then
+  echo "deps: $SQS_EMULATOR present in $RELAY_TEST_CACHE"
+else
+  echo "deps: installing $SQS_EMULATOR into $RELAY_TEST_CACHE"
+  mkdir -p "$RELAY_TEST_CACHE"
+  npm install --prefix "$RELAY_TEST_CACHE" --no-audit --no-fund --loglevel=error "$SQS_EMULATOR"
+fi
