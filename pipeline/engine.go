@@ -176,7 +176,10 @@ func (e *engine) dispatch() {
 		}
 		e.inFlight++
 		go func() {
-			e.results <- result{queues: qs, err: e.p.snk.Publish(e.ctx, batch)}
+			start := time.Now()
+			err := e.p.snk.Publish(e.ctx, batch)
+			e.p.opts.Metrics.publishDone(time.Since(start))
+			e.results <- result{queues: qs, err: err}
 		}()
 	}
 	if len(e.ready) == 0 {
@@ -197,12 +200,15 @@ func (e *engine) settle(r result) {
 		err := sink.Failed(r.err, i)
 		if err == nil {
 			anyOK = true
+			e.p.opts.Metrics.acked(q.items[0].ev, now)
 			e.pop(q, nil, now)
 			continue
 		}
 		it := q.items[0]
 		it.lastErr = err
-		switch class := sink.ClassOf(err); {
+		class := sink.ClassOf(err)
+		e.p.opts.Metrics.failed(class)
+		switch {
 		case class == sink.Unavailable:
 			anyDown = true
 			q.retryAt = now.Add(e.p.opts.Retry.unavailableDelay(e.outages + 1))

@@ -36,6 +36,8 @@ type Options struct {
 	// capturing aggregates that have a dead letter. Default false: the
 	// aggregate continues with its next event.
 	ParkAggregate bool
+	// Metrics records histograms and labelled counters; nil records none.
+	Metrics *Metrics
 	// ShutdownTimeout bounds the drain after the Run context is cancelled:
 	// in-flight events keep being published and archived until it expires,
 	// then what is left is abandoned to be captured again. Default 15s.

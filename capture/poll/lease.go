@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -61,7 +62,8 @@ type leases struct {
 	waiting  []int32 // leased, waiting for an old owner's claims to end
 	next     time.Time
 	log      *slog.Logger
-	onGained func() // called when partitions were gained
+	onGained func()       // called when partitions were gained
+	nOwned   atomic.Int32 // len(owned), for Source.Partitions
 }
 
 // join registers conn as a member.
@@ -79,6 +81,7 @@ func (l *leases) lost() {
 		l.log.Warn("lost the lease connection; claiming stops until it is back", "partitions", len(l.owned))
 	}
 	l.conn, l.owned, l.waiting = nil, nil, nil
+	l.nOwned.Store(0)
 }
 
 // rebalance runs at most every rebalanceInterval: it releases partitions
@@ -106,6 +109,7 @@ func (l *leases) rebalance(ctx context.Context) error {
 	if err := l.barrier(ctx); err != nil {
 		return err
 	}
+	l.nOwned.Store(int32(len(l.owned)))
 	if len(l.owned) != before {
 		l.log.Info("partitions leased", "owned", len(l.owned), "of", l.n, "relays", members)
 	}

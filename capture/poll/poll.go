@@ -165,6 +165,12 @@ func (s *Source) Close() error {
 	return s.lease.conn.Close(ctx)
 }
 
+// Partitions returns how many partitions this relay leases and claims, of
+// all. It is safe for concurrent use.
+func (s *Source) Partitions() (held, total int) {
+	return int(s.lease.nOwned.Load()), s.opts.Partitions
+}
+
 // connect makes sure the lease connection is up: it LISTENs for inserts and
 // holds this relay's membership and partition leases.
 func (s *Source) connect(ctx context.Context) error {

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxrelay/relay/capture/poll"
@@ -23,12 +25,18 @@ type Relay struct {
 	cfg      *config.Config
 	log      *slog.Logger
 	pipeline *pipeline.Pipeline
+	pool     *pgxpool.Pool
+	reg      *prometheus.Registry
+	backlog  *backlogAge
 	ln       net.Listener
 	closers  []func()
 }
 
 // pipelineWindow is the most events held between capture and archive.
 const pipelineWindow = 10000
+
+// backlogInterval is how often the age of the oldest outbox row is sampled.
+const backlogInterval = 5 * time.Second
 
 // Open connects to Postgres and the sink, creates the dead-letter table and
 // NATS stream when missing, and returns a relay ready to run. A missing
@@ -56,6 +64,7 @@ func (r *Relay) open(ctx context.Context) error {
 		return err
 	}
 	r.closers = append(r.closers, pool.Close)
+	r.pool = pool
 
 	snk, err := natssink.New(ctx, cfg.Sink.NATS, natssink.Options{Logger: log})
 	if err != nil {
@@ -76,8 +85,11 @@ func (r *Relay) open(ctx context.Context) error {
 	}
 	r.closers = append(r.closers, func() { src.Close() })
 
+	r.reg = newRegistry()
+	r.backlog = newBacklogAge(schema.FromConfig(cfg))
 	r.pipeline = pipeline.New(src, snk, pipeline.Options{
-		Logger: log,
+		Logger:  log,
+		Metrics: pipeline.NewMetrics(r.reg, cfg.Sink.Type),
 		Retry: pipeline.Retry{Initial: cfg.Retry.Initial.D(), Max: cfg.Retry.Max.D(),
 			MaxAttempts: cfg.Retry.MaxAttempts},
 		ParkAggregate:   cfg.DeadLetter.ParkAggregate,
@@ -85,6 +97,7 @@ func (r *Relay) open(ctx context.Context) error {
 		BatchSize:       batch,
 		ShutdownTimeout: cfg.ShutdownTimeout.D(),
 	})
+	registerStats(r.reg, r.pipeline.Stats(), src, r.backlog)
 	return nil
 }
 
@@ -96,6 +109,7 @@ func (r *Relay) Stats() *pipeline.Stats { return r.pipeline.Stats() }
 func (r *Relay) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return r.pipeline.Run(ctx) })
+	g.Go(func() error { return r.backlog.watch(gctx, r.pool, backlogInterval) })
 	if r.ln != nil {
 		g.Go(func() error { return r.serveHTTP(gctx) })
 	}

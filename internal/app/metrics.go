@@ -1,0 +1,92 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/outboxrelay/relay/internal/schema"
+	"github.com/outboxrelay/relay/pipeline"
+)
+
+// partitioned is implemented by sources that share work in partitions.
+type partitioned interface {
+	// Partitions returns how many partitions this relay holds, of all.
+	Partitions() (held, total int)
+}
+
+// newRegistry returns a registry with the Go and process collectors.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// registerStats exposes the pipeline's counters, the source's state and the
+// outbox backlog age on reg.
+func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backlog *backlogAge) {
+	counter := func(name, help string, f func() int64) {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Name: name, Help: help},
+			func() float64 { return float64(f()) }))
+	}
+	gauge := func(name, help string, f func() float64) {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Name: name, Help: help}, f))
+	}
+	counter("events_captured_total", "Events read from the outbox.", st.Captured.Load)
+	counter("events_published_total", "Events acknowledged by the sink.", st.Published.Load)
+	counter("events_dead_lettered_total", "Events moved to the dead-letter table.", st.DeadLettered.Load)
+	counter("publish_retries_total", "Failed publish attempts that were retried.", st.Retries.Load)
+	counter("events_archived_total", "Events archived after publishing.", st.Archived.Load)
+	gauge("events_in_flight", "Events captured and not yet settled.", func() float64 { return float64(st.InFlight.Load()) })
+	gauge("sink_ready", "1 when the sink is reachable.", func() float64 { return boolFloat(st.Ready.Load()) })
+	gauge("capture_ready", "1 while capture works.", func() float64 { return boolFloat(st.Capturing.Load()) })
+	gauge("oldest_unpublished_age_seconds", "Age of the oldest row still in the outbox (by seq), 0 when empty.", backlog.load)
+	if p, ok := src.(partitioned); ok {
+		gauge("partitions_held", "Poll partitions this relay leases.", func() float64 { h, _ := p.Partitions(); return float64(h) })
+		gauge("partitions_total", "Poll partitions of the outbox.", func() float64 { _, t := p.Partitions(); return float64(t) })
+	}
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// backlogAge samples the age of the oldest outbox row.
+type backlogAge struct {
+	bits  atomic.Uint64 // float64 seconds
+	query string
+}
+
+func newBacklogAge(l schema.Layout) *backlogAge {
+	return &backlogAge{query: fmt.Sprintf(`SELECT coalesce(extract(epoch FROM now() - (
+		SELECT %s FROM %s ORDER BY %s LIMIT 1)), 0)::float8`, schema.Q(l.Cols.CreatedAt), l.Outbox.Ident(), schema.Q(l.Cols.Seq))}
+}
+
+func (b *backlogAge) load() float64 { return math.Float64frombits(b.bits.Load()) }
+
+// watch samples every interval until ctx ends. A failed sample keeps the
+// last value; capture errors are reported elsewhere.
+func (b *backlogAge) watch(ctx context.Context, pool *pgxpool.Pool, interval time.Duration) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		var age float64
+		if err := pool.QueryRow(ctx, b.query).Scan(&age); err == nil {
+			b.bits.Store(math.Float64bits(age))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
