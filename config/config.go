@@ -183,6 +183,10 @@ type Archive struct {
 	Mode string `yaml:"mode"`
 	// Table is the archive table for move. Default public.outbox_archive.
 	Table string `yaml:"table"`
+	// Retention, when set, prunes archived rows older than it (mark: rows
+	// with published_at; move: rows of the archive table), checked every
+	// minute. Default 0: keep them.
+	Retention Duration `yaml:"retention"`
 }
 
 // Retry sets the backoff for failed publishes.

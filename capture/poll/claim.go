@@ -17,10 +17,10 @@ import (
 
 // queries are the source's SQL, built once with quoted identifiers.
 type queries struct {
-	lastSeq, writers, lockWork, leased, claim, archive, deadLetter string
+	lastSeq, writers, lockWork, leased, claim, archive, deadLetter, dropDead string
 }
 
-func buildQueries(l schema.Layout, park bool) queries {
+func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
 	c, t := l.Cols, l.Outbox.Ident()
 	seq := schema.Q(c.Seq)
 	parked := ""
@@ -40,11 +40,12 @@ func buildQueries(l schema.Layout, park bool) queries {
 			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			AND classid = $1::int::oid AND objid::int = ANY($3::int[])`,
 		claim: fmt.Sprintf(`SELECT %s FROM %s o
-			WHERE %s > $1 AND %s <= $2 AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[]) %s
+			WHERE %s > $1 AND %s <= $2 AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[]) %s %s
 			ORDER BY %s LIMIT $3 FOR UPDATE SKIP LOCKED`,
 			strings.Replace(c.Quoted("o"), "o."+schema.Q(c.ID), "o."+schema.Q(c.ID)+"::text", 1), t, seq, seq,
-			schema.Q(c.AggregateID), parked, seq),
-		archive: fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::bigint[])`, t, seq),
+			schema.Q(c.AggregateID), l.Unpublished(archiveMode, "o"), parked, seq),
+		archive:  l.ArchiveByKey(archiveMode, c.Seq, "bigint"),
+		dropDead: fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::bigint[])`, t, seq),
 		deadLetter: fmt.Sprintf(`INSERT INTO %s (%s, error, error_class, attempts, first_failed_at, last_failed_at)
 			SELECT %s, d.error, d.class, d.attempts, d.first_failed, d.last_failed
 			FROM %s o JOIN unnest($1::bigint[], $2::text[], $3::text[], $4::int[], $5::timestamptz[], $6::timestamptz[])
@@ -212,27 +213,30 @@ func (b *batch) Complete(ctx context.Context, o capture.Outcome) error {
 
 func (b *batch) complete(ctx context.Context, o capture.Outcome) error {
 	dead := append(o.Dead, b.bad...)
-	gone := make([]int64, 0, len(o.Published)+len(dead))
-	for _, ev := range o.Published {
-		gone = append(gone, int64(ev.Position))
-	}
 	br := &pgx.Batch{}
 	if len(dead) > 0 {
-		br.Queue(b.s.sql.deadLetter, deadArgs(dead)...)
-		for _, d := range dead {
-			gone = append(gone, int64(d.Event.Position))
+		seqs := make([]int64, len(dead))
+		for i, d := range dead {
+			seqs[i] = int64(d.Event.Position)
 		}
+		br.Queue(b.s.sql.deadLetter, deadArgs(dead)...)
+		br.Queue(b.s.sql.dropDead, seqs)
 	}
-	if len(gone) > 0 {
-		br.Queue(b.s.sql.archive, gone)
+	if len(o.Published) > 0 {
+		seqs := make([]int64, len(o.Published))
+		for i, ev := range o.Published {
+			seqs[i] = int64(ev.Position)
+		}
+		br.Queue(b.s.sql.archive, seqs)
 	}
+	n := len(o.Published) + len(dead)
 	if br.Len() > 0 {
 		if err := b.tx.SendBatch(ctx, br).Close(); err != nil {
-			return fmt.Errorf("archive %d rows: %w", len(gone), err)
+			return fmt.Errorf("archive %d rows: %w", n, err)
 		}
 	}
 	if err := b.tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit archive of %d rows: %w", len(gone), err)
+		return fmt.Errorf("commit archive of %d rows: %w", n, err)
 	}
 	return nil
 }

@@ -63,6 +63,9 @@ type Options struct {
 	// in lease.go). Every relay on one outbox must use the same number.
 	// Default 16.
 	Partitions int
+	// ArchiveMode is what happens to published rows: schema.ArchiveDelete,
+	// ArchiveMark or ArchiveMove. Default delete.
+	ArchiveMode string
 	// ParkAggregates skips aggregates that have a row in the dead-letter
 	// table (dead_letter.park_aggregate). Default false.
 	ParkAggregates bool
@@ -118,7 +121,10 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	if err := schema.EnsureDeadLetter(ctx, opts.Pool, opts.Layout, info); err != nil {
 		return nil, err
 	}
-	s := &Source{opts: opts, log: opts.Logger, info: info, sql: buildQueries(opts.Layout, opts.ParkAggregates)}
+	if err := schema.EnsureArchive(ctx, opts.Pool, opts.Layout, opts.ArchiveMode, info); err != nil {
+		return nil, err
+	}
+	s := &Source{opts: opts, log: opts.Logger, info: info, sql: buildQueries(opts.Layout, opts.ArchiveMode, opts.ParkAggregates)}
 	s.lease = leases{keys: newLockKeys(opts.Layout.Outbox.String()), n: opts.Partitions, log: opts.Logger,
 		onGained: func() { s.rewind.Store(true) }}
 	return s, nil

@@ -199,3 +199,36 @@ func TestParkAggregate(t *testing.T) {
 	s.waitDrained(30 * time.Second)
 	s.verify()
 }
+
+// TestArchiveModes runs archive modes mark and move: published rows are
+// marked or moved, never deleted, and retention prunes them.
+func TestArchiveModes(t *testing.T) {
+	for _, mode := range []string{"mark", "move"} {
+		t.Run(mode, func(t *testing.T) {
+			s := newStack(t, stackOptions{Archive: mode})
+			ctx := context.Background()
+			s.produce(ctx, 1000, 50, 4)
+			relay := s.start()
+			s.waitDrained(30 * time.Second)
+			relay.stop(t, 15*time.Second)
+			s.verify()
+			count := map[string]string{
+				"mark": `SELECT count(*) FROM outbox WHERE published_at IS NOT NULL`,
+				"move": `SELECT count(*) FROM outbox_archive WHERE archived_at IS NOT NULL`,
+			}[mode]
+			var n int
+			if err := s.pool.QueryRow(ctx, count).Scan(&n); err != nil || n != 1000 {
+				t.Fatalf("%d rows archived (%v), want 1000", n, err)
+			}
+			// A relay with a short retention prunes them when it starts.
+			time.Sleep(1100 * time.Millisecond)
+			rewriteDSN(t, s.cfgPath, "mode: "+mode+"\n", "mode: "+mode+"\n  retention: 1s\n")
+			relay = s.start()
+			defer relay.stop(t, 15*time.Second)
+			waitFor(t, func() bool {
+				s.pool.QueryRow(ctx, count).Scan(&n)
+				return n == 0
+			})
+		})
+	}
+}

@@ -53,6 +53,7 @@ type stack struct {
 	stream  *verify.Log // what the JetStream stream holds
 	mu      sync.Mutex
 	steps   map[int]int // aggregate -> last step written
+	archive string // archive.mode
 	// wireGaps is set by tests that stop the broker: the core subscriber
 	// misses what is published while it reconnects, so only the stream
 	// counts.
@@ -67,6 +68,8 @@ type stackOptions struct {
 	Mode string
 	// Extra is YAML appended to the config (top-level keys).
 	Extra string
+	// Archive is archive.mode; default delete.
+	Archive string
 }
 
 // newStack starts NATS, writes a config and runs `relay init`.
@@ -87,7 +90,10 @@ func newStack(t *testing.T, opts ...stackOptions) *stack {
 		t.Fatal(err)
 	}
 	t.Cleanup(n.Shutdown)
-	s := &stack{t: t, dsn: o.DSN, nats: n, wire: verify.NewLog(), stream: verify.NewLog(), steps: map[int]int{}}
+	s := &stack{t: t, dsn: o.DSN, nats: n, wire: verify.NewLog(), stream: verify.NewLog(), steps: map[int]int{}, archive: o.Archive}
+	if o.Archive != "" {
+		o.Extra += "archive:\n  mode: " + o.Archive + "\n"
+	}
 	s.cfgPath = writeConfig(t, fmt.Sprintf(`postgres:
   url: %s
 capture:
@@ -342,10 +348,15 @@ func rewriteDSN(t *testing.T, path, from, to string) {
 	}
 }
 
-// outboxRows counts the rows left in the outbox.
+// outboxRows counts the rows left in the outbox (unpublished ones in
+// archive mode mark).
 func (s *stack) outboxRows() int {
+	q := `SELECT count(*) FROM outbox`
+	if s.archive == "mark" {
+		q += ` WHERE published_at IS NULL`
+	}
 	var n int
-	if err := s.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&n); err != nil {
+	if err := s.pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
 		s.t.Fatal(err)
 	}
 	return n

@@ -42,9 +42,6 @@ func supported(cfg *config.Config) error {
 	if cfg.DeadLetter.ParkAggregate && cfg.Capture.Mode == "wal" {
 		missing = append(missing, "dead_letter.park_aggregate is not implemented yet in wal mode (use poll)")
 	}
-	if cfg.Archive.Mode != "delete" {
-		missing = append(missing, fmt.Sprintf("archive.mode %q is not implemented yet (use delete)", cfg.Archive.Mode))
-	}
 	if len(missing) == 0 {
 		return nil
 	}

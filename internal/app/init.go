@@ -12,8 +12,9 @@ import (
 )
 
 // Init creates what is missing: the outbox table with the index serving the
-// poll query, the insert notify trigger (poll mode), the dead-letter table
-// and the NATS stream. With dryRun it prints the SQL and changes nothing.
+// poll query, the insert notify trigger (poll mode), the dead-letter table,
+// what archive.mode needs (mark: the published_at column; move: the
+// archive table) and the NATS stream. With dryRun it prints the SQL and changes nothing.
 // Every statement is idempotent, so Init can run on every deploy. log
 // receives the sink's logs.
 func Init(ctx context.Context, cfg *config.Config, dryRun bool, w io.Writer, log *slog.Logger) error {
@@ -67,5 +68,6 @@ func initSQL(l schema.Layout, cfg *config.Config, types map[string]string) []str
 	if cfg.Capture.Mode == "poll" {
 		stmts = append(stmts, l.CreateNotifyTrigger()...)
 	}
-	return append(stmts, l.CreateDeadLetter(types)...)
+	stmts = append(stmts, l.CreateDeadLetter(types)...)
+	return append(stmts, l.ArchiveDDL(cfg.Archive.Mode, types)...)
 }

@@ -66,9 +66,10 @@ type backlogAge struct {
 	query string
 }
 
-func newBacklogAge(l schema.Layout) *backlogAge {
+func newBacklogAge(l schema.Layout, archiveMode string) *backlogAge {
 	return &backlogAge{query: fmt.Sprintf(`SELECT coalesce(extract(epoch FROM now() - (
-		SELECT %s FROM %s ORDER BY %s LIMIT 1)), 0)::float8`, schema.Q(l.Cols.CreatedAt), l.Outbox.Ident(), schema.Q(l.Cols.Seq))}
+		SELECT %s FROM %s WHERE true %s ORDER BY %s LIMIT 1)), 0)::float8`,
+		schema.Q(l.Cols.CreatedAt), l.Outbox.Ident(), l.Unpublished(archiveMode, ""), schema.Q(l.Cols.Seq))}
 }
 
 func (b *backlogAge) load() float64 { return math.Float64frombits(b.bits.Load()) }

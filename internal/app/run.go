@@ -78,7 +78,7 @@ func (r *Relay) open(ctx context.Context) error {
 	src, err := poll.New(ctx, poll.Options{
 		Pool: pool, Layout: schema.FromConfig(cfg), BatchSize: batch,
 		Interval: cfg.Capture.Poll.Interval.D(), Partitions: cfg.Capture.Poll.Partitions,
-		ParkAggregates: cfg.DeadLetter.ParkAggregate, Logger: log,
+		ParkAggregates: cfg.DeadLetter.ParkAggregate, ArchiveMode: cfg.Archive.Mode, Logger: log,
 	})
 	if err != nil {
 		return err
@@ -86,7 +86,7 @@ func (r *Relay) open(ctx context.Context) error {
 	r.closers = append(r.closers, func() { src.Close() })
 
 	r.reg = newRegistry()
-	r.backlog = newBacklogAge(schema.FromConfig(cfg))
+	r.backlog = newBacklogAge(schema.FromConfig(cfg), cfg.Archive.Mode)
 	r.pipeline = pipeline.New(src, snk, pipeline.Options{
 		Logger:  log,
 		Metrics: pipeline.NewMetrics(r.reg, cfg.Sink.Type),
@@ -110,6 +110,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return r.pipeline.Run(ctx) })
 	g.Go(func() error { return r.backlog.watch(gctx, r.pool, backlogInterval) })
+	if r.cfg.Archive.Retention > 0 {
+		g.Go(func() error { return r.prune(gctx) })
+	}
 	if r.ln != nil {
 		g.Go(func() error { return r.serveHTTP(gctx) })
 	}
@@ -137,6 +140,37 @@ func RunConfig(ctx context.Context, cfg *config.Config, log *slog.Logger) error 
 	}
 	log.Info("relay stopped", "published", r.Stats().Published.Load())
 	return nil
+}
+
+// pruneInterval is how often archived rows past archive.retention are
+// deleted.
+const pruneInterval = time.Minute
+
+// prune deletes archived rows older than archive.retention every
+// pruneInterval until ctx ends. Failures are logged and retried.
+func (r *Relay) prune(ctx context.Context) error {
+	stmt := schema.FromConfig(r.cfg).PruneArchive(r.cfg.Archive.Mode)
+	if stmt == "" {
+		return nil
+	}
+	t := time.NewTicker(pruneInterval)
+	defer t.Stop()
+	for {
+		tag, err := r.pool.Exec(ctx, stmt, r.cfg.Archive.Retention.D())
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			r.log.Warn("prune archive failed", "err", err)
+		case tag.RowsAffected() > 0:
+			r.log.Info("pruned archived rows", "rows", tag.RowsAffected(), "retention", r.cfg.Archive.Retention.D())
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
 }
 
 // listen opens http.listen, so a taken address fails before the relay runs.

@@ -57,15 +57,7 @@ $fn$`, fn, quoteLiteral(l.NotifyChannel())),
 // all nullable so a malformed row can be kept, plus the failure columns of
 // CONTRACT §2.
 func (l Layout) CreateDeadLetter(types map[string]string) []string {
-	var cols []string
-	for i, c := range l.Cols.List() {
-		t := types[c]
-		if t == "" {
-			t = contractTypes[i]
-		}
-		cols = append(cols, fmt.Sprintf("  %s %s", Q(c), t))
-	}
-	cols = append(cols,
+	cols := append(l.typedColumns(types),
 		"  error text", "  error_class text", "  attempts int",
 		"  first_failed_at timestamptz", "  last_failed_at timestamptz",
 		"  dead_lettered_at timestamptz NOT NULL DEFAULT now()")
@@ -76,6 +68,20 @@ func (l Layout) CreateDeadLetter(types map[string]string) []string {
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s)`,
 			Q(truncate(l.DeadLetter.Name+"_aggregate_idx")), l.DeadLetter.Ident(), Q(l.Cols.AggregateID)),
 	}
+}
+
+// typedColumns returns the outbox columns with their types, nullable, one
+// "  name type" per entry; types as for CreateDeadLetter.
+func (l Layout) typedColumns(types map[string]string) []string {
+	var cols []string
+	for i, c := range l.Cols.List() {
+		t := types[c]
+		if t == "" {
+			t = contractTypes[i]
+		}
+		cols = append(cols, fmt.Sprintf("  %s %s", Q(c), t))
+	}
+	return cols
 }
 
 // EnsureDeadLetter creates the dead-letter table when it is missing, with

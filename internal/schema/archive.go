@@ -1,0 +1,106 @@
+package schema
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/outboxrelay/relay/sink"
+)
+
+// Archive modes (archive.mode).
+const (
+	ArchiveDelete = "delete"
+	ArchiveMark   = "mark"
+	ArchiveMove   = "move"
+)
+
+// PublishedAt is the column archive mode mark sets on published rows.
+const PublishedAt = "published_at"
+
+// ArchiveByKey returns the statement that archives, per mode, the outbox
+// rows whose column key is in $1 (an array of keyType, e.g. bigint for seq
+// or uuid for id): delete them, set published_at, or move them to the
+// archive table in the same statement.
+func (l Layout) ArchiveByKey(mode, key, keyType string) string {
+	where := fmt.Sprintf("%s = ANY($1::%s[])", Q(key), keyType)
+	switch mode {
+	case ArchiveMark:
+		return fmt.Sprintf(`UPDATE %s SET %s = now() WHERE %s`, l.Outbox.Ident(), Q(PublishedAt), where)
+	case ArchiveMove:
+		cols := l.Cols.Quoted("")
+		return fmt.Sprintf(`WITH moved AS (DELETE FROM %s WHERE %s RETURNING %s)
+			INSERT INTO %s (%s) SELECT %s FROM moved`, l.Outbox.Ident(), where, cols, l.Archive.Ident(), cols, cols)
+	default:
+		return fmt.Sprintf(`DELETE FROM %s WHERE %s`, l.Outbox.Ident(), where)
+	}
+}
+
+// Unpublished returns the condition, prefixed with AND, that keeps rows
+// archive mode mark has not marked yet; empty for the other modes.
+func (l Layout) Unpublished(mode, alias string) string {
+	if mode != ArchiveMark {
+		return ""
+	}
+	col := Q(PublishedAt)
+	if alias != "" {
+		col = alias + "." + col
+	}
+	return "AND " + col + " IS NULL"
+}
+
+// ArchiveDDL returns the statements archive mode needs: for mark the
+// published_at column and a partial index serving the poll query over
+// unpublished rows; for move the archive table with the outbox's column
+// types (types as for CreateDeadLetter) and archived_at.
+func (l Layout) ArchiveDDL(mode string, types map[string]string) []string {
+	switch mode {
+	case ArchiveMark:
+		return []string{
+			fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s timestamptz`, l.Outbox.Ident(), Q(PublishedAt)),
+			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s) WHERE %s IS NULL`,
+				Q(truncate(l.Outbox.Name+"_relay_unpublished_idx")), l.Outbox.Ident(), Q(l.Cols.Seq), Q(PublishedAt)),
+			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s) WHERE %s IS NOT NULL`,
+				Q(truncate(l.Outbox.Name+"_relay_published_idx")), l.Outbox.Ident(), Q(PublishedAt), Q(PublishedAt)),
+		}
+	case ArchiveMove:
+		return []string{
+			fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n%s,\n  archived_at timestamptz NOT NULL DEFAULT now()\n)",
+				l.Archive.Ident(), strings.Join(l.typedColumns(types), ",\n")),
+			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (archived_at)`,
+				Q(truncate(l.Archive.Name+"_archived_at_idx")), l.Archive.Ident()),
+		}
+	}
+	return nil
+}
+
+// PruneArchive returns the statement deleting archived rows older than the
+// interval $1, or "" when mode keeps no archive.
+func (l Layout) PruneArchive(mode string) string {
+	switch mode {
+	case ArchiveMark:
+		return fmt.Sprintf(`DELETE FROM %s WHERE %s < now() - $1::interval`, l.Outbox.Ident(), Q(PublishedAt))
+	case ArchiveMove:
+		return fmt.Sprintf(`DELETE FROM %s WHERE archived_at < now() - $1::interval`, l.Archive.Ident())
+	}
+	return ""
+}
+
+// EnsureArchive prepares archive mode: for move it creates the archive
+// table when missing; for mark it requires the published_at column that
+// `relay init` adds (a permanent error naming it otherwise).
+func EnsureArchive(ctx context.Context, q Querier, l Layout, mode string, info Info) error {
+	switch mode {
+	case ArchiveMark:
+		if _, ok := info.Types[PublishedAt]; !ok {
+			return sink.AsPermanent(fmt.Errorf("archive.mode mark needs column %s on %s: run `relay init`", PublishedAt, l.Outbox))
+		}
+	case ArchiveMove:
+		for _, stmt := range l.ArchiveDDL(mode, info.Types) {
+			if _, err := q.Exec(ctx, stmt); err != nil {
+				return fmt.Errorf("create archive table %s: %w", l.Archive, err)
+			}
+		}
+	}
+	return nil
+}
