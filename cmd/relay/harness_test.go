@@ -53,7 +53,7 @@ type stack struct {
 	stream  *verify.Log // what the JetStream stream holds
 	mu      sync.Mutex
 	steps   map[int]int // aggregate -> last step written
-	archive string // archive.mode
+	archive string      // archive.mode
 	// wireGaps is set by tests that stop the broker: the core subscriber
 	// misses what is published while it reconnects, so only the stream
 	// counts.
