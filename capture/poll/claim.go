@@ -85,6 +85,10 @@ func (s *Source) claimIn(ctx context.Context, tx pgx.Tx) (*batch, error) {
 	if s.rewind.Swap(false) {
 		s.cursor = 0
 	}
+	if s.opts.MaxSeq > 0 {
+		safe = min(safe, s.opts.MaxSeq)
+	}
+	s.from = s.cursor
 	rows, err := tx.Query(ctx, s.sql.claim, s.cursor, safe, s.opts.BatchSize, s.opts.Partitions, parts)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)

@@ -69,6 +69,11 @@ type Options struct {
 	// ParkAggregates skips aggregates that have a row in the dead-letter
 	// table (dead_letter.park_aggregate). Default false.
 	ParkAggregates bool
+	// MaxSeq, when above zero, bounds the claims to rows with seq ≤ MaxSeq,
+	// and Next returns ErrDrained once they are all claimed.
+	// wal capture drains the rows older than its slot this way. Default 0:
+	// no bound.
+	MaxSeq int64
 	// Logger receives the source's logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -90,7 +95,17 @@ type Source struct {
 	rewind  atomic.Bool // set when rows below cursor may be unlocked again
 	idle    bool        // the last claim did not fill a batch
 	blocked bool        // the last claim was held back by an open writer
+	from    int64       // the cursor the last claim started from
 }
+
+// ErrDrained is returned by Next, with Options.MaxSeq set, when a claim
+// found no row although every row with seq ≤ MaxSeq is committed (no open
+// writer holds one back), this relay leases every partition and the claim
+// looked from the start. Rows of batches still open are locked and not
+// seen: once those batches were completed, a claim that again finds nothing
+// means every row up to MaxSeq was published, dead-lettered or deleted.
+// Calling Next again claims again.
+var ErrDrained = errors.New("every outbox row up to the bound was claimed")
 
 // New inspects the outbox table, creates the dead-letter table when it is
 // missing and returns a source. A missing outbox table is a permanent error.
@@ -157,8 +172,22 @@ func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
 		if err != nil || b != nil {
 			return b, err
 		}
+		if s.opts.MaxSeq > 0 {
+			if s.drained() {
+				return nil, ErrDrained
+			}
+			if s.from > 0 {
+				continue // rows below the cursor may be unlocked again: look from the start
+			}
+		}
 		s.idle = true
 	}
+}
+
+// drained reports whether the last claim, which found nothing, proves that
+// every row up to MaxSeq was claimed (see ErrDrained).
+func (s *Source) drained() bool {
+	return s.from == 0 && len(s.lease.owned) == s.opts.Partitions && s.marks.safe >= s.opts.MaxSeq
 }
 
 // Close releases the lease connection, which gives up every partition.

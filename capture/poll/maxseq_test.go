@@ -1,0 +1,100 @@
+package poll_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxrelay/relay/capture"
+	"github.com/outboxrelay/relay/capture/poll"
+)
+
+func newBoundedSource(t *testing.T, pool *pgxpool.Pool, maxSeq int64) *poll.Source {
+	t.Helper()
+	src, err := poll.New(context.Background(), poll.Options{Pool: pool, Layout: layout, BatchSize: 10,
+		Interval: 20 * time.Millisecond, MaxSeq: maxSeq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	return src
+}
+
+// nextOrDrained claims with a timeout and reports ErrDrained.
+func nextOrDrained(t *testing.T, src *poll.Source, d time.Duration) (capture.Batch, bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	b, err := src.Next(ctx)
+	if errors.Is(err, poll.ErrDrained) {
+		return nil, true
+	}
+	if err != nil && ctx.Err() == nil {
+		t.Fatal(err)
+	}
+	return b, false
+}
+
+// TestMaxSeqDrains shows that a bounded source claims only rows up to
+// MaxSeq, reports ErrDrained while its own batches are open and after they
+// were completed, and claims abandoned rows again before that.
+func TestMaxSeqDrains(t *testing.T) {
+	pool := setup(t, layout)
+	var want []string
+	for i := range 5 {
+		want = append(want, insert(t, pool, "a", i))
+	}
+	src := newBoundedSource(t, pool, 3)
+	b, drained := nextOrDrained(t, src, 5*time.Second)
+	if drained || b == nil || fmt.Sprint(ids(b.Events())) != fmt.Sprint(want[:3]) {
+		t.Fatalf("claimed %v (drained %v), want %v", b, drained, want[:3])
+	}
+	if _, drained := nextOrDrained(t, src, 5*time.Second); !drained {
+		t.Fatal("no ErrDrained while the bounded rows are claimed")
+	}
+	b.Abandon(context.Background())
+	b, drained = nextOrDrained(t, src, 5*time.Second)
+	if drained || b == nil || fmt.Sprint(ids(b.Events())) != fmt.Sprint(want[:3]) {
+		t.Fatalf("abandoned rows: claimed %v (drained %v), want %v", b, drained, want[:3])
+	}
+	complete(t, b)
+	if _, drained := nextOrDrained(t, src, 5*time.Second); !drained {
+		t.Fatal("no ErrDrained after completing")
+	}
+	if n := count(t, pool, "outbox"); n != 2 {
+		t.Fatalf("%d rows left, want the 2 above the bound", n)
+	}
+}
+
+// TestMaxSeqWaitsForOpenWriters shows ErrDrained waits for a transaction
+// that drew a seq ≤ MaxSeq and is still open.
+func TestMaxSeqWaitsForOpenWriters(t *testing.T) {
+	pool := setup(t, layout)
+	ctx := context.Background()
+	first := insert(t, pool, "a", 1)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	second := insert(t, tx, "a", 2)
+	src := newBoundedSource(t, pool, 2)
+	if b, drained := nextOrDrained(t, src, 300*time.Millisecond); b != nil || drained {
+		t.Fatalf("batch %v, drained %v while seq 2 is uncommitted", b, drained)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := nextOrDrained(t, src, 5*time.Second)
+	if b == nil || fmt.Sprint(ids(b.Events())) != fmt.Sprint([]string{first, second}) {
+		t.Fatalf("claimed %v, want [%s %s]", b, first, second)
+	}
+	complete(t, b)
+	if _, drained := nextOrDrained(t, src, 5*time.Second); !drained {
+		t.Fatal("no ErrDrained after the writer committed")
+	}
+}
