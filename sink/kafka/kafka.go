@@ -1,0 +1,440 @@
+// Package kafka publishes events to Apache Kafka with franz-go.
+//
+// Each event becomes one record on the topic rendered from the topic
+// template: the record key is the aggregate ID, the value the payload bytes,
+// and the headers message_id, event_type, aggregate_type, aggregate_id and
+// content-type are set, after the row's own headers, which they override.
+// The producer is idempotent and waits for acks from all in-sync replicas
+// (acks=all), so an acknowledged record is on every in-sync replica and a
+// retry inside the client never duplicates or reorders a record.
+//
+// # Ordering
+//
+// Records are keyed by aggregate ID and partitioned by the murmur2 hash of
+// the key, like the Java client's default partitioner, so all events of an
+// aggregate land in one partition, in the order the pipeline publishes them.
+// Adding partitions to a topic later moves keys to other partitions; events
+// published around that moment may be read out of order by consumers of
+// different partitions.
+//
+// The pipeline publishes an aggregate's next event only after its previous
+// one was acknowledged, and retries a failed event later. This keeps the
+// contract's order because of two properties of franz-go's idempotent
+// producer:
+//
+//   - A record whose promise fails was not appended: the client fails a
+//     record only when it knows the outcome (the record was never sent, or
+//     the broker answered with an error). When the outcome is unknown, such
+//     as after a request timeout or a cut connection, the client keeps the
+//     record and resends it with the same producer sequence, which the broker
+//     deduplicates. This package never opts into
+//     AllowIdempotentProduceCancellation, which would break this.
+//   - When the client does fail a record, it fails every record buffered
+//     behind it in the partition too, so no later record of the partition is
+//     appended before the failed one's retry. Those records belong to other
+//     aggregates, fail with the same error and are retried like it.
+//
+// Publish may return before a record's outcome is known: when AckTimeout
+// passes or ctx ends, the unsettled events fail as sink.Unavailable while
+// their records stay in the client. Such a record may still be appended
+// later. The pipeline's retry of that event is buffered behind the original
+// in the same partition, and the aggregate's next event waits for the retry's
+// acknowledgement, so the worst case is a duplicate directly after the
+// original, never a newer event before an older one's first delivery.
+//
+// # Topics
+//
+// The first publish to a topic checks that it exists and creates it with
+// Partitions and ReplicationFactor of the config when it does not, so a
+// template such as outbox.{aggregate_type} works on clusters that do not
+// auto-create topics. It also reads the topic's max.message.bytes, so that
+// an event too large for the topic fails alone as sink.Permanent in the
+// client, instead of the broker rejecting a whole batch of several
+// aggregates' events.
+package kafka
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/sink"
+)
+
+// Options tunes a Sink. The zero value uses the defaults documented on each
+// field.
+type Options struct {
+	// AckTimeout bounds how long Publish waits for a batch's
+	// acknowledgements, including any wait for room in the client's buffer.
+	// Events not acknowledged by then fail as sink.Unavailable; see the
+	// package documentation for why that keeps per-aggregate order. It is
+	// also how long a publish takes to report a broker that cannot be
+	// reached at all. Default 15s, a little over ProduceRequestTimeout's
+	// default.
+	AckTimeout time.Duration
+	// MaxBufferedRecords caps the records buffered in the client and not
+	// yet acknowledged, across all concurrent Publish calls; a publish that
+	// finds the buffer full waits for room. Set it to the pipeline's window
+	// (the most events held between capture and archive). Default 10000.
+	MaxBufferedRecords int
+	// Linger is how long a partition waits for more records before its
+	// batch is sent, trading a little latency for fewer, larger produce
+	// requests when many Publish calls run at once. Default 5ms.
+	Linger time.Duration
+	// ProduceRequestTimeout is how long a broker may take to answer a
+	// produce request, which with acks=all includes replicating it to the
+	// in-sync replicas. Default 10s.
+	ProduceRequestTimeout time.Duration
+	// Logger receives the client's warnings and errors, topic creation, and
+	// a warning for SASL PLAIN without TLS. Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	if o.AckTimeout <= 0 {
+		o.AckTimeout = 15 * time.Second
+	}
+	if o.MaxBufferedRecords <= 0 {
+		o.MaxBufferedRecords = 10000
+	}
+	if o.Linger <= 0 {
+		o.Linger = 5 * time.Millisecond
+	}
+	if o.ProduceRequestTimeout <= 0 {
+		o.ProduceRequestTimeout = 10 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Connection settings.
+const (
+	// defaultClientID is the client.id when sink.kafka.client_id is empty.
+	defaultClientID = "outbox-relay"
+	// connectTimeout bounds New's first contact with the cluster and each
+	// dial.
+	connectTimeout = 5 * time.Second
+	// adminTimeout bounds the broker side of topic creation.
+	adminTimeout = 15 * time.Second
+	// checkTimeout bounds Check when its context has no earlier deadline.
+	checkTimeout = 15 * time.Second
+	// defaultMaxMessageBytes is the batch size limit assumed for a topic
+	// whose max.message.bytes cannot be read: franz-go's default, a little
+	// below Kafka's own default of 1048588, so the guess errs on the side
+	// of rejecting in the client.
+	defaultMaxMessageBytes = 1000012
+	// maxTopicLength is Kafka's limit on a topic name.
+	maxTopicLength = 249
+)
+
+// Sink publishes events to Kafka. It implements sink.Sink; its methods are
+// safe for concurrent use.
+type Sink struct {
+	cfg   config.Kafka
+	opts  Options
+	topic sink.Template
+	fixed bool // the template has no placeholders
+	cl    *kgo.Client
+	adm   *kadm.Client
+
+	// limits maps a topic to its max.message.bytes, read before the first
+	// produce to the topic; the client reads it when it first meets a
+	// partition of the topic.
+	limits sync.Map // string -> int32
+
+	mu     sync.Mutex
+	topics map[string]*topicState // topics being or done being prepared
+
+	lastErr atomic.Pointer[brokerErr] // the last failed connection attempt
+
+	closeOnce sync.Once
+	closed    chan struct{}
+}
+
+// brokerErr is a failed connection attempt, kept to explain timeouts.
+type brokerErr struct {
+	broker string
+	err    error
+	at     time.Time
+}
+
+// New returns a sink producing to cfg.Brokers, to topics rendered from
+// cfg.Topic. It fails on a topic template whose literal text Kafka does not
+// allow, on TLS files that cannot be loaded, and, with an error classified
+// sink.Unavailable, when no broker answers before ctx is done or 5s pass.
+// New neither checks nor creates topics; see EnsureTopics and Check.
+func New(ctx context.Context, cfg config.Kafka, opts Options) (*Sink, error) {
+	opts = opts.withDefaults()
+	if len(cfg.Brokers) == 0 {
+		return nil, errors.New("sink.kafka.brokers: no brokers")
+	}
+	if err := checkTemplate(cfg.Topic); err != nil {
+		return nil, fmt.Errorf("sink.kafka.topic: %w", err)
+	}
+	topic, err := sink.NewTemplate(cfg.Topic, sanitize)
+	if err != nil {
+		return nil, fmt.Errorf("sink.kafka.topic: %w", err)
+	}
+	s := &Sink{
+		cfg:    cfg,
+		opts:   opts,
+		topic:  topic,
+		fixed:  !strings.Contains(cfg.Topic, "{"),
+		topics: make(map[string]*topicState),
+		closed: make(chan struct{}),
+	}
+	kopts, err := s.clientOptions()
+	if err != nil {
+		return nil, err
+	}
+	s.cl, err = kgo.NewClient(kopts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	s.adm = kadm.NewClient(s.cl)
+	s.adm.SetTimeoutMillis(int32(adminTimeout / time.Millisecond))
+	if err := s.ping(ctx); err != nil {
+		s.cl.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// clientOptions translates the config and options to franz-go's.
+func (s *Sink) clientOptions() ([]kgo.Opt, error) {
+	clientID := s.cfg.ClientID
+	if clientID == "" {
+		clientID = defaultClientID
+	}
+	kopts := []kgo.Opt{
+		kgo.SeedBrokers(s.cfg.Brokers...),
+		kgo.ClientID(clientID),
+		kgo.DialTimeout(connectTimeout),
+		kgo.WithLogger(logger{s.opts.Logger}),
+		kgo.WithHooks(connectHook{s}),
+		// Idempotent writes are franz-go's default; they are spelled out
+		// by never passing DisableIdempotentWrite or
+		// AllowIdempotentProduceCancellation.
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.ProducerLinger(s.opts.Linger),
+		kgo.MaxBufferedRecords(s.opts.MaxBufferedRecords),
+		kgo.ProduceRequestTimeout(s.opts.ProduceRequestTimeout),
+		kgo.ProducerBatchMaxBytesFn(s.maxMessageBytes),
+	}
+	tc, err := tlsConfig(s.cfg.TLS)
+	if err != nil {
+		return nil, err
+	}
+	if tc != nil {
+		kopts = append(kopts, kgo.DialTLSConfig(tc))
+	}
+	mech, err := saslMechanism(s.cfg.SASL)
+	if err != nil {
+		return nil, err
+	}
+	if mech != nil {
+		kopts = append(kopts, kgo.SASL(mech))
+		if mech.Name() == "PLAIN" && tc == nil {
+			s.opts.Logger.Warn("kafka: SASL PLAIN without TLS sends the password in clear text; set sink.kafka.tls.enabled")
+		}
+	}
+	return kopts, nil
+}
+
+// ping checks that a broker answers, within connectTimeout.
+func (s *Sink) ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	err := s.cl.Ping(ctx)
+	if err == nil {
+		return nil
+	}
+	err = fmt.Errorf("connect to kafka %s: %w", s.brokers(), s.explain(err))
+	if isAuthError(err) {
+		return fmt.Errorf("%w; check sink.kafka.sasl and sink.kafka.tls", err)
+	}
+	return sink.AsUnavailable(fmt.Errorf("%w; check sink.kafka.brokers, sink.kafka.tls and sink.kafka.sasl, and that the brokers run", err))
+}
+
+// brokers lists the seed brokers for messages.
+func (s *Sink) brokers() string { return strings.Join(s.cfg.Brokers, ",") }
+
+// explain adds the last failed connection attempt to err, which says only
+// that a deadline passed, when it happened after the caller started
+// waiting.
+func (s *Sink) explain(err error) error {
+	le := s.lastErr.Load()
+	if le == nil || !errors.Is(err, context.DeadlineExceeded) || time.Since(le.at) > s.opts.AckTimeout+connectTimeout {
+		return err
+	}
+	return fmt.Errorf("%w (last connection attempt to %s: %v)", err, le.broker, le.err)
+}
+
+// tlsConfig builds the TLS settings, or returns nil when TLS is off.
+func tlsConfig(c config.KafkaTLS) (*tls.Config, error) {
+	if !c.Enabled {
+		return nil, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: c.InsecureSkipVerify} //nolint:gosec // opt-in, documented for tests only
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("sink.kafka.tls.ca_file: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("sink.kafka.tls.ca_file: no PEM certificate in %s", c.CAFile)
+		}
+	}
+	if c.CertFile != "" || c.KeyFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("sink.kafka.tls.cert_file and key_file: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}
+
+// saslMechanism returns the SASL mechanism, or nil when SASL is off.
+func saslMechanism(c config.KafkaSASL) (sasl.Mechanism, error) {
+	switch c.Mechanism {
+	case "":
+		return nil, nil
+	case "PLAIN":
+		return plain.Auth{User: c.Username, Pass: c.Password}.AsMechanism(), nil
+	case "SCRAM-SHA-256":
+		return scram.Auth{User: c.Username, Pass: c.Password}.AsSha256Mechanism(), nil
+	case "SCRAM-SHA-512":
+		return scram.Auth{User: c.Username, Pass: c.Password}.AsSha512Mechanism(), nil
+	}
+	return nil, fmt.Errorf("sink.kafka.sasl.mechanism: %q is not PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", c.Mechanism)
+}
+
+// sanitize maps a rune of a template value that Kafka does not allow in a
+// topic name (anything but a-z A-Z 0-9 . _ -) to '_'.
+func sanitize(r rune) rune {
+	switch {
+	case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '_', r == '-':
+		return r
+	}
+	return '_'
+}
+
+// checkTemplate fails when the literal text of tmpl, which is not
+// sanitized, holds a character Kafka does not allow in a topic name.
+func checkTemplate(tmpl string) error {
+	literal := tmpl
+	for _, p := range sink.Placeholders {
+		literal = strings.ReplaceAll(literal, p, "")
+	}
+	if strings.Map(sanitize, literal) != literal {
+		return fmt.Errorf("template %q: Kafka allows only a-z A-Z 0-9 . _ - in topic names", tmpl)
+	}
+	if literal == tmpl {
+		return validTopic(tmpl)
+	}
+	return nil
+}
+
+// validTopic fails on a name Kafka does not accept as a topic.
+func validTopic(name string) error {
+	switch {
+	case name == "" || name == "." || name == "..":
+		return fmt.Errorf("%q is not a valid topic name", name)
+	case len(name) > maxTopicLength:
+		return fmt.Errorf("topic %q is longer than %d characters", name, maxTopicLength)
+	case strings.Map(sanitize, name) != name:
+		return fmt.Errorf("topic %q has characters other than a-z A-Z 0-9 . _ -", name)
+	}
+	return nil
+}
+
+// topicOf renders e's topic: the template with sanitized values, cut to
+// Kafka's 249 characters, with "." and ".." (possible only from a template
+// that is a bare placeholder) replaced by underscores.
+func (s *Sink) topicOf(e *event.Event) string {
+	name := s.topic.Render(e)
+	if len(name) > maxTopicLength {
+		name = name[:maxTopicLength]
+	}
+	if name == "." || name == ".." {
+		name = strings.Repeat("_", len(name))
+	}
+	return name
+}
+
+// FixedTopic returns the topic of a template without placeholders, or ""
+// when the topic depends on the event.
+func (s *Sink) FixedTopic() string {
+	if s.fixed {
+		return s.cfg.Topic
+	}
+	return ""
+}
+
+// Close closes the client. Publish calls waiting for acknowledgements fail
+// at once with an error classified sink.Unavailable; records still buffered
+// are failed. Close is idempotent and always returns nil.
+func (s *Sink) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		s.cl.Close()
+	})
+	return nil
+}
+
+// connectHook remembers the last failed connection attempt.
+type connectHook struct{ s *Sink }
+
+// OnBrokerConnect implements kgo.HookBrokerConnect.
+func (h connectHook) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if err == nil {
+		return
+	}
+	h.s.lastErr.Store(&brokerErr{broker: fmt.Sprintf("%s:%d", meta.Host, meta.Port), err: err, at: time.Now()})
+}
+
+// logger passes franz-go's warnings and errors to slog.
+type logger struct{ l *slog.Logger }
+
+func (l logger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
+
+func (l logger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	lvl := slog.LevelWarn
+	switch level {
+	case kgo.LogLevelError:
+		lvl = slog.LevelError
+	case kgo.LogLevelInfo, kgo.LogLevelDebug:
+		lvl = slog.LevelDebug
+	}
+	l.l.Log(context.Background(), lvl, "kafka: "+msg, keyvals...)
+}
+
+// isAuthError reports whether err is a failed authentication or a TLS or
+// SASL mismatch, which retrying does not fix.
+func isAuthError(err error) bool {
+	var eof *kgo.ErrFirstReadEOF
+	return errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.IllegalSaslState) ||
+		errors.Is(err, kerr.UnsupportedSaslMechanism) || errors.As(err, &eof)
+}

@@ -1,0 +1,203 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/sink"
+)
+
+// Publish produces every event of batch without waiting in between, then
+// waits for each acknowledgement, for at most AckTimeout. It returns nil
+// when all were acknowledged and a *sink.BatchError otherwise.
+//
+// Before the first publish to a topic, Publish makes sure the topic exists
+// (see the package documentation). An event larger than the topic's
+// max.message.bytes, one with an invalid record, and one whose topic this
+// principal may not write fail as sink.Permanent; a broker that cannot be
+// reached, a cluster without enough in-sync replicas or leaders, no
+// acknowledgement within AckTimeout, ctx ending and Close fail as
+// sink.Unavailable; anything else, such as a topic that does not exist and
+// cannot be created, is transient. Publish is safe for concurrent use.
+func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.AckTimeout)
+	// Cancelling fails the records of this batch that were not sent yet
+	// when Publish gives up, and with them the records queued behind them
+	// in their partitions, which is safe (see the package documentation).
+	defer cancel()
+
+	topics := make([]string, len(batch))
+	errs := make([]error, len(batch))
+	prepared := make(map[string]error)
+	for i, e := range batch {
+		topics[i] = s.topicOf(e)
+		err, seen := prepared[topics[i]]
+		if !seen {
+			err = s.ready(ctx, topics[i])
+			prepared[topics[i]] = err
+		}
+		errs[i] = err
+	}
+
+	type result struct {
+		i   int
+		err error
+	}
+	results := make(chan result, len(batch)) // promises never block
+	pending := 0
+	for i, e := range batch {
+		if errs[i] != nil {
+			continue
+		}
+		pending++
+		r := record(e, topics[i])
+		s.cl.Produce(ctx, r, func(_ *kgo.Record, err error) { results <- result{i, err} })
+	}
+
+	settled := make([]bool, len(batch))
+	var waitErr error
+	for pending > 0 && waitErr == nil {
+		select {
+		case r := <-results:
+			pending--
+			settled[r.i], errs[r.i] = true, r.err
+		case <-ctx.Done():
+			waitErr = s.explain(ctx.Err())
+		case <-s.closed:
+			waitErr = errClosed
+		}
+	}
+
+	failed := false
+	for i, e := range batch {
+		err := errs[i]
+		if err == nil && !settled[i] {
+			err = waitErr
+		}
+		if err != nil {
+			errs[i] = fmt.Errorf("publish %s to %s: %w", e.ID, topics[i], classifyRecord(err, e))
+			failed = true
+		}
+	}
+	if failed {
+		return &sink.BatchError{Errs: errs}
+	}
+	return nil
+}
+
+// errClosed fails the publishes waiting for acks when the sink is closed.
+var errClosed = errors.New("kafka sink closed")
+
+// contractHeaders are the headers every record carries; a row header of
+// the same name, in any case, is dropped.
+var contractHeaders = []string{"message_id", "event_type", "aggregate_type", "aggregate_id", "content-type"}
+
+// record builds e's record: key aggregate_id, value the payload, and the
+// row's headers in name order followed by the contract headers.
+func record(e *event.Event, topic string) *kgo.Record {
+	headers := make([]kgo.RecordHeader, 0, len(e.Headers)+len(contractHeaders))
+	for _, k := range slices.Sorted(maps.Keys(e.Headers)) {
+		if !slices.ContainsFunc(contractHeaders, func(c string) bool { return strings.EqualFold(c, k) }) {
+			headers = append(headers, kgo.RecordHeader{Key: k, Value: []byte(e.Headers[k])})
+		}
+	}
+	for i, v := range []string{e.ID, e.EventType, e.AggregateType, e.AggregateID, e.ContentType} {
+		headers = append(headers, kgo.RecordHeader{Key: contractHeaders[i], Value: []byte(v)})
+	}
+	value := e.Payload
+	if value == nil {
+		value = []byte{} // a null value is a tombstone on compacted topics
+	}
+	key := []byte(e.AggregateID)
+	if key == nil {
+		key = []byte{} // an empty aggregate ID is an empty key, not a null one
+	}
+	return &kgo.Record{Topic: topic, Key: key, Value: value, Headers: headers}
+}
+
+// batchBytes finds the batch size in franz-go's message for a batch the
+// broker rejected as too large.
+var batchBytes = regexp.MustCompile(`uncompressed_bytes=(\d+), compressed_bytes=`)
+
+// classifyRecord classifies the failure of e's record. A broker rejects a
+// whole batch as too large, so the events of other aggregates that shared
+// the batch with an oversized one fail with MESSAGE_TOO_LARGE too; that
+// only happens when the topic's limit could not be read, since the client
+// otherwise cuts batches to it and fails an oversized record alone. Such an
+// event is transient when the batch was clearly larger than the event.
+func classifyRecord(err error, e *event.Event) error {
+	if errors.Is(err, kerr.MessageTooLarge) {
+		if m := batchBytes.FindStringSubmatch(err.Error()); m != nil {
+			n, _ := strconv.Atoi(m[1])
+			if n > 2*recordSize(e)+1024 {
+				return fmt.Errorf("%w; the broker rejected the batch this event was part of, not necessarily the event itself", err)
+			}
+		}
+	}
+	return classify(err)
+}
+
+// recordSize approximates the encoded size of e's record.
+func recordSize(e *event.Event) int {
+	n := len(e.AggregateID) + len(e.Payload) + len(e.ID) + len(e.EventType) + len(e.AggregateType) + len(e.ContentType) + 64
+	for k, v := range e.Headers {
+		n += len(k) + len(v) + 2
+	}
+	return n
+}
+
+// classify marks err with its sink.Class.
+//
+// Errors that say the event itself can never be accepted are permanent: too
+// large for the topic, an invalid record or topic, and no permission to
+// write the topic, which with a template may differ per event. Errors that
+// say the cluster cannot take any record right now are unavailable:
+// unreachable or restarting brokers, leader elections, too few in-sync
+// replicas, no acknowledgement in time, a closed sink, and failed
+// authentication, which no event can fix. Everything else, including a
+// topic that does not exist and the other retriable Kafka errors, is
+// transient.
+func classify(err error) error {
+	switch {
+	case errors.Is(err, kerr.MessageTooLarge),
+		errors.Is(err, kerr.RecordListTooLarge),
+		errors.Is(err, kerr.InvalidTopicException),
+		errors.Is(err, kerr.InvalidRecord),
+		errors.Is(err, kerr.TopicAuthorizationFailed):
+		return sink.AsPermanent(err)
+	case errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, context.Canceled),
+		errors.Is(err, errClosed),
+		errors.Is(err, kgo.ErrClientClosed),
+		errors.Is(err, kgo.ErrRecordTimeout),
+		errors.Is(err, kgo.ErrMaxBuffered),
+		errors.Is(err, kerr.LeaderNotAvailable),
+		errors.Is(err, kerr.NotLeaderForPartition),
+		errors.Is(err, kerr.RequestTimedOut),
+		errors.Is(err, kerr.BrokerNotAvailable),
+		errors.Is(err, kerr.NetworkException),
+		errors.Is(err, kerr.NotEnoughReplicas),
+		errors.Is(err, kerr.NotEnoughReplicasAfterAppend),
+		errors.Is(err, kerr.KafkaStorageError),
+		errors.Is(err, kerr.PreferredLeaderNotAvailable),
+		errors.Is(err, kerr.ClusterAuthorizationFailed),
+		errors.Is(err, io.EOF),
+		errors.Is(err, io.ErrUnexpectedEOF),
+		errors.As(err, new(net.Error)),
+		isAuthError(err):
+		return sink.AsUnavailable(err)
+	}
+	return err
+}
