@@ -1,0 +1,51 @@
+# syntax=docker/dockerfile:1
+#
+# The relay's container image: a static binary on a distroless base, running
+# as a non-root user. Build and run:
+#
+#   docker build -t outboxrelay/relay .
+#   docker run --rm -v "$PWD/relay.yaml:/etc/relay/relay.yaml:ro" -p 9090:9090 outboxrelay/relay
+#
+# compose.yaml builds this image and runs it against Postgres and the brokers.
+# deploy/deploy_test.go checks this file's shape (docker cannot run in CI).
+
+# ---- build stage -----------------------------------------------------------
+# Runs on the build machine's platform and cross-compiles for the target, so
+# multi-arch builds (docker buildx --platform linux/amd64,linux/arm64) need
+# no emulation.
+FROM --platform=$BUILDPLATFORM golang:1.26 AS builder
+WORKDIR /src
+
+# Modules first, so code changes do not re-download them.
+COPY go.mod go.sum ./
+RUN --mount=type=cache,target=/go/pkg/mod go mod download
+
+COPY . .
+ARG TARGETOS
+ARG TARGETARCH
+# CGO_ENABLED=0: a fully static binary that needs no libc in the final image.
+RUN --mount=type=cache,target=/go/pkg/mod \
+    --mount=type=cache,target=/root/.cache/go-build \
+    CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} \
+    go build -trimpath -ldflags="-s -w" -o /out/relay ./cmd/relay
+
+# ---- final stage -----------------------------------------------------------
+# distroless/static has CA certificates (for TLS to brokers, SQS and webhooks)
+# and tzdata, and nothing else: no shell, no package manager. The :nonroot tag
+# runs as uid/gid 65532.
+FROM gcr.io/distroless/static:nonroot
+COPY --from=builder /out/relay /relay
+USER nonroot:nonroot
+
+# http.listen: /metrics, /healthz, /readyz. The config must listen on
+# 0.0.0.0:9090 (not 127.0.0.1) for the port to be reachable from outside the
+# container.
+EXPOSE 9090
+
+# No HEALTHCHECK: distroless has no shell, curl or wget to run one, and the
+# relay has no probe subcommand. Orchestrators probe over HTTP instead:
+# Kubernetes livenessProbe httpGet /healthz and readinessProbe httpGet /readyz
+# on port 9090; compose.yaml orders start-up with depends_on on the healthy
+# Postgres and brokers and a completed `relay init`.
+ENTRYPOINT ["/relay"]
+CMD ["run", "--config", "/etc/relay/relay.yaml"]
