@@ -161,8 +161,8 @@ type Webhook struct {
 	// https URL whose path and query may hold placeholders, which are
 	// URL-escaped. Required for the webhook sink.
 	URL string `yaml:"url"`
-	// Timeout bounds one request, from sending it to reading the response
-	// status. Default 5s.
+	// Timeout bounds one request: connecting, sending it and reading the
+	// response. Default 5s.
 	Timeout Duration `yaml:"timeout"`
 	// Secret, when set, signs every request with HMAC-SHA256 in the
 	// Webhook-Signature header. Use ${VAR} to keep it out of the file; it

@@ -1,8 +1,11 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"maps"
+	"net/textproto"
+	"net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -108,10 +111,121 @@ func (l *loader) checkSink(s Sink) {
 	case "sqs":
 		l.checkSQS(s.SQS)
 	case "webhook":
-		if l.required("sink.webhook.url", s.Webhook.URL, "") {
-			l.template("sink.webhook.url", s.Webhook.URL)
+		l.checkWebhook(s.Webhook)
+	}
+}
+
+// maxWebhookConcurrency bounds sink.webhook.max_concurrency.
+const maxWebhookConcurrency = 10000
+
+// webhookReserved are the headers sink.webhook.headers cannot set, in
+// canonical form: the ones the webhook sink sets and the ones net/http
+// manages or that concern one connection. sink/webhook's tests check that
+// this list matches its own.
+var webhookReserved = []string{
+	"Idempotency-Key", "Message_id", "Event_type", "Aggregate_type", "Aggregate_id",
+	"Webhook-Signature", "Content-Type",
+	"Host", "Content-Length", "Transfer-Encoding", "Trailer", "Te", "Expect",
+	"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization", "Upgrade",
+}
+
+// checkWebhook checks the webhook sink: an absolute http or https URL with
+// placeholders only in its path and query, a non-empty secret when the key
+// is present (an unset ${VAR} must not silently turn signing off), valid
+// static headers and the concurrency bound. Messages never repeat the URL,
+// the secret or a header value, which may hold credentials.
+func (l *loader) checkWebhook(w Webhook) {
+	if l.required("sink.webhook.url", w.URL, "") {
+		if _, err := sink.NewTemplate(w.URL, nil); err != nil {
+			msg := strings.ReplaceAll(err.Error(), w.URL, redactUserinfo(w.URL))
+			l.invalid("sink.webhook.url", "%s", RedactURL(msg))
+		} else if msg := webhookURLProblem(w.URL); msg != "" {
+			l.invalid("sink.webhook.url", "%s", msg)
 		}
 	}
+	if _, set := l.lines["sink.webhook.secret"]; set {
+		l.required("sink.webhook.secret", w.Secret, "remove the key to send unsigned requests")
+	}
+	for _, name := range slices.Sorted(maps.Keys(w.Headers)) {
+		key := "sink.webhook.headers." + name
+		switch canonical := textproto.CanonicalMIMEHeaderKey(name); {
+		case !headerToken.MatchString(name):
+			l.invalid(key, "not a valid HTTP header name")
+		case slices.Contains(webhookReserved, canonical):
+			l.invalid(key, "%s is set by the relay or by HTTP itself and cannot be configured", canonical)
+		case strings.ContainsFunc(w.Headers[name], func(r rune) bool { return (r < ' ' && r != '\t') || r == 0x7f }):
+			l.invalid(key, "the value has a control character")
+		}
+	}
+	if w.MaxConcurrency < 0 || w.MaxConcurrency > maxWebhookConcurrency {
+		l.invalid("sink.webhook.max_concurrency", "must be between 1 and %d (0 or unset: 64), got %d", maxWebhookConcurrency, w.MaxConcurrency)
+	}
+}
+
+// redactUserinfo masks the user information of the URL raw: the password
+// when there is one ("user:xxxxx@"), else the whole of it, which may be a
+// token ("xxxxx@").
+func redactUserinfo(raw string) string {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return raw
+	}
+	end := strings.IndexAny(rest, "/?#")
+	if end < 0 {
+		end = len(rest)
+	}
+	at := strings.LastIndexByte(rest[:end], '@')
+	if at < 0 {
+		return raw
+	}
+	user, _, hasPassword := strings.Cut(rest[:at], ":")
+	if !hasPassword {
+		user = ""
+	} else {
+		user += ":"
+	}
+	return scheme + "://" + user + redacted + rest[at:]
+}
+
+// headerToken matches an HTTP header name (an RFC 9110 token).
+var headerToken = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
+
+// webhookURLProblem describes what is wrong with a webhook URL template
+// whose placeholders are known, or returns "".
+func webhookURLProblem(raw string) string {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return "must be an absolute http or https URL"
+	}
+	if end := strings.IndexAny(rest, "/?#"); end >= 0 {
+		rest = rest[:end]
+	}
+	if strings.Contains(scheme+rest, "{") {
+		return "placeholders are allowed only in the path and query, not in the scheme or host"
+	}
+	if _, err := url.Parse(scheme + "://" + rest); err != nil {
+		return "not a valid URL: the host or port is malformed"
+	}
+	probe := raw
+	for _, p := range sink.Placeholders {
+		probe = strings.ReplaceAll(probe, p, "x")
+	}
+	u, err := url.Parse(probe)
+	switch {
+	case err != nil:
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return "not a valid URL: " + err.Error()
+	case u.Scheme != "http" && u.Scheme != "https":
+		return fmt.Sprintf("the scheme must be http or https, got %q", u.Scheme)
+	case u.Hostname() == "":
+		return "the URL has no host"
+	case strings.Contains(raw, "#"):
+		return "a URL fragment (#...) is never sent; remove it"
+	}
+	return ""
 }
 
 // Kafka limits: partition counts are int32 and replication factors int16

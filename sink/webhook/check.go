@@ -1,0 +1,52 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+)
+
+// Check verifies that the receiver's host (or the proxy's, when one is
+// configured in the environment for the URL) resolves and accepts a TCP
+// connection, within sink.webhook.timeout. It sends no request, so it has
+// no effect on the receiver. The URL's fixed part, scheme and host, is all
+// it needs: placeholders may only occur in the path and query. Its errors
+// say what to change.
+func (s *Sink) Check(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	u := s.url.base
+	what, fix := "webhook receiver", "check sink.webhook.url"
+	if s.proxy != nil {
+		if p, err := s.proxy(&http.Request{URL: u}); err != nil {
+			return fmt.Errorf("proxy for %s: %w; check HTTPS_PROXY / HTTP_PROXY", redactURL(u.String()), redactErr(err))
+		} else if p != nil {
+			u, what, fix = p, "proxy", "check HTTPS_PROXY / HTTP_PROXY / NO_PROXY"
+		}
+	}
+	host, port := u.Hostname(), u.Port()
+	if port == "" {
+		port = "443"
+		if u.Scheme == "http" {
+			port = "80"
+		}
+	}
+	if net.ParseIP(host) == nil {
+		if _, err := net.DefaultResolver.LookupHost(ctx, host); err != nil {
+			return fmt.Errorf("%s host %s does not resolve: %w; %s and DNS", what, host, err, fix)
+		}
+	}
+	addr := net.JoinHostPort(host, port)
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("%s %s: cannot connect: %w; %s, that the receiver runs and that no firewall blocks it", what, addr, err, fix)
+	}
+	conn.Close()
+	return nil
+}
+
+// URL returns sink.webhook.url with credentials masked, for logs and
+// `relay check` output.
+func (s *Sink) URL() string { return redactURL(s.url.raw) }

@@ -1,0 +1,449 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/textproto"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/sink"
+)
+
+// Header names the sink sets on every request. The contract's names with an
+// underscore are sent exactly as written here (lower case), not in Go's
+// canonical form; HTTP header names are case-insensitive.
+const (
+	HeaderIdempotencyKey = "Idempotency-Key"
+	HeaderMessageID      = "message_id"
+	HeaderEventType      = "event_type"
+	HeaderAggregateType  = "aggregate_type"
+	HeaderAggregateID    = "aggregate_id"
+	HeaderSignature      = "Webhook-Signature"
+)
+
+const (
+	// maxErrorBody is how much of a failed response's body goes into the
+	// error message.
+	maxErrorBody = 256
+	// maxDrain is how much of a response body is read so the connection
+	// can be reused; a longer body closes the connection instead.
+	maxDrain = 64 << 10
+)
+
+// Publish POSTs every event of batch, up to max_concurrency requests at
+// once across all Publish calls, and returns when every request finished.
+// It returns nil when all were acknowledged with a 2xx status and a
+// *sink.BatchError otherwise. Control characters in header values (row
+// headers, event_type, aggregate_type, aggregate_id) are sent as spaces.
+//
+// Failures are classified as follows. 408, 429, 500 and the other 5xx
+// statuses except 502, 503 and 504 are transient: the event's attempt
+// counts. 502, 503 and 504 (a gateway reporting that the receiver is down),
+// connection failures, DNS failures, TLS failures, the per-request timeout,
+// ctx ending and Close are sink.Unavailable: retried without counting
+// attempts, however long the outage lasts. Other 4xx statuses, 3xx (redirects
+// are not followed), and a row header whose name HTTP cannot carry are
+// sink.Permanent. After a 429 or 503 with a Retry-After header the sink sends
+// no request until that time has passed (at most MaxRetryAfter), and the
+// error's RetryAfter method returns the delay. Publish is safe for concurrent
+// use.
+func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
+	errs := make([]error, len(batch))
+	var wg sync.WaitGroup
+	for i, e := range batch {
+		if err := s.acquire(ctx); err != nil {
+			errs[i] = s.wrap(e, s.target(e), err)
+			continue
+		}
+		wg.Go(func() {
+			defer s.release()
+			errs[i] = s.post(ctx, e)
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return &sink.BatchError{Errs: errs}
+		}
+	}
+	return nil
+}
+
+// errClosed fails publishes on a closed sink.
+var errClosed = errors.New("webhook sink closed")
+
+// acquire takes a request slot, waiting while max_concurrency requests are
+// in flight.
+func (s *Sink) acquire(ctx context.Context) error {
+	if s.closed.Err() != nil {
+		return sink.AsUnavailable(errClosed)
+	}
+	select {
+	case s.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return sink.AsUnavailable(ctx.Err())
+	case <-s.closed.Done():
+		return sink.AsUnavailable(errClosed)
+	}
+}
+
+func (s *Sink) release() { <-s.sem }
+
+// post sends one event and returns its classified error.
+func (s *Sink) post(ctx context.Context, e *event.Event) error {
+	target := s.target(e)
+	h, err := s.header(e)
+	if err != nil {
+		return s.wrap(e, target, sink.AsPermanent(err))
+	}
+	if err := s.gate.wait(ctx, s.closed); err != nil {
+		return s.wrap(e, target, err)
+	}
+
+	reqCtx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	stop := context.AfterFunc(s.closed, cancel)
+	defer stop()
+	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, target, bytes.NewReader(e.Payload))
+	if err != nil {
+		return s.wrap(e, target, sink.AsPermanent(redactErr(err)))
+	}
+	req.Header = h
+	if s.secret != nil {
+		req.Header.Set(HeaderSignature, sign(s.secret, time.Now(), e.Payload))
+	}
+
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return s.wrap(e, target, s.transportError(ctx, reqCtx, err))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
+		return nil
+	}
+	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
+	serr := &StatusError{
+		StatusCode: resp.StatusCode,
+		Status:     resp.Status,
+		Body:       printable(snippet),
+		Location:   redactURL(resp.Header.Get("Location")),
+	}
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+		if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok && d > 0 {
+			serr.Delay = min(d, MaxRetryAfter)
+			if s.gate.hold(time.Now().Add(serr.Delay)) {
+				s.log.Warn("webhook receiver asked to slow down; holding requests",
+					"status", resp.StatusCode, "retry_after", serr.Delay, "url", redactURL(s.url.prefix))
+			}
+		}
+	}
+	return s.wrap(e, target, classifyStatus(serr))
+}
+
+// target returns the URL of e.
+func (s *Sink) target(e *event.Event) string {
+	return s.url.render(map[string]string{
+		"{aggregate_type}": e.AggregateType,
+		"{event_type}":     e.EventType,
+		"{aggregate_id}":   e.AggregateID,
+	})
+}
+
+// wrap adds the event and URL to err, keeping its class.
+func (s *Sink) wrap(e *event.Event, target string, err error) error {
+	switch sink.ClassOf(err) {
+	case sink.Permanent:
+		return sink.AsPermanent(fmt.Errorf("POST %s for event %s: %w", redactURL(target), e.ID, err))
+	case sink.Unavailable:
+		return sink.AsUnavailable(fmt.Errorf("POST %s for event %s: %w", redactURL(target), e.ID, err))
+	}
+	return fmt.Errorf("POST %s for event %s: %w", redactURL(target), e.ID, err)
+}
+
+// header returns the request headers of e: its Headers map (names in
+// canonical form), then the static headers, then the contract headers, each
+// overriding the ones before it. Row headers the contract sets or that HTTP
+// reserves for the connection are left out.
+func (s *Sink) header(e *event.Event) (http.Header, error) {
+	h := make(http.Header, len(e.Headers)+len(s.headers)+8)
+	for k, v := range e.Headers {
+		ck := textproto.CanonicalMIMEHeaderKey(k)
+		if reserved[ck] || s.headers[ck] != nil {
+			continue
+		}
+		if !validHeaderName(k) {
+			return nil, fmt.Errorf("row header %q is not a valid HTTP header name", k)
+		}
+		h[ck] = append(h[ck], headerValue(v))
+	}
+	for k, v := range s.headers {
+		h[k] = v
+	}
+	if h["User-Agent"] == nil {
+		h.Set("User-Agent", userAgent)
+	}
+	contentType := e.ContentType
+	if contentType == "" {
+		contentType = event.ContentTypeBinary
+	}
+	h.Set("Content-Type", contentType)
+	h.Set(HeaderIdempotencyKey, e.ID) // canonical key: net/http retries requests with it
+	h[HeaderMessageID] = []string{headerValue(e.ID)}
+	h[HeaderEventType] = []string{headerValue(e.EventType)}
+	h[HeaderAggregateType] = []string{headerValue(e.AggregateType)}
+	h[HeaderAggregateID] = []string{headerValue(e.AggregateID)}
+	return h, nil
+}
+
+// headerValue returns v with each control character other than horizontal
+// tab (CR and LF in particular, which could inject headers) replaced by a
+// space: HTTP header values cannot carry them. Receivers also trim leading
+// and trailing spaces. The URL and the body carry values unchanged.
+func headerValue(v string) string {
+	if validHeaderValue(v) {
+		return v
+	}
+	return strings.Map(func(r rune) rune {
+		if (r < ' ' && r != '\t') || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, v)
+}
+
+// reserved holds, in canonical form, the headers a row or
+// sink.webhook.headers cannot set: the contract's, the signature, and the
+// ones net/http manages or that concern only one connection (hop-by-hop).
+var reserved = map[string]bool{}
+
+func init() {
+	for _, k := range []string{
+		HeaderIdempotencyKey, HeaderMessageID, HeaderEventType, HeaderAggregateType, HeaderAggregateID,
+		HeaderSignature, "Content-Type",
+		"Host", "Content-Length", "Transfer-Encoding", "Trailer", "Te", "Expect",
+		"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization", "Upgrade",
+	} {
+		reserved[textproto.CanonicalMIMEHeaderKey(k)] = true
+	}
+}
+
+// ReservedHeader reports whether name is a header that neither an outbox
+// row nor sink.webhook.headers can set. The comparison ignores case.
+func ReservedHeader(name string) bool {
+	return reserved[textproto.CanonicalMIMEHeaderKey(name)]
+}
+
+// checkStaticHeader checks one entry of sink.webhook.headers.
+func checkStaticHeader(name, value string) error {
+	switch {
+	case !validHeaderName(name):
+		return fmt.Errorf("%q is not a valid HTTP header name", name)
+	case ReservedHeader(name):
+		return fmt.Errorf("%s is set by the relay or by HTTP itself and cannot be configured", name)
+	case !validHeaderValue(value):
+		return fmt.Errorf("the value has a control character")
+	}
+	return nil
+}
+
+// validHeaderName reports whether name is an RFC 9110 token.
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// validHeaderValue reports whether v has no control character other than
+// horizontal tab.
+func validHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// sign returns the Webhook-Signature header value for body sent at now:
+// "t=<unix seconds>,v1=<hex HMAC-SHA256 of secret over "<t>.<body>">".
+func sign(secret []byte, now time.Time, body []byte) string {
+	t := strconv.FormatInt(now.Unix(), 10)
+	mac := hmac.New(sha256.New, secret)
+	mac.Write([]byte(t))
+	mac.Write([]byte{'.'})
+	mac.Write(body)
+	return "t=" + t + ",v1=" + hex.EncodeToString(mac.Sum(nil))
+}
+
+// StatusError is a response whose status is not 2xx.
+type StatusError struct {
+	// StatusCode and Status are the response's, e.g. 503 and
+	// "503 Service Unavailable".
+	StatusCode int
+	Status     string
+	// Body is the start of the response body, with control characters
+	// replaced.
+	Body string
+	// Location is the redirect target of a 3xx response, credentials
+	// masked.
+	Location string
+	// Delay is the wait a 429 or 503 response asked for with Retry-After,
+	// at most MaxRetryAfter; 0 when it asked for none.
+	Delay time.Duration
+}
+
+// Error describes the response.
+func (e *StatusError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.Status)
+	if e.StatusCode >= 300 && e.StatusCode < 400 {
+		fmt.Fprintf(&b, " (redirect to %q not followed; set sink.webhook.url to the final URL)", e.Location)
+	}
+	if e.Delay > 0 {
+		fmt.Fprintf(&b, " (retry after %s)", e.Delay)
+	}
+	if e.Body != "" {
+		fmt.Fprintf(&b, ": %s", e.Body)
+	}
+	return b.String()
+}
+
+// RetryAfter returns the delay the receiver asked for before the next
+// attempt, or 0. The pipeline may find it with errors.As and an interface
+// { RetryAfter() time.Duration }.
+func (e *StatusError) RetryAfter() time.Duration { return e.Delay }
+
+// classifyStatus marks a non-2xx response with its sink.Class.
+func classifyStatus(e *StatusError) error {
+	c := e.StatusCode
+	switch {
+	case c == http.StatusBadGateway, c == http.StatusServiceUnavailable, c == http.StatusGatewayTimeout:
+		return sink.AsUnavailable(e)
+	case c == http.StatusRequestTimeout, c == http.StatusTooManyRequests, c >= 500:
+		return e
+	case c >= 300 && c < 500:
+		return sink.AsPermanent(e)
+	}
+	return e // 1xx that net/http did not handle
+}
+
+// transportError classifies a failed round trip. Every failure to reach the
+// receiver or to get its answer in time is sink.Unavailable.
+func (s *Sink) transportError(ctx, reqCtx context.Context, err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err // without the URL, which wrap adds redacted
+	}
+	err = redactErr(err)
+	switch {
+	case s.closed.Err() != nil:
+		return sink.AsUnavailable(errClosed)
+	case ctx.Err() != nil:
+		return sink.AsUnavailable(err)
+	case errors.Is(reqCtx.Err(), context.DeadlineExceeded):
+		return sink.AsUnavailable(fmt.Errorf("no response within %s (sink.webhook.timeout): %w", s.timeout, context.DeadlineExceeded))
+	}
+	return sink.AsUnavailable(err)
+}
+
+// parseRetryAfter reads a Retry-After value: delay seconds or an HTTP date.
+func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if secs < 0 {
+			return 0, false
+		}
+		if secs > int64(MaxRetryAfter/time.Second) {
+			return MaxRetryAfter, true
+		}
+		return time.Duration(secs) * time.Second, true
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0, false
+	}
+	return max(t.Sub(now).Round(time.Millisecond), 0), true
+}
+
+// gate holds requests after a receiver asked for a pause with Retry-After.
+type gate struct {
+	mu    sync.Mutex
+	until time.Time
+}
+
+// hold keeps requests back until t, unless they already are held longer.
+// It reports whether requests were flowing before, so the caller logs a
+// pause once.
+func (g *gate) hold(t time.Time) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	flowing := time.Now().After(g.until)
+	if t.After(g.until) {
+		g.until = t
+	}
+	return flowing
+}
+
+// wait returns when requests may flow, or with an error classified
+// sink.Unavailable when ctx ends or closed is done first.
+func (g *gate) wait(ctx, closed context.Context) error {
+	for {
+		g.mu.Lock()
+		d := time.Until(g.until)
+		g.mu.Unlock()
+		if d <= 0 {
+			return nil
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return sink.AsUnavailable(fmt.Errorf("waiting for the receiver's Retry-After: %w", ctx.Err()))
+		case <-closed.Done():
+			t.Stop()
+			return sink.AsUnavailable(errClosed)
+		}
+	}
+}
+
+// printable returns b as text with control characters and invalid UTF-8
+// replaced, trimmed of surrounding space.
+func printable(b []byte) string {
+	s := strings.ToValidUTF8(string(b), "\uFFFD")
+	s = strings.Map(func(r rune) rune {
+		if r < ' ' || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
+	return strings.TrimSpace(s)
+}

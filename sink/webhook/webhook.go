@@ -1,0 +1,277 @@
+// Package webhook delivers events as HTTP POST requests.
+//
+// Each event becomes one request to the URL rendered from the URL template,
+// with the payload as body and the headers Idempotency-Key and message_id
+// set to the event ID, so a receiver can drop a redelivery. A 2xx response
+// acknowledges the event. See docs/webhook.md for the request format and for
+// how a receiver verifies the optional signature.
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/sink"
+)
+
+// Defaults applied by New to zero config values.
+const (
+	// DefaultTimeout bounds one request when sink.webhook.timeout is zero.
+	DefaultTimeout = 5 * time.Second
+	// DefaultMaxConcurrency is the number of requests in flight at once
+	// when sink.webhook.max_concurrency is zero.
+	DefaultMaxConcurrency = 64
+	// MaxRetryAfter caps how long the sink holds requests after a receiver
+	// answered 429 or 503 with a Retry-After header.
+	MaxRetryAfter = 5 * time.Minute
+)
+
+const (
+	userAgent       = "outbox-relay"
+	dialTimeout     = 10 * time.Second
+	idleConnTimeout = 90 * time.Second
+)
+
+// Options tunes a Sink. The zero value uses the defaults documented on each
+// field.
+type Options struct {
+	// Logger receives the sink's own logs: a receiver asking to slow down.
+	// Default slog.Default().
+	Logger *slog.Logger
+	// Transport sends the requests. Default: a keep-alive transport that
+	// keeps up to max_concurrency idle connections per host, honours
+	// HTTPS_PROXY, HTTP_PROXY and NO_PROXY, and attempts HTTP/2 over TLS.
+	// Tests use it to count or fail connections.
+	Transport http.RoundTripper
+}
+
+// Sink POSTs events to a webhook receiver. It implements sink.Sink; its
+// methods are safe for concurrent use.
+type Sink struct {
+	log     *slog.Logger
+	url     *urlTemplate
+	timeout time.Duration
+	headers http.Header // static headers from sink.webhook.headers
+	secret  []byte      // nil: requests are not signed
+	client  *http.Client
+	proxy   func(*http.Request) (*url.URL, error) // nil when Options.Transport was given
+
+	// sem holds a token per request in flight, across all Publish calls.
+	sem  chan struct{}
+	gate gate
+
+	closeOnce sync.Once
+	closed    context.Context // done once Close was called
+	close     context.CancelFunc
+}
+
+// New returns a sink that POSTs to URLs rendered from cfg.URL. It fails on a
+// URL template that is not an absolute http or https URL, that has a
+// placeholder in its scheme, user information, host or port (event data
+// never chooses the server), or a fragment, and on a static header that is
+// not a valid HTTP header or collides with a header the sink sets. New does
+// no I/O; Check verifies the receiver is reachable.
+//
+// A zero cfg.Timeout means DefaultTimeout and a zero cfg.MaxConcurrency
+// means DefaultMaxConcurrency. Requests of all concurrent Publish calls
+// share one connection pool and at most cfg.MaxConcurrency of them are in
+// flight at once.
+func New(cfg config.Webhook, opts Options) (*Sink, error) {
+	tmpl, err := parseURLTemplate(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("sink.webhook.url: %w", err)
+	}
+	headers := make(http.Header, len(cfg.Headers))
+	for k, v := range cfg.Headers {
+		if err := checkStaticHeader(k, v); err != nil {
+			return nil, fmt.Errorf("sink.webhook.headers.%s: %w", k, err)
+		}
+		headers.Set(k, v)
+	}
+	if cfg.MaxConcurrency < 0 {
+		return nil, fmt.Errorf("sink.webhook.max_concurrency: must not be negative, got %d", cfg.MaxConcurrency)
+	}
+	n := cfg.MaxConcurrency
+	if n == 0 {
+		n = DefaultMaxConcurrency
+	}
+	timeout := cfg.Timeout.D()
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Sink{
+		log:     log,
+		url:     tmpl,
+		timeout: timeout,
+		headers: headers,
+		sem:     make(chan struct{}, n),
+	}
+	if cfg.Secret != "" {
+		s.secret = []byte(cfg.Secret)
+	}
+	rt := opts.Transport
+	if rt == nil {
+		s.proxy = http.ProxyFromEnvironment
+		rt = newTransport(n, s.proxy)
+	}
+	s.client = &http.Client{
+		Transport: rt,
+		// Redirects are not followed: Go would turn a 301, 302 or 303 into
+		// a GET without the body, and a signed request must not be replayed
+		// to wherever a Location points. A 3xx fails as permanent.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	s.closed, s.close = context.WithCancel(context.Background())
+	return s, nil
+}
+
+// newTransport returns a keep-alive transport that keeps up to n idle
+// connections per host, so a sink with n requests in flight reuses its
+// connections instead of opening new ones.
+func newTransport(n int, proxy func(*http.Request) (*url.URL, error)) *http.Transport {
+	return &http.Transport{
+		Proxy:                 proxy,
+		DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          n,
+		MaxIdleConnsPerHost:   n,
+		IdleConnTimeout:       idleConnTimeout,
+		TLSHandshakeTimeout:   dialTimeout,
+		ExpectContinueTimeout: time.Second,
+	}
+}
+
+// Close fails the requests in flight and those waiting for a slot with an
+// error classified sink.Unavailable, and closes idle connections. Close is
+// idempotent and always returns nil.
+func (s *Sink) Close() error {
+	s.closeOnce.Do(func() {
+		s.close()
+		s.client.CloseIdleConnections()
+	})
+	return nil
+}
+
+// urlTemplate is a URL template whose placeholders are escaped for the part
+// of the URL they are in: path segments with url.PathEscape, so a "/" in an
+// aggregate ID stays inside its segment, and the query with url.QueryEscape.
+// sink.Template cannot do this: its sanitizer maps a rune to one rune, while
+// escaping turns one rune into several bytes.
+type urlTemplate struct {
+	raw    string
+	prefix string   // the fixed scheme://[userinfo@]host[:port], as written
+	base   *url.URL // prefix parsed
+	parts  []urlPart
+}
+
+// urlPart is literal text or a placeholder.
+type urlPart struct {
+	text        string // literal text, or the placeholder with its braces
+	placeholder bool
+	query       bool // in the query: query escaping
+}
+
+func parseURLTemplate(raw string) (*urlTemplate, error) {
+	if raw == "" {
+		return nil, fmt.Errorf("required")
+	}
+	if _, err := sink.NewTemplate(raw, nil); err != nil {
+		return nil, redactErr(err)
+	}
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return nil, fmt.Errorf("%q is not an absolute http or https URL", redactURL(raw))
+	}
+	end := strings.IndexAny(rest, "/?#")
+	if end < 0 {
+		end = len(rest)
+	}
+	authority := scheme + "://" + rest[:end]
+	if strings.Contains(authority, "{") {
+		return nil, fmt.Errorf("%q: placeholders are allowed only in the path and query, not in the scheme or host", redactURL(raw))
+	}
+	// Parse a rendering to check the whole URL.
+	probe := raw
+	for _, p := range sink.Placeholders {
+		probe = strings.ReplaceAll(probe, p, "x")
+	}
+	u, err := url.Parse(probe)
+	if err != nil {
+		return nil, redactErr(err)
+	}
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, fmt.Errorf("%q: the scheme must be http or https", redactURL(raw))
+	case u.Host == "" || u.Hostname() == "":
+		return nil, fmt.Errorf("%q: the URL has no host", redactURL(raw))
+	case u.Fragment != "" || strings.Contains(raw, "#"):
+		return nil, fmt.Errorf("%q: a URL fragment (#...) is never sent; remove it", redactURL(raw))
+	}
+	base, err := url.Parse(authority)
+	if err != nil {
+		return nil, redactErr(err)
+	}
+
+	t := &urlTemplate{raw: raw, prefix: authority, base: base}
+	path, inQuery := rest[end:], false
+	for path != "" {
+		i := strings.IndexByte(path, '{')
+		if i < 0 {
+			t.parts = append(t.parts, urlPart{text: path})
+			break
+		}
+		j := strings.IndexByte(path[i:], '}') + i
+		if i > 0 {
+			t.parts = append(t.parts, urlPart{text: path[:i]})
+			inQuery = inQuery || strings.Contains(path[:i], "?")
+		}
+		t.parts = append(t.parts, urlPart{text: path[i : j+1], placeholder: true, query: inQuery})
+		path = path[j+1:]
+	}
+	return t, nil
+}
+
+// render returns the URL of an event with the given values of
+// {aggregate_type}, {event_type} and {aggregate_id}.
+func (t *urlTemplate) render(values map[string]string) string {
+	var b strings.Builder
+	b.Grow(len(t.raw) + 32)
+	b.WriteString(t.prefix)
+	for _, p := range t.parts {
+		if !p.placeholder {
+			b.WriteString(p.text)
+			continue
+		}
+		b.WriteString(escapeValue(values[p.text], p.query))
+	}
+	return b.String()
+}
+
+// escapeValue escapes a placeholder's value. An empty value renders as "_",
+// like sink.Template does, and the path segments "." and ".." are escaped so
+// a server that cleans paths does not resolve them.
+func escapeValue(v string, query bool) string {
+	switch {
+	case v == "":
+		return "_"
+	case query:
+		return url.QueryEscape(v)
+	case v == ".":
+		return "%2E"
+	case v == "..":
+		return "%2E%2E"
+	}
+	return url.PathEscape(v)
+}
