@@ -73,6 +73,8 @@ type Sink struct {
 	close     context.CancelFunc
 }
 
+var _ sink.Sink = (*Sink)(nil)
+
 // New returns a sink that POSTs to URLs rendered from cfg.URL. It fails on a
 // URL template that is not an absolute http or https URL, that has a
 // placeholder in its scheme, user information, host or port (event data
