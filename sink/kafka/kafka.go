@@ -230,7 +230,7 @@ func (s *Sink) clientOptions() ([]kgo.Opt, error) {
 		kgo.SeedBrokers(s.cfg.Brokers...),
 		kgo.ClientID(clientID),
 		kgo.DialTimeout(connectTimeout),
-		kgo.WithLogger(logger{s.opts.Logger}),
+		kgo.WithLogger(newLogger(s.opts.Logger)),
 		kgo.WithHooks(connectHook{s}),
 		// Idempotent writes are franz-go's default; they are spelled out
 		// by never passing DisableIdempotentWrite or
@@ -410,23 +410,38 @@ type connectHook struct{ s *Sink }
 // OnBrokerConnect implements kgo.HookBrokerConnect.
 func (h connectHook) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
 	if err == nil {
+		h.s.lastErr.Store(nil)
 		return
 	}
-	h.s.lastErr.Store(&brokerErr{broker: fmt.Sprintf("%s:%d", meta.Host, meta.Port), err: err, at: time.Now()})
+	h.s.lastErr.Store(&brokerErr{broker: net.JoinHostPort(meta.Host, fmt.Sprint(meta.Port)), err: err, at: time.Now()})
 }
 
-// logger passes franz-go's warnings and errors to slog.
-type logger struct{ l *slog.Logger }
+// logEvery is the shortest interval between two logs of one franz-go
+// message, which it repeats on every retry while a broker is down.
+const logEvery = 30 * time.Second
 
+// logger passes franz-go's warnings and errors to slog, each message at
+// most once per logEvery.
+type logger struct {
+	l    *slog.Logger
+	last *sync.Map // message -> time.Time of its last log
+}
+
+func newLogger(l *slog.Logger) logger { return logger{l: l, last: new(sync.Map)} }
+
+// Level implements kgo.Logger.
 func (l logger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
 
+// Log implements kgo.Logger.
 func (l logger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	now := time.Now()
+	if prev, ok := l.last.Load(msg); ok && now.Sub(prev.(time.Time)) < logEvery {
+		return
+	}
+	l.last.Store(msg, now)
 	lvl := slog.LevelWarn
-	switch level {
-	case kgo.LogLevelError:
+	if level == kgo.LogLevelError {
 		lvl = slog.LevelError
-	case kgo.LogLevelInfo, kgo.LogLevelDebug:
-		lvl = slog.LevelDebug
 	}
 	l.l.Log(context.Background(), lvl, "kafka: "+msg, keyvals...)
 }

@@ -625,6 +625,8 @@ func TestClassify(t *testing.T) {
 		{kerr.CorruptMessage, sink.Transient},
 		{kerr.UnknownServerError, sink.Transient},
 		{errors.New("something"), sink.Transient},
+		{sink.AsUnavailable(fmt.Errorf("x: %w", kerr.TopicAuthorizationFailed)), sink.Unavailable},
+		{fmt.Errorf("publish: %w", sink.AsPermanent(context.DeadlineExceeded)), sink.Permanent},
 	} {
 		if got := sink.ClassOf(classify(c.err)); got != c.want {
 			t.Errorf("classify(%v) = %v, want %v", c.err, got, c.want)

@@ -87,6 +87,9 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 			err = waitErr
 		}
 		if err != nil {
+			if errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.UnknownTopicID) {
+				s.forget(topics[i])
+			}
 			errs[i] = fmt.Errorf("publish %s to %s: %w", e.ID, topics[i], classifyRecord(err, e))
 			failed = true
 		}
@@ -169,8 +172,14 @@ func recordSize(e *event.Event) int {
 // authentication, which no event can fix. Everything else, including a
 // topic that does not exist and the other retriable Kafka errors, is
 // transient.
+//
+// An error that already carries a class, such as one from preparing a
+// topic, keeps it.
 func classify(err error) error {
+	var classified interface{ Retryable() bool }
 	switch {
+	case errors.As(err, &classified):
+		return err
 	case errors.Is(err, kerr.MessageTooLarge),
 		errors.Is(err, kerr.RecordListTooLarge),
 		errors.Is(err, kerr.InvalidTopicException),

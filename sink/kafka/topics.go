@@ -74,16 +74,38 @@ func (s *Sink) ready(ctx context.Context, topic string) error {
 	}
 }
 
+// forget handles a topic that was deleted after it was prepared: it drops
+// the preparation, so that the next publish creates the topic again, and
+// purges the topic from the client, which otherwise refuses to produce to a
+// new topic of the same name. Records of the topic still buffered fail and
+// are retried by the pipeline.
+func (s *Sink) forget(topic string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.topics[topic]
+	if st == nil {
+		return
+	}
+	select {
+	case <-st.done:
+		delete(s.topics, topic)
+		s.limits.Delete(topic)
+		s.cl.PurgeTopicsFromProducing(topic)
+		s.opts.Logger.Warn("kafka topic vanished; it is created again on the next publish", "topic", topic)
+	default: // being prepared right now
+	}
+}
+
 // prepare makes sure topic exists, creating it when it does not, and
 // records its max.message.bytes. It reports whether it created the topic.
 // Its errors are classified for Publish.
 func (s *Sink) prepare(ctx context.Context, topic string) (bool, error) {
-	terr, err := s.metadata(ctx, topic)
+	code, err := s.metadata(ctx, topic)
 	if err != nil {
 		return false, s.requestError("read metadata of topic "+topic, err)
 	}
 	created := false
-	switch err := terr; {
+	switch err := kerr.ErrorForCode(code); {
 	case errors.Is(err, kerr.UnknownTopicOrPartition):
 		if created, err = s.create(ctx, topic); err != nil {
 			return false, err
@@ -98,30 +120,31 @@ func (s *Sink) prepare(ctx context.Context, topic string) (bool, error) {
 }
 
 // metadata asks a broker for the metadata of topic, or of no topic when
-// topic is empty, and returns the topic's error. It bypasses the client's
-// metadata cache (which kadm uses), so that a topic created a moment ago
-// is seen.
-func (s *Sink) metadata(ctx context.Context, topic string) (error, error) {
+// topic is empty, and returns the topic's error code. It bypasses the
+// client's metadata cache (which kadm uses), so that a topic created a
+// moment ago is seen, and never asks the broker to auto-create the topic,
+// which would ignore sink.kafka.partitions and replication_factor.
+func (s *Sink) metadata(ctx context.Context, topic string) (int16, error) {
 	req := kmsg.NewPtrMetadataRequest()
+	req.AllowAutoTopicCreation = false
 	req.Topics = []kmsg.MetadataRequestTopic{}
-	if topic != "" {
-		rt := kmsg.NewMetadataRequestTopic()
-		rt.Topic = kmsg.StringPtr(topic)
-		req.Topics = append(req.Topics, rt)
+	if topic == "" {
+		_, err := req.RequestWith(ctx, s.cl)
+		return 0, err
 	}
+	rt := kmsg.NewMetadataRequestTopic()
+	rt.Topic = kmsg.StringPtr(topic)
+	req.Topics = append(req.Topics, rt)
 	resp, err := req.RequestWith(ctx, s.cl)
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
 	for _, t := range resp.Topics {
 		if t.Topic != nil && *t.Topic == topic {
-			return kerr.ErrorForCode(t.ErrorCode), nil
+			return t.ErrorCode, nil
 		}
 	}
-	if topic != "" {
-		return kerr.UnknownTopicOrPartition, nil
-	}
-	return nil, nil
+	return kerr.UnknownTopicOrPartition.Code, nil
 }
 
 // create creates topic; another relay creating it first is no error.
@@ -271,11 +294,11 @@ func (s *Sink) Check(ctx context.Context) error {
 }
 
 func (s *Sink) checkTopic(ctx context.Context, topic string) error {
-	terr, err := s.metadata(ctx, topic)
+	code, err := s.metadata(ctx, topic)
 	if err != nil {
 		return fmt.Errorf("kafka topic %s: %w", topic, err)
 	}
-	switch err := terr; {
+	switch err := kerr.ErrorForCode(code); {
 	case errors.Is(err, kerr.UnknownTopicOrPartition):
 		return fmt.Errorf("kafka topic %s does not exist; run `relay init` to create it (the first publish creates it too, if this principal may), or set sink.kafka.topic to an existing topic", topic)
 	case errors.Is(err, kerr.TopicAuthorizationFailed):

@@ -206,7 +206,7 @@ func TestCheckUnreachable(t *testing.T) {
 	c := newCluster(t)
 	s := newSink(t, c.ListenAddrs(), "t", Options{})
 	c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	err := s.Check(ctx)
 	if err == nil || !strings.Contains(err.Error(), "check sink.kafka.brokers") {
@@ -226,5 +226,38 @@ func TestTopicLimitFromConfig(t *testing.T) {
 	}
 	if got := s.maxMessageBytes("unknown"); got != defaultMaxMessageBytes {
 		t.Errorf("limit of an unknown topic %d, want %d", got, defaultMaxMessageBytes)
+	}
+}
+
+// TestPublishRecreatesDeletedTopic deletes a topic the sink created: the
+// publishes that find it gone fail as transient, and a later one creates it
+// again.
+func TestPublishRecreatesDeletedTopic(t *testing.T) {
+	c := newCluster(t)
+	s := newSink(t, c.ListenAddrs(), "ev.{aggregate_type}", Options{AckTimeout: 2 * time.Second})
+	ctx := context.Background()
+	if err := s.Publish(ctx, testEvents(3, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.adm.DeleteTopic(ctx, "ev.order"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for attempt := 0; ; attempt++ {
+		err := s.Publish(ctx, testEvents(3, 3))
+		if err == nil {
+			t.Logf("published again after %d failed attempts, %v", attempt, time.Since(start).Round(time.Millisecond))
+			break
+		}
+		t.Logf("attempt %d: %v", attempt, sink.Failed(err, 0))
+		if got := classes(err, 3); slices.Contains(got, "permanent") {
+			t.Fatalf("classes %v", got)
+		}
+		if attempt == 5 {
+			t.Fatal("the topic was not created again")
+		}
+	}
+	if p, _ := describe(t, s, "ev.order"); p < 1 {
+		t.Error("ev.order does not exist")
 	}
 }
