@@ -1,0 +1,60 @@
+package kafkatest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// TestRestartKeepsData produces to a cluster, restarts it and reads the
+// records back, then produces again with the same client.
+func TestRestartKeepsData(t *testing.T) {
+	c, err := Start(Options{Extra: []kfake.Opt{kfake.SeedTopics(1, "kt.a")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	produce := func(from, to int) {
+		for i := from; i < to; i++ {
+			r := &kgo.Record{Topic: "kt.a", Key: []byte("k"), Value: fmt.Append(nil, i), Headers: []kgo.RecordHeader{{Key: "n", Value: fmt.Append(nil, i)}}}
+			if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	produce(0, 5)
+	c.Stop()
+	if c.Kfake() != nil {
+		t.Error("Kfake() is not nil while stopped")
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	produce(5, 8)
+	recs, err := c.Records(ctx, "kt.")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 8 {
+		t.Fatalf("read %d records, want 8", len(recs))
+	}
+	for i, r := range recs {
+		if v, _ := r.Header("n"); string(r.Value) != fmt.Sprint(i) || v != fmt.Sprint(i) || r.Offset != int64(i) {
+			t.Errorf("record %d: offset %d value %q header %q", i, r.Offset, r.Value, v)
+		}
+	}
+	if recs, err := c.Records(ctx, "none."); err != nil || recs != nil {
+		t.Errorf("Records of no topic = %v, %v", recs, err)
+	}
+}
