@@ -153,6 +153,11 @@ type SQS struct {
 	QueueURL string `yaml:"queue_url"`
 	// Queue is a queue name template resolved with GetQueueUrl.
 	Queue string `yaml:"queue"`
+	// MaxBatchBytes caps the size of one SendMessageBatch request: message
+	// bodies plus attribute names, types and values. Between 1024 and
+	// 1048576; zero means 262144, which every SQS-compatible server
+	// accepts (AWS itself takes 1048576).
+	MaxBatchBytes int `yaml:"max_batch_bytes"`
 }
 
 // Webhook configures the webhook sink. See docs/webhook.md.

@@ -314,6 +314,9 @@ func (l *loader) checkSQS(s SQS) {
 	default:
 		l.required("sink.sqs.queue_url", s.QueueURL, "or sink.sqs.queue, a queue name template")
 	}
+	if s.MaxBatchBytes != 0 && (s.MaxBatchBytes < 1024 || s.MaxBatchBytes > 1<<20) {
+		l.invalid("sink.sqs.max_batch_bytes", "must be between 1024 and 1048576, got %d", s.MaxBatchBytes)
+	}
 }
 
 // checkRetry checks the backoff bounds and the attempt limit.

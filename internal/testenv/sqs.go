@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -338,6 +339,88 @@ func (s *SQS) CreateQueue(name string, attrs map[string]string) (string, error) 
 	return out.QueueUrl, nil
 }
 
+// SQSMessage is a message ReceiveAll returned.
+type SQSMessage struct {
+	MessageID string `json:"MessageId"`
+	Body      string
+	// Attributes are the system attributes, such as MessageGroupId and
+	// MessageDeduplicationId.
+	Attributes map[string]string
+	// MessageAttributes are the message attributes by name.
+	MessageAttributes map[string]SQSAttribute
+}
+
+// SQSAttribute is a message attribute: DataType String with StringValue,
+// or Binary with BinaryValue.
+type SQSAttribute struct {
+	DataType    string
+	StringValue string
+	BinaryValue []byte
+}
+
+// Attr returns the message attribute name: a String attribute's value, a
+// Binary one's bytes, or "" when there is none.
+func (m SQSMessage) Attr(name string) string {
+	a := m.MessageAttributes[name]
+	if a.DataType == "Binary" {
+		return string(a.BinaryValue)
+	}
+	return a.StringValue
+}
+
+// Payload returns the payload the relay's SQS sink put in the message,
+// decoded as its body_encoding attribute says (see package sink/sqs).
+func (m SQSMessage) Payload() ([]byte, error) {
+	switch enc := m.Attr("body_encoding"); enc {
+	case "":
+		return []byte(m.Body), nil
+	case "base64":
+		return base64.StdEncoding.DecodeString(m.Body)
+	case "empty":
+		return []byte{}, nil
+	default:
+		return nil, fmt.Errorf("unknown body_encoding %q", enc)
+	}
+}
+
+// ReceiveAll receives and deletes every message now visible in the queue at
+// queueURL, one ReceiveMessage at a time, so that a FIFO queue's messages
+// come in order.
+func (s *SQS) ReceiveAll(queueURL string) ([]SQSMessage, error) {
+	endpoint := s.Endpoint()
+	var out []SQSMessage
+	for {
+		var res struct{ Messages []json.RawMessage }
+		err := sqsCall(endpoint, "ReceiveMessage", map[string]any{
+			"QueueUrl": queueURL, "MaxNumberOfMessages": 10, "VisibilityTimeout": 60,
+			"AttributeNames": []string{"All"}, "MessageSystemAttributeNames": []string{"All"},
+			"MessageAttributeNames": []string{"All"},
+		}, &res)
+		if err != nil {
+			return out, err
+		}
+		if len(res.Messages) == 0 {
+			return out, nil
+		}
+		var entries []map[string]string
+		for i, raw := range res.Messages {
+			var m SQSMessage
+			var rh struct{ ReceiptHandle string }
+			if err := json.Unmarshal(raw, &m); err != nil {
+				return out, err
+			}
+			if err := json.Unmarshal(raw, &rh); err != nil {
+				return out, err
+			}
+			out = append(out, m)
+			entries = append(entries, map[string]string{"Id": strconv.Itoa(i), "ReceiptHandle": rh.ReceiptHandle})
+		}
+		if err := sqsCall(endpoint, "DeleteMessageBatch", map[string]any{"QueueUrl": queueURL, "Entries": entries}, nil); err != nil {
+			return out, err
+		}
+	}
+}
+
 var sqsHTTP = &http.Client{Timeout: 10 * time.Second}
 
 // sqsCall makes one JSON-protocol call and decodes the answer into out.
@@ -364,7 +447,7 @@ func sqsCall(endpoint, action string, in any, out any) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("%s: %s: %s", action, resp.Status, b)
 	}
-	if out == nil {
+	if out == nil || len(bytes.TrimSpace(b)) == 0 {
 		return nil
 	}
 	return json.Unmarshal(b, out)

@@ -58,6 +58,46 @@ func TestSQSStopStartKeepsQueues(t *testing.T) {
 	}
 }
 
+func TestSQSReceiveAll(t *testing.T) {
+	s, err := StartSQS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown()
+	url, err := s.CreateQueue("r.fifo", map[string]string{"FifoQueue": "true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 15 {
+		send := map[string]any{"QueueUrl": url, "MessageBody": "aGk=", "MessageGroupId": "g", "MessageDeduplicationId": strconv.Itoa(i),
+			"MessageAttributes": map[string]any{
+				"n":             map[string]string{"DataType": "String", "StringValue": strconv.Itoa(i)},
+				"b":             map[string]string{"DataType": "Binary", "BinaryValue": "AQI="},
+				"body_encoding": map[string]string{"DataType": "String", "StringValue": "base64"},
+			}}
+		if err := sqsCall(s.Endpoint(), "SendMessage", send, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	msgs, err := s.ReceiveAll(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) != 15 {
+		t.Fatalf("received %d messages, want 15", len(msgs))
+	}
+	for i, m := range msgs {
+		p, err := m.Payload()
+		if m.Attr("n") != strconv.Itoa(i) || m.Attr("b") != "\x01\x02" || string(p) != "hi" || err != nil ||
+			m.Attributes["MessageGroupId"] != "g" || m.Attributes["MessageDeduplicationId"] != strconv.Itoa(i) {
+			t.Errorf("message %d: %+v, payload %q, %v", i, m, p, err)
+		}
+	}
+	if again, err := s.ReceiveAll(url); err != nil || len(again) != 0 {
+		t.Errorf("second ReceiveAll: %d messages, %v; want none (deleted)", len(again), err)
+	}
+}
+
 func TestSQSShutdownKillsProcessGroup(t *testing.T) {
 	s, err := StartSQS()
 	if err != nil {

@@ -1,0 +1,374 @@
+// Package sqs publishes events to Amazon SQS queues, and to SQS-compatible
+// servers through sink.sqs.endpoint, with SendMessageBatch.
+//
+// # Destination
+//
+// sink.sqs.queue_url names one queue. sink.sqs.queue is instead a queue name
+// template such as "outbox-{aggregate_type}" or "outbox-{aggregate_type}.fifo":
+// each rendered name is resolved to its URL with GetQueueUrl the first time
+// it is used and cached for the life of the sink. A character of a template
+// value that SQS does not allow in a queue name (anything but letters,
+// digits, '-' and '_') is replaced by '_'. A queue whose name ends in ".fifo"
+// is a FIFO queue; every other queue is a standard queue. The sink never
+// creates queues: an event for a queue that does not exist fails as
+// transient, so it is retried (and dead-lettered after retry.max_attempts)
+// until someone creates the queue.
+//
+// # Messages
+//
+// The body is the payload as text when the payload is UTF-8 made only of the
+// characters SQS allows in a message (tab, newline, carriage return, U+0020
+// to U+D7FF, U+E000 to U+FFFD, U+10000 and above) and its content type is
+// not application/octet-stream (a bytea column). Otherwise the body is the
+// payload in standard base64 and the message attribute body_encoding is
+// "base64". SQS cannot carry an empty body, so an empty payload is sent as
+// the body "-" with body_encoding "empty". A consumer decodes the body as
+// body_encoding says and takes it as it is when the attribute is absent.
+//
+// Every message carries the String message attributes message_id,
+// event_type, aggregate_type, aggregate_id and content_type. An attribute
+// whose value is empty is left out, as SQS rejects empty values; a value
+// that is not text SQS can carry (one with control characters other than
+// tab, newline and carriage return, or not UTF-8) is sent as a Binary
+// attribute holding its bytes. The row's headers follow, each as an
+// attribute of its own, when they fit: SQS takes at most 10 attributes per
+// message, so with five or six taken by the contract attributes a row can
+// forward four or five headers that way. When the row has more headers than
+// that, or one whose name SQS does not accept as an attribute name
+// (letters, digits, '_', '-' and '.', at most 256, no leading, trailing or
+// double '.', no "AWS." or "Amazon" prefix), one named body_encoding or
+// headers, or one whose value is empty, all of the row's headers are sent
+// instead as one String attribute "headers" holding a JSON object. Row
+// headers named like a contract attribute are never forwarded: the contract
+// attribute wins.
+//
+// # FIFO queues and order
+//
+// On a FIFO queue MessageGroupId is the aggregate_id and
+// MessageDeduplicationId the message_id, so SQS keeps each aggregate's order
+// and drops a redelivery within its 5 minute deduplication interval. A value
+// SQS does not accept as such an ID (1 to 128 printable ASCII characters,
+// no spaces) is mapped deterministically: its disallowed characters become
+// '_', it is cut to 111 characters and "-" and 16 hex digits of its SHA-256
+// are appended, so distinct aggregates keep distinct groups. The pipeline
+// never puts two events of one aggregate in one Publish call nor has two
+// calls in flight that share an aggregate, so the sink never has two sends of
+// one message group in flight at once and needs no ordering logic of its
+// own; different groups are sent in parallel. Standard queues carry the
+// same attributes but neither ID, and SQS delivers their messages in no
+// particular order and possibly more than once.
+//
+// # Batches and errors
+//
+// One Publish call groups its events by queue and sends them in
+// SendMessageBatch requests of at most 10 entries and at most
+// sink.sqs.max_batch_bytes (default 262144) of bodies and attributes; an
+// event larger than that is sent in a request of its own. A message over
+// SQS's absolute limit of 1 MiB fails as sink.Permanent without being sent.
+// Entries SQS rejects in a batch fail alone, the others are acknowledged:
+// a sender fault (InvalidMessageContents, a message over the queue's
+// MaximumMessageSize, ...) is permanent, a server fault transient. When SQS
+// rejects a whole request of several entries as malformed (BatchRequestTooLong,
+// InvalidParameterValue, ...) each entry is sent again on its own, so a bad
+// event never takes its batch mates to the dead-letter table. Throttling,
+// HTTP 502/503/504, network errors, missing or rejected credentials, an
+// ended context and a closed sink fail as sink.Unavailable; other failures,
+// including a missing queue and AccessDenied, are transient.
+package sqs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/sink"
+)
+
+// Limits of SQS.
+const (
+	// maxEntries is the most entries of one SendMessageBatch request.
+	maxEntries = 10
+	// maxMessageBytes is the largest message SQS takes, body and
+	// attributes; a queue's MaximumMessageSize may be lower.
+	maxMessageBytes = 1 << 20
+	// defaultMaxBatchBytes is the default of sink.sqs.max_batch_bytes: the
+	// request size limit of SQS before 2025 and of many compatible servers.
+	defaultMaxBatchBytes = 256 << 10
+	// maxQueueName is the longest queue name, ".fifo" included.
+	maxQueueName = 80
+	fifoSuffix   = ".fifo"
+)
+
+// Options tunes a Sink. The zero value uses the defaults documented on each
+// field.
+type Options struct {
+	// Concurrency caps the SendMessageBatch requests one Publish call has
+	// in flight at once. Default 8.
+	Concurrency int
+	// RequestTimeout bounds one request, the SDK's own retries of it
+	// included. Default 30s.
+	RequestTimeout time.Duration
+	// MaxAttempts is how often the SDK tries one request before the error
+	// goes back to the pipeline, which retries in turn. Default 3.
+	MaxAttempts int
+	// Credentials replaces the default credential chain (environment,
+	// shared config and credentials files, web identity, container and
+	// instance roles) when set.
+	Credentials aws.CredentialsProvider
+	// Logger receives queue resolutions. Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	if o.Concurrency <= 0 {
+		o.Concurrency = 8
+	}
+	if o.RequestTimeout <= 0 {
+		o.RequestTimeout = 30 * time.Second
+	}
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = 3
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Sink publishes events to SQS. It implements sink.Sink; its methods are
+// safe for concurrent use.
+type Sink struct {
+	cfg      config.SQS
+	opts     Options
+	client   *sqs.Client
+	creds    aws.CredentialsProvider
+	http     *http.Client
+	maxBatch int
+
+	// fixed is the queue of sink.sqs.queue_url; url is empty for a
+	// template.
+	fixed queueRef
+	// tmpl renders queue names when sink.sqs.queue is set.
+	tmpl sink.Template
+	// fifo says whether the template renders FIFO queue names.
+	fifo bool
+
+	mu   sync.Mutex
+	urls map[string]*resolution // queue name -> URL, for the template
+
+	closed    context.Context // cancelled by Close
+	closeNow  context.CancelCauseFunc
+	closeOnce sync.Once
+}
+
+// queueRef is a resolved queue.
+type queueRef struct {
+	name string
+	url  string
+	fifo bool
+}
+
+// New returns a sink for cfg. It loads the AWS configuration (region from
+// cfg.Region, credentials from the default chain unless opts.Credentials is
+// set, the endpoint from cfg.Endpoint when set) but makes no request: see
+// Check. It fails on a queue_url that is not a URL and on a queue template
+// that cannot render valid queue names.
+func New(ctx context.Context, cfg config.SQS, opts Options) (*Sink, error) {
+	opts = opts.withDefaults()
+	s := &Sink{cfg: cfg, opts: opts, maxBatch: cfg.MaxBatchBytes, urls: map[string]*resolution{}}
+	if s.maxBatch <= 0 {
+		s.maxBatch = defaultMaxBatchBytes
+	}
+	switch {
+	case cfg.QueueURL != "" && cfg.Queue != "":
+		return nil, errors.New("sink.sqs: set either queue_url or queue, not both")
+	case cfg.QueueURL != "":
+		ref, err := parseQueueURL(cfg.QueueURL)
+		if err != nil {
+			return nil, fmt.Errorf("sink.sqs.queue_url: %w", err)
+		}
+		s.fixed = ref
+	case cfg.Queue != "":
+		fifo, err := checkQueueTemplate(cfg.Queue)
+		if err != nil {
+			return nil, fmt.Errorf("sink.sqs.queue: %w", err)
+		}
+		if s.tmpl, err = sink.NewTemplate(cfg.Queue, sanitize); err != nil {
+			return nil, fmt.Errorf("sink.sqs.queue: %w", err)
+		}
+		s.fifo = fifo
+	default:
+		return nil, errors.New("sink.sqs: queue_url or queue is required")
+	}
+
+	loadOpts := []func(*awsconfig.LoadOptions) error{
+		awsconfig.WithRegion(cfg.Region),
+		awsconfig.WithHTTPClient(newHTTPClient()),
+		awsconfig.WithRetryer(func() aws.Retryer {
+			return retry.NewStandard(func(o *retry.StandardOptions) {
+				o.MaxAttempts = opts.MaxAttempts
+				o.MaxBackoff = time.Second
+				// The pipeline backs off itself; a client-side retry quota
+				// would only turn a long outage into quota errors.
+				o.RateLimiter = ratelimit.None
+			})
+		}),
+	}
+	if opts.Credentials != nil {
+		loadOpts = append(loadOpts, awsconfig.WithCredentialsProvider(opts.Credentials))
+	}
+	awsCfg, err := awsconfig.LoadDefaultConfig(ctx, loadOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("sink.sqs: load AWS configuration: %w", err)
+	}
+	// LoadDefaultConfig applies AWS_CA_BUNDLE and the like to the client's
+	// transport; the sink then owns a client on that transport, so that
+	// Close can close its idle connections.
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if bc, ok := awsCfg.HTTPClient.(*awshttp.BuildableClient); ok {
+		tr = bc.GetTransport()
+	}
+	s.http = &http.Client{
+		Transport:     tr,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	awsCfg.HTTPClient = s.http
+	if awsCfg.Credentials != nil {
+		awsCfg.Credentials = markedCredentials{awsCfg.Credentials}
+	}
+	s.creds = awsCfg.Credentials
+	s.client = sqs.NewFromConfig(awsCfg, func(o *sqs.Options) {
+		if cfg.Endpoint != "" {
+			o.BaseEndpoint = aws.String(cfg.Endpoint)
+		}
+	})
+	s.closed, s.closeNow = context.WithCancelCause(context.Background())
+	return s, nil
+}
+
+// newHTTPClient returns the HTTP client configuration of a sink:
+// keep-alive connections enough for several concurrent Publish calls, and
+// a short dial timeout so that an unreachable endpoint fails fast.
+func newHTTPClient() *awshttp.BuildableClient {
+	return awshttp.NewBuildableClient().
+		WithDialerOptions(func(d *net.Dialer) { d.Timeout = 5 * time.Second }).
+		WithTransportOptions(func(tr *http.Transport) {
+			tr.MaxIdleConns = 256
+			tr.MaxIdleConnsPerHost = 64
+			tr.IdleConnTimeout = 90 * time.Second
+		})
+}
+
+// parseQueueURL returns the queue of a queue URL: its name is the last
+// path segment.
+func parseQueueURL(raw string) (queueRef, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return queueRef{}, err
+	}
+	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+		return queueRef{}, fmt.Errorf("%q is not an http(s) queue URL such as https://sqs.us-east-1.amazonaws.com/123456789012/orders.fifo", raw)
+	}
+	name := u.Path[strings.LastIndexByte(u.Path, '/')+1:]
+	if name == "" {
+		return queueRef{}, fmt.Errorf("%q has no queue name as its last path segment", raw)
+	}
+	return queueRef{name: name, url: raw, fifo: strings.HasSuffix(name, fifoSuffix)}, nil
+}
+
+// sanitize maps a rune of a template value that SQS does not allow in a
+// queue name to '_'.
+func sanitize(r rune) rune {
+	if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+		return r
+	}
+	return '_'
+}
+
+// checkQueueTemplate checks that tmpl renders valid queue names: its
+// literal text holds only characters allowed in a queue name, except for a
+// trailing ".fifo", which makes every rendered queue a FIFO queue.
+func checkQueueTemplate(tmpl string) (fifo bool, err error) {
+	base := strings.TrimSuffix(tmpl, fifoSuffix)
+	fifo = base != tmpl
+	literal := base
+	for _, p := range sink.Placeholders {
+		literal = strings.ReplaceAll(literal, p, "")
+	}
+	if base == "" {
+		return false, fmt.Errorf("template %q: empty queue name", tmpl)
+	}
+	if strings.Map(sanitize, literal) != literal {
+		return false, fmt.Errorf("template %q: an SQS queue name holds only letters, digits, '-' and '_', and ends in .fifo for a FIFO queue", tmpl)
+	}
+	if literal == base && len(tmpl) > maxQueueName {
+		return false, fmt.Errorf("template %q: a queue name has at most %d characters", tmpl, maxQueueName)
+	}
+	return fifo, nil
+}
+
+// Destination describes where the sink publishes, for logs and relay check:
+// the queue URL, or the name template.
+func (s *Sink) Destination() string {
+	if s.fixed.url != "" {
+		kind := "standard"
+		if s.fixed.fifo {
+			kind = "FIFO"
+		}
+		return fmt.Sprintf("sqs %s queue %s", kind, s.fixed.url)
+	}
+	kind := "standard"
+	if s.fifo {
+		kind = "FIFO"
+	}
+	return fmt.Sprintf("sqs %s queues named by template %s", kind, s.cfg.Queue)
+}
+
+// errClosed fails the publishes of a closed sink.
+var errClosed = errors.New("sqs sink closed")
+
+// Close fails in-flight and later Publish calls with an error classified
+// sink.Unavailable and closes idle connections. It is idempotent and
+// always returns nil.
+func (s *Sink) Close() error {
+	s.closeOnce.Do(func() {
+		s.closeNow(errClosed)
+		s.http.CloseIdleConnections()
+	})
+	return nil
+}
+
+// markedCredentials marks the errors of a credentials provider so that
+// classify recognises them: without credentials no request can be made,
+// whatever the event.
+type markedCredentials struct{ aws.CredentialsProvider }
+
+// credentialsError is a failure to obtain credentials.
+type credentialsError struct{ err error }
+
+func (e *credentialsError) Error() string { return "AWS credentials: " + e.err.Error() }
+func (e *credentialsError) Unwrap() error { return e.err }
+
+// Retrieve returns the provider's credentials, marking its errors.
+func (m markedCredentials) Retrieve(ctx context.Context) (aws.Credentials, error) {
+	c, err := m.CredentialsProvider.Retrieve(ctx)
+	if err != nil {
+		return c, &credentialsError{err}
+	}
+	return c, nil
+}
