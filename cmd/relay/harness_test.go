@@ -52,8 +52,9 @@ type stack struct {
 	wire    *verify.Log // every message seen on the subjects (core NATS)
 	stream  *verify.Log // what the JetStream stream holds
 	mu      sync.Mutex
-	steps   map[int]int // aggregate -> last step written
-	archive string      // archive.mode
+	steps   map[int]int              // aggregate -> last step written
+	archive string                   // archive.mode
+	collect func() []verify.Delivery // see stackOptions.Collect
 	// wireGaps is set by tests that stop the broker: the core subscriber
 	// misses what is published while it reconnects, so only the stream
 	// counts.
@@ -70,6 +71,12 @@ type stackOptions struct {
 	Extra string
 	// Archive is archive.mode; default delete.
 	Archive string
+	// Sink is the config's sink block; default NATS JetStream on the
+	// stack's server. With another sink, Collect must be set.
+	Sink string
+	// Collect returns every delivery the sink's consumer has seen so far,
+	// in delivery order; it replaces the NATS subscriber and stream reader.
+	Collect func() []verify.Delivery
 }
 
 // newStack starts NATS, writes a config and runs `relay init`.
@@ -90,7 +97,11 @@ func newStack(t *testing.T, opts ...stackOptions) *stack {
 		t.Fatal(err)
 	}
 	t.Cleanup(n.Shutdown)
-	s := &stack{t: t, dsn: o.DSN, nats: n, wire: verify.NewLog(), stream: verify.NewLog(), steps: map[int]int{}, archive: o.Archive}
+	s := &stack{t: t, dsn: o.DSN, nats: n, wire: verify.NewLog(), stream: verify.NewLog(), steps: map[int]int{},
+		archive: o.Archive, collect: o.Collect}
+	if o.Sink == "" {
+		o.Sink = fmt.Sprintf("sink:\n  type: nats\n  nats:\n    url: %s\n", n.URL())
+	}
 	if o.Archive != "" {
 		o.Extra += "archive:\n  mode: " + o.Archive + "\n"
 	}
@@ -100,12 +111,8 @@ capture:
   mode: %s
   poll:
     interval: 50ms
-sink:
-  type: nats
-  nats:
-    url: %s
-shutdown_timeout: 10s
-%s`, s.dsn, o.Mode, n.URL(), o.Extra))
+%sshutdown_timeout: 10s
+%s`, s.dsn, o.Mode, o.Sink, o.Extra))
 	if out, code := runRelay(t, "init", "--config", s.cfgPath); code != 0 {
 		t.Fatalf("relay init: exit %d\n%s", code, out)
 	}
@@ -113,7 +120,9 @@ shutdown_timeout: 10s
 		t.Fatal(err)
 	}
 	t.Cleanup(s.pool.Close)
-	s.subscribe()
+	if s.collect == nil {
+		s.subscribe()
+	}
 	return s
 }
 
@@ -362,12 +371,21 @@ func (s *stack) outboxRows() int {
 	return n
 }
 
+// syncWire takes the deliveries of a sink other than NATS into the wire
+// log.
+func (s *stack) syncWire() {
+	if s.collect != nil {
+		s.wire.ReplaceDeliveries(s.collect())
+	}
+}
+
 // waitDrained waits until every written event is on the wire and the
 // outbox is empty.
 func (s *stack) waitDrained(d time.Duration) {
 	s.t.Helper()
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
+		s.syncWire()
 		r := s.wire.Check()
 		if (s.wireGaps || len(r.Missing) == 0) && s.outboxRows() == 0 {
 			return
@@ -380,6 +398,17 @@ func (s *stack) waitDrained(d time.Duration) {
 // verify checks both logs and fails the test on any broken guarantee.
 func (s *stack) verify() (wire, stream verify.Report) {
 	s.t.Helper()
+	if s.collect != nil {
+		s.syncWire()
+		wire = s.wire.Check()
+		if err := wire.Err(); err != nil {
+			s.t.Errorf("delivered: %v", err)
+		}
+		if n := s.outboxRows(); n != 0 {
+			s.t.Errorf("%d rows left in the outbox", n)
+		}
+		return wire, wire
+	}
 	s.readStream()
 	wire, stream = s.wire.Check(), s.stream.Check()
 	if err := wire.Err(); err != nil && !s.wireGaps {

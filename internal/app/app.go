@@ -36,9 +36,6 @@ func supported(cfg *config.Config) error {
 	if cfg.Capture.Mode != "poll" {
 		missing = append(missing, fmt.Sprintf("capture.mode %q is not implemented yet (use poll)", cfg.Capture.Mode))
 	}
-	if cfg.Sink.Type != "nats" {
-		missing = append(missing, fmt.Sprintf("sink.type %q is not implemented yet (use nats)", cfg.Sink.Type))
-	}
 	if cfg.DeadLetter.ParkAggregate && cfg.Capture.Mode == "wal" {
 		missing = append(missing, "dead_letter.park_aggregate is not implemented yet in wal mode (use poll)")
 	}

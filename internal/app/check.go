@@ -9,7 +9,6 @@ import (
 
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/schema"
-	natssink "github.com/outboxrelay/relay/sink/nats"
 )
 
 // ErrCheckFailed is returned by Check when any check failed.
@@ -41,10 +40,10 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logge
 		report("outbox table "+l.Outbox.String(), err, "run `relay init`, or fix outbox.table / outbox.columns")
 		pool.Close()
 	}
-	snk, err := natssink.New(ctx, cfg.Sink.NATS, natssink.Options{Logger: log})
-	report("nats "+config.RedactURL(cfg.Sink.NATS.URL), err, "check sink.nats.url and that the server runs with JetStream enabled")
+	snk, err := openSink(ctx, cfg, log, pipelineWindow)
+	report("sink "+cfg.Sink.Type, err, "check the sink.* settings")
 	if err == nil {
-		report("nats stream "+cfg.Sink.NATS.Stream, snk.Check(ctx), "run `relay init` (or `relay run`, which creates it)")
+		report(snk.name, snk.check(ctx), "see the message above")
 		snk.Close()
 	}
 	if failed {

@@ -8,15 +8,15 @@ import (
 
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/schema"
-	natssink "github.com/outboxrelay/relay/sink/nats"
 )
 
 // Init creates what is missing: the outbox table with the index serving the
 // poll query, the insert notify trigger (poll mode), the dead-letter table,
 // what archive.mode needs (mark: the published_at column; move: the
-// archive table) and the NATS stream. With dryRun it prints the SQL and changes nothing.
-// Every statement is idempotent, so Init can run on every deploy. log
-// receives the sink's logs.
+// archive table) and what the sink needs (NATS stream, a fixed Kafka
+// topic). With dryRun it prints the SQL and changes nothing. Every
+// statement is idempotent, so Init can run on every deploy. log receives
+// the sink's logs.
 func Init(ctx context.Context, cfg *config.Config, dryRun bool, w io.Writer, log *slog.Logger) error {
 	if err := supported(cfg); err != nil {
 		return err
@@ -26,8 +26,7 @@ func Init(ctx context.Context, cfg *config.Config, dryRun bool, w io.Writer, log
 		for _, stmt := range initSQL(l, cfg, nil) {
 			fmt.Fprintf(w, "%s;\n\n", stmt)
 		}
-		fmt.Fprintf(w, "-- NATS: create JetStream stream %s covering subject %s when missing\n",
-			cfg.Sink.NATS.Stream, cfg.Sink.NATS.Subject)
+		fmt.Fprintf(w, "-- sink %s: created when missing by `relay init` and `relay run` (NATS stream, fixed Kafka topic)\n", cfg.Sink.Type)
 		return nil
 	}
 	pool, err := connect(ctx, cfg.Postgres.URL, 2)
@@ -49,15 +48,16 @@ func Init(ctx context.Context, cfg *config.Config, dryRun bool, w io.Writer, log
 	}
 	fmt.Fprintf(w, "postgres: outbox %s, dead-letter table %s ready\n", l.Outbox, l.DeadLetter)
 
-	snk, err := natssink.New(ctx, cfg.Sink.NATS, natssink.Options{Logger: log})
+	snk, err := openSink(ctx, cfg, log, pipelineWindow)
 	if err != nil {
 		return err
 	}
 	defer snk.Close()
-	if err := snk.EnsureStream(ctx); err != nil {
+	done, err := snk.prepare(ctx)
+	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "nats: stream %s ready\n", cfg.Sink.NATS.Stream)
+	fmt.Fprintln(w, done)
 	return nil
 }
 

@@ -17,7 +17,6 @@ import (
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/pipeline"
-	natssink "github.com/outboxrelay/relay/sink/nats"
 )
 
 // Relay is a configured, connected relay ready to Run.
@@ -39,7 +38,7 @@ const pipelineWindow = 10000
 const backlogInterval = 5 * time.Second
 
 // Open connects to Postgres and the sink, creates the dead-letter table and
-// NATS stream when missing, and returns a relay ready to run. A missing
+// what the sink needs (NATS stream, a fixed Kafka topic) when missing, and returns a relay ready to run. A missing
 // outbox table is an error naming it.
 func Open(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Relay, error) {
 	if err := supported(cfg); err != nil {
@@ -66,12 +65,12 @@ func (r *Relay) open(ctx context.Context) error {
 	r.closers = append(r.closers, pool.Close)
 	r.pool = pool
 
-	snk, err := natssink.New(ctx, cfg.Sink.NATS, natssink.Options{Logger: log})
+	snk, err := openSink(ctx, cfg, log, pipelineWindow)
 	if err != nil {
 		return err
 	}
 	r.closers = append(r.closers, func() { snk.Close() })
-	if err := snk.EnsureStream(ctx); err != nil {
+	if _, err := snk.prepare(ctx); err != nil {
 		return err
 	}
 

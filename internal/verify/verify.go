@@ -64,6 +64,14 @@ func (l *Log) Delivered(d Delivery) {
 	l.mu.Unlock()
 }
 
+// ReplaceDeliveries sets the deliveries to ds, for consumers that re-read
+// everything the broker holds each time.
+func (l *Log) ReplaceDeliveries(ds []Delivery) {
+	l.mu.Lock()
+	l.deliveries = ds
+	l.mu.Unlock()
+}
+
 // Report is the result of Check.
 type Report struct {
 	Written, Delivered, Distinct, Duplicates int

@@ -1,0 +1,83 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/sink"
+	kafkasink "github.com/outboxrelay/relay/sink/kafka"
+	natssink "github.com/outboxrelay/relay/sink/nats"
+	sqssink "github.com/outboxrelay/relay/sink/sqs"
+	"github.com/outboxrelay/relay/sink/webhook"
+)
+
+// brokerSink is a sink with what init, run and check need of it.
+type brokerSink struct {
+	sink.Sink
+	// name says which broker, without credentials, for messages.
+	name string
+	// prepare creates what the sink needs and is missing (NATS stream, a
+	// fixed Kafka topic) and describes the result in one line.
+	prepare func(ctx context.Context) (string, error)
+	// check verifies the broker is reachable and set up; errors carry the fix.
+	check func(ctx context.Context) error
+}
+
+// openSink connects the sink cfg.Sink.Type selects. window is the
+// pipeline's in-flight window, for sinks that buffer.
+func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window int) (*brokerSink, error) {
+	switch c := cfg.Sink; c.Type {
+	case "nats":
+		s, err := natssink.New(ctx, c.NATS, natssink.Options{Logger: log})
+		if err != nil {
+			return nil, err
+		}
+		return &brokerSink{Sink: s, name: "nats " + config.RedactURL(c.NATS.URL), check: s.Check,
+			prepare: func(ctx context.Context) (string, error) {
+				return "nats: stream " + c.NATS.Stream + " ready", s.EnsureStream(ctx)
+			}}, nil
+	case "kafka":
+		s, err := kafkasink.New(ctx, c.Kafka, kafkasink.Options{Logger: log, MaxBufferedRecords: window})
+		if err != nil {
+			return nil, err
+		}
+		return &brokerSink{Sink: s, name: "kafka " + strings.Join(c.Kafka.Brokers, ","), check: s.Check,
+			prepare: func(ctx context.Context) (string, error) { return kafkaTopics(ctx, s, c.Kafka.Topic) }}, nil
+	case "sqs":
+		s, err := sqssink.New(ctx, c.SQS, sqssink.Options{Logger: log})
+		if err != nil {
+			return nil, err
+		}
+		return &brokerSink{Sink: s, name: "sqs " + s.Destination(), check: s.Check,
+			prepare: func(context.Context) (string, error) {
+				return "sqs: the relay creates no queues; create " + s.Destination() + " if missing", nil
+			}}, nil
+	case "webhook":
+		s, err := webhook.New(c.Webhook, webhook.Options{Logger: log})
+		if err != nil {
+			return nil, err
+		}
+		return &brokerSink{Sink: s, name: "webhook " + s.URL(), check: s.Check,
+			prepare: func(context.Context) (string, error) { return "webhook: nothing to create", nil }}, nil
+	}
+	return nil, &UsageError{Err: fmt.Errorf("sink.type %q is not supported", cfg.Sink.Type)}
+}
+
+// kafkaTopics creates the fixed topic when missing; templated topics are
+// created by the sink on their first publish.
+func kafkaTopics(ctx context.Context, s *kafkasink.Sink, tmpl string) (string, error) {
+	created, err := s.EnsureTopics(ctx)
+	switch t := s.FixedTopic(); {
+	case err != nil:
+		return "", err
+	case t == "":
+		return "kafka: topics of " + tmpl + " are created on their first publish", nil
+	case len(created) > 0:
+		return "kafka: topic " + t + " created", nil
+	default:
+		return "kafka: topic " + t + " exists", nil
+	}
+}
