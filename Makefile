@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: test deps demo build vet
+.PHONY: test deps demo build vet bench
 
 # test installs missing test dependencies, then runs every test.
 test: deps
@@ -11,6 +11,11 @@ deps:
 
 demo:
 	$(GO) run ./cmd/relay demo
+
+# bench runs the performance benchmark of docs/benchmarks.md (under 10
+# minutes; BENCH_FLAGS=-quick for a run of about a minute).
+bench: deps
+	$(GO) run ./cmd/relaybench $(BENCH_FLAGS)
 
 # build compiles every package and puts the commands in bin/.
 build:

@@ -1,0 +1,161 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// TestBenchSmoke runs the whole bench in its smallest configuration: every
+// phase, poll mode (and wal, reported as not available until this build
+// has it), so CI proves the command works end to end.
+func TestBenchSmoke(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "results.json")
+	var log bytes.Buffer
+	opts := Options{
+		Events: 5000, Aggregates: 500, Payload: 200, Out: out,
+		Modes: []string{"poll", "wal"}, Sinks: []string{"nats", "kafka"}, Phases: []string{"drain", "baselines", "steady"},
+		Steady: time.Second, CommitFor: 500 * time.Millisecond, Writers: 4, Relays: 1,
+		Log: &log, Args: []string{"relaybench", "(smoke test)"},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, opts)
+	if err != nil {
+		t.Fatalf("bench: %v\nlog:\n%s", err, log.String())
+	}
+	var table bytes.Buffer
+	printTable(&table, res)
+	if err := writeJSON(out, res); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", table.String())
+
+	var back Results
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatalf("results JSON: %v", err)
+	}
+	var poll, kafka *DrainResult
+	for i, d := range res.Drains {
+		switch {
+		case d.Mode == "poll" && d.Sink == "nats":
+			poll = &res.Drains[i]
+		case d.Mode == "poll" && d.Sink == "kafka":
+			kafka = &res.Drains[i]
+		}
+	}
+	if _, unavailable := res.Unavailable["poll+kafka"]; !unavailable &&
+		(kafka == nil || !kafka.Complete || !kafka.OutboxEmpty || kafka.StreamMessages != 5000) {
+		t.Errorf("poll → kfake drain: %+v", kafka)
+	}
+	if poll == nil || !poll.Complete || !poll.OutboxEmpty || poll.StreamMessages != 5000 || poll.Drain.PerSecond <= 0 {
+		t.Errorf("poll drain: %+v", poll)
+	}
+	if poll != nil && (poll.PeakRSSMB <= 0 || poll.CPUSeconds <= 0 || poll.Ratio <= 0) {
+		t.Errorf("poll drain cost or ratio missing: rss %.1f MB, cpu %.2fs, ratio %.2f", poll.PeakRSSMB, poll.CPUSeconds, poll.Ratio)
+	}
+	for _, k := range []string{"pgoutput", "delete"} {
+		if res.Baselines[k].PerSecond <= 0 {
+			t.Errorf("baseline %s missing: %+v", k, res.Baselines[k])
+		}
+	}
+	if res.CommitRate == nil || res.CommitRate.PerSecond <= 0 {
+		t.Fatalf("commit rate: %+v", res.CommitRate)
+	}
+	steady := 0
+	for _, s := range res.Steady {
+		if s.Mode != "poll" {
+			continue
+		}
+		steady++
+		// A database that cannot commit the offered load drops what it did
+		// not commit in time; everything committed must arrive, and every
+		// scheduled event counts in the latencies.
+		if s.Committed == 0 || s.Received != s.Committed || s.Committed+s.Dropped != int64(s.Scheduled) ||
+			s.SendToAck.Count != int64(s.Scheduled) || s.SendToReceipt.P99 <= 0 {
+			t.Errorf("steady %d%%: scheduled %d, committed %d, dropped %d, received %d, latencies %d",
+				s.Percent, s.Scheduled, s.Committed, s.Dropped, s.Received, s.SendToAck.Count)
+		}
+	}
+	if steady != len(steadyPercents) {
+		t.Errorf("%d poll steady-state rates, want %d", steady, len(steadyPercents))
+	}
+	if _, unavailable := res.Unavailable["wal"]; !unavailable {
+		walDrained := false
+		for _, d := range res.Drains {
+			walDrained = walDrained || (d.Mode == "wal" && d.Complete)
+		}
+		if !walDrained {
+			t.Errorf("wal mode is available but was not drained")
+		}
+	}
+	if len(res.Targets) != 8 || !strings.Contains(table.String(), "TARGET") {
+		t.Errorf("targets: %+v", res.Targets)
+	}
+}
+
+func TestHistogramQuantiles(t *testing.T) {
+	var h histogram
+	for i := 1; i <= 100_000; i++ {
+		h.record(time.Duration(i) * time.Microsecond)
+	}
+	for _, c := range []struct {
+		q    float64
+		want time.Duration
+	}{{0.5, 50 * time.Millisecond}, {0.99, 99 * time.Millisecond}, {0.999, 99900 * time.Microsecond}, {1, 100 * time.Millisecond}} {
+		got := h.quantile(c.q)
+		if diff := float64(got-c.want) / float64(c.want); diff > 0.01 || diff < -0.01 {
+			t.Errorf("quantile %.3f = %s, want %s ±1%%", c.q, got, c.want)
+		}
+	}
+	if s := h.summary(); s.Count != 100_000 || s.Max != 100 || s.Mean < 49.9 || s.Mean > 50.1 {
+		t.Errorf("summary %+v", s)
+	}
+	var small histogram
+	for _, v := range []time.Duration{3, 200, 255} {
+		small.record(v)
+	}
+	if small.quantile(0) != 3 || small.quantile(0.5) != 200 || small.quantile(1) != 255 {
+		t.Errorf("exact small values: %v %v %v", small.quantile(0), small.quantile(0.5), small.quantile(1))
+	}
+}
+
+func TestBenchID(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, idx := range []int{0, 1, 4095, 1 << 40} {
+		id := benchID(0x0abcdef1, idx, rng)
+		u := uuid.UUID(id)
+		if u.Version() != 4 || u.Variant() != uuid.RFC4122 {
+			t.Errorf("id %s: version %d variant %v", u, u.Version(), u.Variant())
+		}
+		tag, got, ok := parseBenchID(u.String())
+		if !ok || tag != 0x0abcdef1 || got != idx {
+			t.Errorf("parse %s = %x %d %v, want %x %d", u, tag, got, ok, 0x0abcdef1, idx)
+		}
+	}
+	if _, _, ok := parseBenchID("not-a-uuid"); ok {
+		t.Error("parsed garbage")
+	}
+}
+
+func TestPayloadSize(t *testing.T) {
+	for _, size := range []int{100, 200, 1024, 16384} {
+		p := payloadFor(123, 45, size)
+		var v map[string]any
+		if err := json.Unmarshal([]byte(p), &v); err != nil || len(p) != size {
+			t.Errorf("payload %d: %d bytes, %v", size, len(p), err)
+		}
+	}
+}

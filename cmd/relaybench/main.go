@@ -1,0 +1,174 @@
+// Command relaybench measures the relay against the database's own limits in
+// one run on one machine: it starts a throwaway PostgreSQL cluster and an
+// embedded NATS JetStream server, builds the relay and runs it as a child
+// process (`relay run --config`), and measures
+//
+//   - backlog drain: N events inserted with the relay stopped, then drained
+//     (events/s from relay start until every event is acknowledged and
+//     archived), per capture mode;
+//   - baselines from the same run: raw pgoutput decode of the same WAL with
+//     pg_recvlogical, and a raw DELETE … RETURNING drain in batches of 1,000;
+//   - steady state: open-loop single-row transactions at 25, 50 and 100 % of
+//     the single-row commit rate measured first, with latency from the
+//     intended send time to broker acknowledgement and to consumer receipt;
+//   - cost: the relay's peak RSS and CPU seconds per 100,000 events.
+//
+// It prints one table and writes every figure to a JSON file. See
+// docs/benchmarks.md.
+//
+//	go run ./cmd/relaybench [-events N] [-aggregates N] [-payload BYTES]
+//	    [-out results.json] [-modes poll,wal] [-quick] [-steady 15s]
+//	    [-cpuprofile DIR]
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Options are the bench's settings, from the command line.
+type Options struct {
+	Events     int           // backlog size of each drain
+	Aggregates int           // distinct aggregate_ids
+	Payload    int           // payload size in bytes
+	Out        string        // JSON results file; empty: none
+	Modes      []string      // capture modes: poll, wal
+	Sinks      []string      // sinks of the drains: nats, kafka (kfake)
+	Phases     []string      // drain, baselines, steady
+	Steady     time.Duration // length of each steady-state rate
+	CommitFor  time.Duration // length of the commit-rate measurement
+	Writers    int           // concurrent single-row writers (commit rate and steady state); 0: the best of writerSweep
+	Quick      bool
+	Background time.Duration // how long to sample the machine's load before starting
+	Relays     int           // relays draining at once (poll mode shares the work)
+	ProfileDir string        // when set: an extra in-process poll drain with CPU and allocation profiles written here
+	RelayBin   string        // a prebuilt relay binary; empty: go build ./cmd/relay
+	Log        io.Writer
+	Args       []string // the command line, for the results
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 4 && args[0] == "-as-relay" && args[2] == "-as-relay-profile" {
+		return asRelay(args[1], args[3], stderr)
+	}
+	opts, err := parseFlags(args, stderr)
+	if err != nil {
+		return 2
+	}
+	opts.Log = stdout
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := Run(ctx, opts)
+	if res != nil {
+		printTable(stdout, res)
+		if opts.Out != "" {
+			if werr := writeJSON(opts.Out, res); werr != nil {
+				fmt.Fprintf(stderr, "relaybench: %v\n", werr)
+				return 1
+			}
+			fmt.Fprintf(stdout, "\nresults written to %s\n", opts.Out)
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "relaybench: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func parseFlags(args []string, stderr io.Writer) (Options, error) {
+	fs := flag.NewFlagSet("relaybench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := Options{Args: append([]string{"relaybench"}, args...)}
+	fs.IntVar(&o.Events, "events", 1_000_000, "events in each backlog drain")
+	fs.IntVar(&o.Aggregates, "aggregates", 10_000, "distinct aggregate_ids")
+	fs.IntVar(&o.Payload, "payload", 200, "payload size in bytes (a JSON object padded to this size)")
+	fs.StringVar(&o.Out, "out", "results.json", "JSON file for every figure; empty: none")
+	modes := fs.String("modes", "poll,wal", "capture modes to measure, comma separated (wal is reported as not available when this build rejects it)")
+	sinks := fs.String("sinks", "nats,kafka", "sinks of the backlog drains, comma separated: nats (embedded JetStream), kafka (kfake, franz-go's in-process fake broker); steady state uses nats")
+	phases := fs.String("phases", "drain,baselines,steady", "what to measure, comma separated")
+	fs.DurationVar(&o.Steady, "steady", 15*time.Second, "length of each steady-state rate (25, 50, 100 % of the commit rate)")
+	fs.DurationVar(&o.CommitFor, "commit-for", 3*time.Second, "length of the single-row commit-rate measurement")
+	fs.IntVar(&o.Writers, "writers", 0, "concurrent single-row writers; 0: measure the commit rate with 4, 8, 16 and 32 and use the best")
+	fs.IntVar(&o.Relays, "relays", 1, "relays running at once in the drains (poll relays share the work; wal relays stand by)")
+	fs.DurationVar(&o.Background, "background", 3*time.Second, "how long to sample the machine's background load before starting; 0: skip")
+	fs.BoolVar(&o.Quick, "quick", false, "100,000 events and 4s steady phases (unless -events/-steady are given)")
+	fs.StringVar(&o.ProfileDir, "cpuprofile", "", "also drain a poll backlog with the relay in-process and write cpu.pprof and allocs.pprof to this directory")
+	fs.StringVar(&o.RelayBin, "relay", "", "prebuilt relay binary (default: go build ./cmd/relay)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "relaybench: unexpected arguments %q\n", fs.Args())
+		return o, fmt.Errorf("usage")
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if o.Quick {
+		if !set["events"] {
+			o.Events = 100_000
+		}
+		if !set["steady"] {
+			o.Steady = 4 * time.Second
+		}
+		if !set["commit-for"] {
+			o.CommitFor = time.Second
+		}
+	}
+	o.Modes = splitList(*modes)
+	o.Phases = splitList(*phases)
+	o.Sinks = splitList(*sinks)
+	for _, k := range o.Sinks {
+		if k != "nats" && k != "kafka" {
+			fmt.Fprintf(stderr, "relaybench: -sinks: unknown sink %q (nats, kafka)\n", k)
+			return o, fmt.Errorf("usage")
+		}
+	}
+	for _, m := range o.Modes {
+		if m != "poll" && m != "wal" {
+			fmt.Fprintf(stderr, "relaybench: -modes: unknown mode %q (poll, wal)\n", m)
+			return o, fmt.Errorf("usage")
+		}
+	}
+	for _, p := range o.Phases {
+		if p != "drain" && p != "baselines" && p != "steady" {
+			fmt.Fprintf(stderr, "relaybench: -phases: unknown phase %q (drain, baselines, steady)\n", p)
+			return o, fmt.Errorf("usage")
+		}
+	}
+	if o.Events <= 0 || o.Aggregates <= 0 || o.Payload < 40 || o.Writers < 0 || o.Relays <= 0 {
+		fmt.Fprintln(stderr, "relaybench: -events, -aggregates and -relays must be positive, -writers not negative, -payload at least 40")
+		return o, fmt.Errorf("usage")
+	}
+	return o, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func (o Options) has(phase string) bool { return slices.Contains(o.Phases, phase) }
+
+func (o Options) logf(format string, args ...any) {
+	if o.Log != nil {
+		fmt.Fprintf(o.Log, "[%s] "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+	}
+}

@@ -1,0 +1,457 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// CommitRate is the single-row commit rate of the database, measured with
+// the relay stopped: the best of Sweep.
+type CommitRate struct {
+	Writers int `json:"writers"`
+	rate
+	Latency Percentiles  `json:"commit_latency"`
+	Sweep   []CommitRate `json:"sweep,omitempty"`
+}
+
+// writerSweep are the writer counts tried when -writers is 0: on this
+// 2-core machine, more than ~16 writers commit less, not more.
+var writerSweep = []int{4, 8, 16, 32}
+
+// commitRate measures the commit rate with opts.Writers writers, or with
+// each count of writerSweep, returning the best.
+func commitRate(ctx context.Context, d *database, o Options) (CommitRate, error) {
+	counts := writerSweep
+	if o.Writers > 0 {
+		counts = []int{o.Writers}
+	}
+	var best CommitRate
+	var sweep []CommitRate
+	for _, w := range counts {
+		cr, err := measureCommitRate(ctx, d, w, o.Payload, o.Aggregates, o.CommitFor)
+		if err != nil {
+			return best, err
+		}
+		o.logf("commit rate with %d writers: %.0f/s (p50 %.2f ms, p99 %.2f ms)", w, cr.PerSecond, cr.Latency.P50, cr.Latency.P99)
+		sweep = append(sweep, cr)
+		if cr.PerSecond > best.PerSecond {
+			best = cr
+		}
+	}
+	if len(sweep) > 1 {
+		best.Sweep = sweep
+	}
+	return best, nil
+}
+
+// measureCommitRate runs writers goroutines committing single-row INSERT
+// transactions into d's outbox as fast as they can for dur, then empties
+// the outbox.
+func measureCommitRate(ctx context.Context, d *database, writers int, payload, aggregates int, dur time.Duration) (CommitRate, error) {
+	res := CommitRate{Writers: writers}
+	if err := resetOutbox(ctx, d); err != nil {
+		return res, err
+	}
+	var count atomic.Int64
+	var mu sync.Mutex
+	var hist histogram
+	errs := make(chan error, writers)
+	// Warm the connections and the statement cache first.
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			if err := insertEvent(ctx, d, rng, 0xffffffff, w, aggregates, payload); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	start := time.Now()
+	stop := start.Add(dur)
+	for w := range writers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 11))
+			var local histogram
+			for i := 0; time.Now().Before(stop); i++ {
+				t := time.Now()
+				if err := insertEvent(ctx, d, rng, 0xfffffffe, i, aggregates, payload); err != nil {
+					errs <- err
+					return
+				}
+				local.record(time.Since(t))
+				count.Add(1)
+			}
+			mu.Lock()
+			hist.merge(&local)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	el := time.Since(start)
+	close(errs)
+	if err := <-errs; err != nil {
+		return res, err
+	}
+	res.rate = newRate(count.Load(), el)
+	res.Latency = hist.summary()
+	return res, resetOutbox(ctx, d)
+}
+
+// insertEvent commits one single-row transaction (autocommit INSERT).
+func insertEvent(ctx context.Context, d *database, rng *rand.Rand, tag uint32, idx, aggregates, payload int) error {
+	agg := rng.IntN(aggregates)
+	id := benchID(tag, idx, rng)
+	_, err := d.pool.Exec(ctx, insertOne, pgtype.UUID{Bytes: id, Valid: true}, aggType, aggregateID(agg), "step",
+		payloadFor(agg, idx, payload), eventHeaders)
+	return err
+}
+
+func (h *histogram) merge(o *histogram) {
+	if o.n == 0 {
+		return
+	}
+	if h.n == 0 || o.min < h.min {
+		h.min = o.min
+	}
+	h.max = max(h.max, o.max)
+	h.n += o.n
+	h.sum += o.sum
+	for e := range o.counts {
+		for s, c := range o.counts[e] {
+			h.counts[e][s] += c
+		}
+	}
+}
+
+// SteadyResult is one open-loop rate in one capture mode.
+type SteadyResult struct {
+	Mode           string  `json:"mode"`
+	Percent        int     `json:"percent_of_commit_rate"`
+	TargetRate     float64 `json:"target_events_per_second"`
+	Seconds        float64 `json:"seconds"`
+	Scheduled      int     `json:"scheduled"`
+	Committed      int64   `json:"committed"`
+	Received       int64   `json:"received"` // distinct message_ids the consumer got
+	Duplicates     int64   `json:"duplicates"`
+	AchievedRate   float64 `json:"achieved_commit_rate"`    // commits per second while the schedule ran
+	ProducerBehind int64   `json:"producer_backlog_at_end"` // scheduled but not yet committed when the schedule ended
+	// Dropped events were not committed within a grace period after the
+	// schedule's end and were abandoned; Saturated is set when the database
+	// committed less than 95 % of the offered load (the latencies then
+	// measure the database's queue more than the relay).
+	Dropped   int64 `json:"dropped"`
+	Saturated bool  `json:"saturated"`
+	// Latencies from the intended send time (open loop: no coordinated
+	// omission) and from the commit as the writer saw it, to the broker's
+	// acknowledgement (the JetStream stream's store timestamp of the
+	// message) and to the consumer's receipt (a JetStream ordered consumer
+	// in this process).
+	SendToAck     Percentiles `json:"send_to_ack"`
+	SendToReceipt Percentiles `json:"send_to_receipt"`
+	CommitToAck   Percentiles `json:"commit_to_ack"`
+	CommitToRecv  Percentiles `json:"commit_to_receipt"`
+	SendToCommit  Percentiles `json:"send_to_commit"`
+	// Lag is committed minus received events: its mean around the middle
+	// (40–60 % of the run) and at the end (90–100 %), its maximum, and
+	// whether it stayed bounded (end ≤ 1.5 × middle + a quarter second of
+	// events).
+	LagMiddle   float64     `json:"lag_middle"`
+	LagEnd      float64     `json:"lag_end"`
+	LagMax      int64       `json:"lag_max"`
+	Bounded     bool        `json:"lag_bounded"`
+	CatchUpSecs float64     `json:"catch_up_seconds"` // from the end of the schedule until every committed event was received
+	Samples     []lagSample `json:"samples"`
+	RelayCPU    float64     `json:"relay_cpu_seconds"`
+	RelayRSSMB  float64     `json:"relay_rss_mb"`
+	CPU         cpuUse      `json:"machine"`
+}
+
+type lagSample struct {
+	Seconds   float64 `json:"t"`
+	Scheduled int64   `json:"scheduled"`
+	Committed int64   `json:"committed"`
+	Received  int64   `json:"received"`
+}
+
+// schedule is one open-loop run: event i is due at start + i/rate.
+type schedule struct {
+	tag      uint32
+	n        int
+	start    time.Time
+	period   float64 // nanoseconds between events
+	commitAt []atomic.Int64
+	dropped  []atomic.Bool
+	ackAt    []atomic.Int64
+	recvAt   []atomic.Int64
+	sent     atomic.Int64
+	commits  atomic.Int64
+	received atomic.Int64
+	dups     atomic.Int64
+	drops    atomic.Int64
+}
+
+func (s *schedule) due(i int) time.Time {
+	return s.start.Add(time.Duration(float64(i) * s.period))
+}
+
+// receiver is the consumer: it matches each message to its schedule by the
+// tag in its message_id.
+type receiver struct {
+	cur atomic.Pointer[schedule]
+	cc  jetstream.ConsumeContext
+	bad atomic.Int64
+}
+
+func (e *env) startReceiver(ctx context.Context) (*receiver, error) {
+	r := &receiver{}
+	oc, err := e.js.OrderedConsumer(ctx, benchStream, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverNewPolicy})
+	if err != nil {
+		return nil, err
+	}
+	r.cc, err = oc.Consume(r.handle)
+	return r, err
+}
+
+func (r *receiver) handle(m jetstream.Msg) {
+	now := time.Now().UnixNano()
+	s := r.cur.Load()
+	if s == nil {
+		return
+	}
+	tag, idx, ok := parseBenchID(m.Headers().Get("message_id"))
+	if !ok || tag != s.tag || idx < 0 || idx >= s.n {
+		r.bad.Add(1)
+		return
+	}
+	if !s.recvAt[idx].CompareAndSwap(0, now) {
+		s.dups.Add(1)
+		return
+	}
+	if meta, err := m.Metadata(); err == nil {
+		s.ackAt[idx].Store(meta.Timestamp.UnixNano())
+	}
+	s.received.Add(1)
+}
+
+func (r *receiver) stop() { r.cc.Stop() }
+
+// runSchedule offers single-row transactions at rate for dur from writers
+// connections, open loop, and records what the receiver sees.
+func (e *env) runSchedule(ctx context.Context, d *database, r *receiver, relay *relayProc, mode string, pct int, rate float64, dur time.Duration, writers int) (SteadyResult, error) {
+	o := e.opts
+	n := int(rate * dur.Seconds())
+	s := &schedule{tag: rand.Uint32() &^ 0xf0000000, n: n, period: 1e9 / rate,
+		commitAt: make([]atomic.Int64, n), dropped: make([]atomic.Bool, n), ackAt: make([]atomic.Int64, n), recvAt: make([]atomic.Int64, n)}
+	r.cur.Store(s)
+	res := SteadyResult{Mode: mode, Percent: pct, TargetRate: rate, Seconds: dur.Seconds(), Scheduled: n}
+
+	ps0, _ := readProcStats(relay.cmd.Process.Pid)
+	cpu0 := sampleCPU()
+	jobs := make(chan int, n)
+	errs := make(chan error, writers)
+	var wg sync.WaitGroup
+	s.start = time.Now().Add(20 * time.Millisecond)
+	end := s.start.Add(dur)
+	// Writers stop a grace period after the schedule's end: what the
+	// database could not commit by then is dropped (and counted), so that a
+	// saturated database does not stretch the phase without bound.
+	cutoff := end.Add(min(2*time.Second, dur/4))
+	for w := range writers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), uint64(s.tag)))
+			for i := range jobs {
+				if time.Now().After(cutoff) {
+					s.dropped[i].Store(true)
+					s.drops.Add(1)
+					continue
+				}
+				if err := insertEvent(ctx, d, rng, s.tag, i, o.Aggregates, o.Payload); err != nil {
+					errs <- err
+					return
+				}
+				s.commitAt[i].Store(time.Now().UnixNano())
+				s.commits.Add(1)
+			}
+		})
+	}
+	// The dispatcher hands out every event that is due; the writers'
+	// queueing shows up in the latencies because they are measured from the
+	// due time.
+	go func() {
+		defer close(jobs)
+		for i := 0; i < n; {
+			now := time.Now()
+			for ; i < n && !s.due(i).After(now); i++ {
+				jobs <- i
+				s.sent.Add(1)
+			}
+			if i < n {
+				wait := time.Until(s.due(i))
+				if ctx.Err() != nil {
+					return
+				}
+				time.Sleep(max(wait, 0))
+			}
+		}
+	}()
+	tick := time.NewTicker(100 * time.Millisecond)
+	var committedAtEnd int64
+	for now := range tick.C {
+		res.Samples = append(res.Samples, lagSample{Seconds: now.Sub(s.start).Seconds(),
+			Scheduled: s.sent.Load(), Committed: s.commits.Load(), Received: s.received.Load()})
+		if now.After(end) {
+			committedAtEnd = s.commits.Load()
+			break
+		}
+	}
+	tick.Stop()
+	res.ProducerBehind = s.sent.Load() - committedAtEnd
+	res.AchievedRate = float64(committedAtEnd) / time.Since(s.start).Seconds()
+	wg.Wait()
+	schedEnd := time.Now()
+	select {
+	case err := <-errs:
+		return res, err
+	default:
+	}
+	res.Dropped = s.drops.Load()
+	res.Saturated = res.Dropped > 0 || res.AchievedRate < 0.95*rate
+	// Wait for the relay to catch up with what was committed.
+	catchDeadline := time.Now().Add(max(10*time.Second, dur))
+	for s.received.Load() < s.commits.Load() && time.Now().Before(catchDeadline) {
+		if err := relay.exited(); err != nil {
+			return res, err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The last receipt, not the moment this loop noticed it.
+	var last int64
+	for i := range n {
+		last = max(last, s.recvAt[i].Load())
+	}
+	if last > 0 {
+		res.CatchUpSecs = max(0, time.Unix(0, last).Sub(schedEnd).Seconds())
+	}
+	ps1, _ := readProcStats(relay.cmd.Process.Pid)
+	res.RelayCPU = ps1.CPUSeconds - ps0.CPUSeconds
+	res.CPU = cpuBetween(cpu0, sampleCPU(), res.RelayCPU)
+	res.RelayRSSMB = float64(ps1.RSSBytes) / (1 << 20)
+	res.Committed, res.Received, res.Duplicates = s.commits.Load(), s.received.Load(), s.dups.Load()
+
+	var sendAck, sendRecv, commitAck, commitRecv, sendCommit histogram
+	for i := range n {
+		due := s.due(i).UnixNano()
+		c, a, rv := s.commitAt[i].Load(), s.ackAt[i].Load(), s.recvAt[i].Load()
+		if s.dropped[i].Load() {
+			// Never committed: its latency is at least the wait until the
+			// writers gave up, which keeps the percentiles honest lower
+			// bounds instead of hiding the slowest events.
+			wait := time.Duration(cutoff.UnixNano() - due)
+			sendCommit.record(wait)
+			sendAck.record(wait)
+			sendRecv.record(wait)
+			continue
+		}
+		if c > 0 {
+			sendCommit.record(time.Duration(c - due))
+		}
+		if a > 0 {
+			sendAck.record(time.Duration(a - due))
+			if c > 0 {
+				commitAck.record(time.Duration(a - c))
+			}
+		}
+		if rv > 0 {
+			sendRecv.record(time.Duration(rv - due))
+			if c > 0 {
+				commitRecv.record(time.Duration(rv - c))
+			}
+		}
+	}
+	res.SendToAck, res.SendToReceipt = sendAck.summary(), sendRecv.summary()
+	res.CommitToAck, res.CommitToRecv, res.SendToCommit = commitAck.summary(), commitRecv.summary(), sendCommit.summary()
+	res.LagMiddle, res.LagEnd, res.LagMax = lagStats(res.Samples, dur.Seconds())
+	res.Bounded = res.LagEnd <= 1.5*res.LagMiddle+rate/4
+	o.logf("%s %d%% (%.0f/s for %s): committed %d (%.0f/s), received %d, p50/p99/max send→ack %.1f/%.1f/%.1f ms, lag middle %.0f end %.0f, caught up %.2fs after",
+		mode, pct, rate, dur, res.Committed, res.AchievedRate, res.Received, res.SendToAck.P50, res.SendToAck.P99, res.SendToAck.Max,
+		res.LagMiddle, res.LagEnd, res.CatchUpSecs)
+	if res.Dropped > 0 {
+		o.logf("%s %d%%: the database committed %.0f of %.0f offered events/s; %d events not committed %s after the schedule ended were dropped (counted in the latencies at their wait so far)",
+			mode, pct, res.AchievedRate, rate, res.Dropped, cutoff.Sub(end))
+	}
+	if res.Received < res.Committed {
+		return res, fmt.Errorf("%s %d%%: received %d of %d committed events %s after the schedule ended", mode, pct, res.Received, res.Committed, time.Since(schedEnd).Round(time.Second))
+	}
+	return res, nil
+}
+
+// lagStats returns the mean lag over 40–60 % and 90–100 % of a run of secs
+// seconds, and its maximum.
+func lagStats(samples []lagSample, secs float64) (mid, end float64, mx int64) {
+	var ms, es, mn, en float64
+	for _, s := range samples {
+		lag := s.Committed - s.Received
+		mx = max(mx, lag)
+		switch f := s.Seconds / secs; {
+		case f >= 0.4 && f <= 0.6:
+			ms += float64(lag)
+			mn++
+		case f >= 0.9 && f <= 1.0:
+			es += float64(lag)
+			en++
+		}
+	}
+	if mn > 0 {
+		mid = ms / mn
+	}
+	if en > 0 {
+		end = es / en
+	}
+	return mid, end, mx
+}
+
+// steadyPercents are the offered loads, in percent of the commit rate.
+var steadyPercents = []int{25, 50, 100}
+
+// measureSteady runs the open-loop rates against a running relay in d.
+func (e *env) measureSteady(ctx context.Context, d *database, commitRate float64, writers int) ([]SteadyResult, error) {
+	o := e.opts
+	if err := resetOutbox(ctx, d); err != nil {
+		return nil, err
+	}
+	if err := d.exec(ctx, "VACUUM ANALYZE outbox"); err != nil {
+		return nil, err
+	}
+	e.deleteStream(ctx)
+	relay, err := e.startRelay(d, "steady-"+d.mode)
+	if err != nil {
+		return nil, err
+	}
+	defer relay.stop()
+	if err := relay.waitReady(ctx, 30*time.Second); err != nil {
+		return nil, err
+	}
+	r, err := e.startReceiver(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer r.stop()
+	var out []SteadyResult
+	for _, pct := range steadyPercents {
+		res, err := e.runSchedule(ctx, d, r, relay, d.mode, pct, commitRate*float64(pct)/100, o.Steady, writers)
+		out = append(out, res)
+		if err != nil {
+			return out, err
+		}
+	}
+	return out, relay.stop()
+}
