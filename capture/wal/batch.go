@@ -1,0 +1,192 @@
+package wal
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxrelay/relay/capture"
+	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/internal/schema"
+)
+
+// batch is a run of consecutive outbox rows of the stream. It may span
+// transactions and may end inside one.
+type batch struct {
+	src    *Source
+	st     *stream
+	events []*event.Event
+	seqs   []int64 // parallel to events, for the dead-letter table
+	bad    []*badRow
+	// ack is the end LSN of the last transaction whose commit was received
+	// after this batch's first row and before the next batch's, or 0. Once
+	// this batch and every earlier one are archived, the slot may confirm
+	// it. Guarded by st.mu.
+	ack  pglogrepl.LSN
+	done bool // archived; guarded by st.mu
+}
+
+func (b *batch) rows() int { return len(b.events) + len(b.bad) }
+
+// Events returns the batch's events in commit order.
+func (b *batch) Events() []*event.Event { return b.events }
+
+// Complete archives the published rows (per Options.ArchiveMode), writes
+// the dead ones, from the event values, to the dead-letter table and
+// deletes them from the outbox, in one transaction. Rows that are already gone (inserted and deleted in one
+// transaction by the application) are no-ops. Then the batch counts as
+// archived for the slot's confirmed position. When archiving fails, the
+// stream restarts from the confirmed position, so the batch's events are
+// captured again.
+func (b *batch) Complete(ctx context.Context, o capture.Outcome) error {
+	if err := b.archive(ctx, o); err != nil {
+		b.st.fail(fmt.Errorf("archive failed: %w", err))
+		return err
+	}
+	b.st.archived(b)
+	return nil
+}
+
+// Abandon leaves the batch unarchived: the slot's confirmed position stays
+// before it, so its events are streamed again after a restart.
+func (b *batch) Abandon(context.Context) {}
+
+func (b *batch) archive(ctx context.Context, o capture.Outcome) error {
+	published := make([]string, len(o.Published))
+	for i, ev := range o.Published {
+		published[i] = ev.ID
+	}
+	dead := make([]string, 0, len(o.Dead)+len(b.bad))
+	for _, d := range o.Dead {
+		dead = append(dead, d.Event.ID)
+	}
+	for _, r := range b.bad {
+		if r.vals[fID] != nil {
+			dead = append(dead, *r.vals[fID])
+		}
+	}
+	q, pool := b.src.sql, b.src.opts.Pool
+	if len(o.Dead)+len(b.bad) == 0 {
+		if len(published) == 0 {
+			return nil
+		}
+		if _, err := pool.Exec(ctx, q.archive, published); err != nil {
+			return fmt.Errorf("archive %d rows: %w", len(published), err)
+		}
+		return nil
+	}
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		br := &pgx.Batch{}
+		br.Queue(q.deadLetter, b.deadArgs(o.Dead)...)
+		br.Queue(q.dropDead, dead)
+		if len(published) > 0 {
+			br.Queue(q.archive, published)
+		}
+		return tx.SendBatch(ctx, br).Close()
+	})
+	if err != nil {
+		return fmt.Errorf("archive %d rows and dead-letter %d: %w", len(published), len(o.Dead)+len(b.bad), err)
+	}
+	return nil
+}
+
+// deadArgs returns the arguments of the dead-letter insert: the outbox
+// columns as text (cast back to their types in SQL), then the failure.
+func (b *batch) deadArgs(dead []capture.DeadEvent) []any {
+	n := len(dead) + len(b.bad)
+	var cols [numFields][]*string
+	for k := range cols {
+		cols[k] = make([]*string, 0, n)
+	}
+	errs, classes := make([]string, 0, n), make([]string, 0, n)
+	attempts, first, last := make([]int32, 0, n), make([]time.Time, 0, n), make([]time.Time, 0, n)
+	seqOf := b.seqIndex(dead)
+	for _, d := range dead {
+		for k, v := range b.values(d.Event, seqOf[d.Event]) {
+			cols[k] = append(cols[k], v)
+		}
+		errs, classes = append(errs, d.Err), append(classes, d.Class)
+		attempts = append(attempts, int32(d.Attempts))
+		first, last = append(first, time.Unix(0, d.FirstFailed)), append(last, time.Unix(0, d.LastFailed))
+	}
+	now := time.Now()
+	for _, r := range b.bad {
+		for k, v := range r.vals {
+			cols[k] = append(cols[k], v)
+		}
+		errs, classes = append(errs, r.err), append(classes, "permanent")
+		attempts, first, last = append(attempts, 1), append(first, now), append(last, now)
+	}
+	args := make([]any, 0, numFields+5)
+	for _, c := range cols {
+		args = append(args, c)
+	}
+	return append(args, errs, classes, attempts, first, last)
+}
+
+// seqIndex maps the dead events to their seq values.
+func (b *batch) seqIndex(dead []capture.DeadEvent) map[*event.Event]int64 {
+	if len(dead) == 0 {
+		return nil
+	}
+	m := make(map[*event.Event]int64, len(b.events))
+	for i, ev := range b.events {
+		m[ev] = b.seqs[i]
+	}
+	return m
+}
+
+// values renders an event's columns as text, as the dead-letter insert
+// expects them.
+func (b *batch) values(ev *event.Event, seq int64) [numFields]*string {
+	str := func(s string) *string { return &s }
+	var v [numFields]*string
+	v[fID], v[fAggregateType], v[fAggregateID], v[fEventType] = &ev.ID, &ev.AggregateType, &ev.AggregateID, &ev.EventType
+	if ev.ContentType == event.ContentTypeBinary {
+		v[fPayload] = str(`\x` + hex.EncodeToString(ev.Payload))
+	} else {
+		v[fPayload] = str(string(ev.Payload))
+	}
+	if ev.Headers != nil {
+		h, _ := json.Marshal(ev.Headers) // a map of strings always marshals
+		v[fHeaders] = str(string(h))
+	}
+	if !ev.CreatedAt.IsZero() {
+		v[fCreatedAt] = str(ev.CreatedAt.Format(time.RFC3339Nano))
+	}
+	v[fSeq] = str(strconv.FormatInt(seq, 10))
+	return v
+}
+
+// queries are the archive statements, built once with quoted identifiers.
+type queries struct {
+	archive, dropDead, deadLetter string
+}
+
+// buildQueries builds the archive statements for archive mode mode; values
+// are cast to the outbox column types found by schema.Inspect.
+func buildQueries(l schema.Layout, mode string, info schema.Info) queries {
+	idType := info.Types[l.Cols.ID]
+	sel, in, alias := make([]string, numFields), make([]string, numFields), make([]string, numFields)
+	for k, c := range l.Cols.List() {
+		alias[k] = fmt.Sprintf("c%d", k)
+		sel[k] = fmt.Sprintf("d.c%d::%s", k, info.Types[c])
+		in[k] = fmt.Sprintf("$%d::text[]", k+1)
+	}
+	return queries{
+		archive:  l.ArchiveByKey(mode, l.Cols.ID, idType),
+		dropDead: l.ArchiveByKey(schema.ArchiveDelete, l.Cols.ID, idType),
+		deadLetter: fmt.Sprintf(`INSERT INTO %s (%s, error, error_class, attempts, first_failed_at, last_failed_at)
+			SELECT %s, d.error, d.class, d.attempts, d.first_failed, d.last_failed
+			FROM unnest(%s, $9::text[], $10::text[], $11::int[], $12::timestamptz[], $13::timestamptz[])
+			AS d(%s, error, class, attempts, first_failed, last_failed)`,
+			l.DeadLetter.Ident(), l.Cols.Quoted(""), strings.Join(sel, ", "), strings.Join(in, ", "), strings.Join(alias, ", ")),
+	}
+}

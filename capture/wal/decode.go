@@ -1,0 +1,373 @@
+package wal
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/internal/schema"
+)
+
+// The outbox fields, in schema.Columns.List order.
+const (
+	fID = iota
+	fAggregateType
+	fAggregateID
+	fEventType
+	fPayload
+	fHeaders
+	fCreatedAt
+	fSeq
+	numFields
+)
+
+// Type OIDs of the payload types pgoutput may announce.
+const (
+	oidBytea   = 17
+	oidText    = 25
+	oidJSON    = 114
+	oidVarchar = 1043
+	oidJSONB   = 3802
+)
+
+// errProtocol marks a message that does not follow the pgoutput protocol;
+// the stream is restarted.
+var errProtocol = errors.New("malformed pgoutput message")
+
+// relation is what the decoder keeps of a Relation message.
+type relation struct {
+	outbox bool
+	// field maps each column of the relation's tuples to the outbox field
+	// it holds, or -1.
+	field []int8
+	// missing names a mapped column the relation lacks; its rows are bad.
+	missing     string
+	contentType string // from the payload column's type; empty when unsupported
+	payloadType uint32
+}
+
+// kind says what a decoded message produced.
+type kind int
+
+const (
+	kindNone   kind = iota // nothing for the relay (other tables, updates, ...)
+	kindBegin              // a transaction starts
+	kindRow                // an outbox insert: ev or bad is set
+	kindCommit             // a transaction ends at end
+)
+
+// decoded is the result of one message.
+type decoded struct {
+	kind kind
+	ev   *event.Event
+	seq  int64
+	bad  *badRow
+	end  pglogrepl.LSN
+}
+
+// badRow is an outbox insert that cannot become an event; it goes to the
+// dead-letter table with the column values as received.
+type badRow struct {
+	vals [numFields]*string
+	err  string
+}
+
+// decoder turns pgoutput (proto_version 1) messages into events. It keeps
+// the relations announced on the stream and the transaction being received.
+// It is used by one goroutine.
+type decoder struct {
+	table   schema.Table
+	names   []string
+	rels    map[uint32]*relation
+	inTx    bool
+	commit  pglogrepl.LSN // commit LSN of the transaction being received
+	vals    [numFields][]byte
+	scratch []byte
+}
+
+func newDecoder(l schema.Layout) *decoder {
+	return &decoder{table: l.Outbox, names: l.Cols.List(), rels: map[uint32]*relation{}}
+}
+
+// decode decodes one message of an XLogData record. The result does not
+// refer to msg.
+func (d *decoder) decode(msg []byte) (decoded, error) {
+	if len(msg) == 0 {
+		return decoded{}, fmt.Errorf("%w: empty", errProtocol)
+	}
+	body := msg[1:]
+	switch pglogrepl.MessageType(msg[0]) {
+	case pglogrepl.MessageTypeBegin:
+		var m pglogrepl.BeginMessage
+		if err := m.Decode(body); err != nil {
+			return decoded{}, fmt.Errorf("%w: %v", errProtocol, err)
+		}
+		d.inTx, d.commit = true, m.FinalLSN
+		return decoded{kind: kindBegin}, nil
+	case pglogrepl.MessageTypeCommit:
+		var m pglogrepl.CommitMessage
+		if err := m.Decode(body); err != nil {
+			return decoded{}, fmt.Errorf("%w: %v", errProtocol, err)
+		}
+		d.inTx = false
+		return decoded{kind: kindCommit, end: m.TransactionEndLSN}, nil
+	case pglogrepl.MessageTypeRelation:
+		return decoded{}, d.relation(body)
+	case pglogrepl.MessageTypeInsert:
+		return d.insert(body)
+	}
+	return decoded{}, nil // updates, deletes, truncates, types, origins
+}
+
+// relation records a Relation message. Relations can change mid-stream
+// (ALTER TABLE); the latest message for an OID wins.
+func (d *decoder) relation(body []byte) error {
+	var m pglogrepl.RelationMessage
+	if len(body) < 7 {
+		return fmt.Errorf("%w: short relation message", errProtocol)
+	}
+	if err := m.Decode(body); err != nil {
+		return fmt.Errorf("%w: %v", errProtocol, err)
+	}
+	rel := &relation{outbox: m.Namespace == d.table.Schema && m.RelationName == d.table.Name}
+	d.rels[m.RelationID] = rel
+	if !rel.outbox {
+		return nil
+	}
+	rel.field = make([]int8, len(m.Columns))
+	var found [numFields]bool
+	for i, c := range m.Columns {
+		rel.field[i] = -1
+		for k, name := range d.names {
+			if c.Name == name && !found[k] {
+				rel.field[i], found[k] = int8(k), true
+				if k == fPayload {
+					rel.payloadType, rel.contentType = c.DataType, contentType(c.DataType)
+				}
+			}
+		}
+	}
+	for k, ok := range found {
+		if !ok {
+			rel.missing = d.names[k]
+			break
+		}
+	}
+	return nil
+}
+
+func contentType(oid uint32) string {
+	switch oid {
+	case oidJSON, oidJSONB:
+		return event.ContentTypeJSON
+	case oidText, oidVarchar:
+		return event.ContentTypeText
+	case oidBytea:
+		return event.ContentTypeBinary
+	}
+	return ""
+}
+
+// insert decodes an Insert message. Only inserts into the outbox relation
+// produce rows; the tuple is read in place, without a copy per column.
+func (d *decoder) insert(body []byte) (decoded, error) {
+	if len(body) < 7 || body[4] != 'N' {
+		return decoded{}, fmt.Errorf("%w: short insert message", errProtocol)
+	}
+	rel := d.rels[binary.BigEndian.Uint32(body)]
+	if rel == nil {
+		return decoded{}, fmt.Errorf("%w: insert into relation %d before its Relation message", errProtocol, binary.BigEndian.Uint32(body))
+	}
+	if !rel.outbox {
+		return decoded{}, nil
+	}
+	if err := d.readTuple(body[5:], rel); err != nil {
+		return decoded{}, err
+	}
+	ev, seq, err := d.event(rel)
+	if err != nil {
+		return decoded{kind: kindRow, bad: d.badRow(err)}, nil
+	}
+	return decoded{kind: kindRow, ev: ev, seq: seq}, nil
+}
+
+// readTuple points d.vals at the mapped columns of a TupleData; NULL
+// columns are nil.
+func (d *decoder) readTuple(src []byte, rel *relation) error {
+	d.vals = [numFields][]byte{}
+	n := int(binary.BigEndian.Uint16(src))
+	p := 2
+	for i := range n {
+		if p >= len(src) {
+			return fmt.Errorf("%w: truncated tuple", errProtocol)
+		}
+		var v []byte
+		switch src[p] {
+		case pglogrepl.TupleDataTypeNull, pglogrepl.TupleDataTypeToast:
+			p++
+		case pglogrepl.TupleDataTypeText:
+			if p+5 > len(src) {
+				return fmt.Errorf("%w: truncated tuple", errProtocol)
+			}
+			size := int(binary.BigEndian.Uint32(src[p+1:]))
+			p += 5
+			if size < 0 || p+size > len(src) {
+				return fmt.Errorf("%w: truncated tuple", errProtocol)
+			}
+			v = src[p : p+size : p+size]
+			p += size
+		default:
+			return fmt.Errorf("%w: tuple column kind %q", errProtocol, src[p])
+		}
+		if i < len(rel.field) && rel.field[i] >= 0 {
+			d.vals[rel.field[i]] = v
+		}
+	}
+	return nil
+}
+
+// event builds an event from d.vals. The four text fields, the id and the
+// created_at text share one string allocation.
+func (d *decoder) event(rel *relation) (*event.Event, int64, error) {
+	if rel.missing != "" {
+		return nil, 0, fmt.Errorf("column %q is not in the replicated outbox table", rel.missing)
+	}
+	if rel.contentType == "" {
+		return nil, 0, fmt.Errorf("payload type %d is not supported (use jsonb, json, text or bytea)", rel.payloadType)
+	}
+	v := &d.vals
+	for _, k := range []int{fID, fAggregateType, fAggregateID, fEventType, fPayload, fSeq} {
+		if v[k] == nil {
+			return nil, 0, fmt.Errorf("%s is NULL", d.names[k])
+		}
+	}
+	id, err := uuid.ParseBytes(v[fID])
+	if err != nil {
+		return nil, 0, fmt.Errorf("id %q is not a UUID", v[fID])
+	}
+	seq, err := parseInt(v[fSeq])
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s %q is not an integer", d.names[fSeq], v[fSeq])
+	}
+	payload, err := d.payload(rel, v[fPayload])
+	if err != nil {
+		return nil, 0, err
+	}
+	ev := &event.Event{Payload: payload, ContentType: rel.contentType, Position: uint64(d.commit)}
+	if v[fHeaders] != nil {
+		if err := json.Unmarshal(v[fHeaders], &ev.Headers); err != nil {
+			return nil, 0, fmt.Errorf("headers must be a JSON object of strings: %v", err)
+		}
+	}
+	sc := appendUUID(d.scratch[:0], id)
+	for _, k := range []int{fAggregateType, fAggregateID, fEventType, fCreatedAt} {
+		sc = append(sc, v[k]...)
+	}
+	d.scratch = sc
+	s := string(sc)
+	i := 36
+	cut := func(k int) string {
+		t := s[i : i+len(v[k])]
+		i += len(v[k])
+		return t
+	}
+	ev.ID = s[:36]
+	ev.AggregateType, ev.AggregateID, ev.EventType = cut(fAggregateType), cut(fAggregateID), cut(fEventType)
+	if v[fCreatedAt] != nil {
+		if ev.CreatedAt, err = parseTimestamp(cut(fCreatedAt)); err != nil {
+			return nil, 0, err
+		}
+	}
+	return ev, seq, nil
+}
+
+// payload copies the payload out of the message; bytea arrives as \x hex
+// text and is decoded to its bytes.
+func (d *decoder) payload(rel *relation, v []byte) ([]byte, error) {
+	if rel.payloadType != oidBytea {
+		return append(make([]byte, 0, len(v)), v...), nil
+	}
+	if len(v) < 2 || v[0] != '\\' || v[1] != 'x' {
+		return nil, fmt.Errorf("bytea payload is not in hex format (bytea_output)")
+	}
+	out := make([]byte, hex.DecodedLen(len(v)-2))
+	if _, err := hex.Decode(out, v[2:]); err != nil {
+		return nil, fmt.Errorf("bytea payload: %v", err)
+	}
+	return out, nil
+}
+
+// badRow keeps the values of a row that cannot become an event.
+func (d *decoder) badRow(err error) *badRow {
+	b := &badRow{err: "bad row: " + err.Error()}
+	for k, v := range d.vals {
+		if v != nil {
+			s := string(v)
+			b.vals[k] = &s
+		}
+	}
+	return b
+}
+
+// appendUUID appends the canonical text form of u.
+func appendUUID(dst []byte, u uuid.UUID) []byte {
+	var b [36]byte
+	hex.Encode(b[0:8], u[0:4])
+	hex.Encode(b[9:13], u[4:6])
+	hex.Encode(b[14:18], u[6:8])
+	hex.Encode(b[19:23], u[8:10])
+	hex.Encode(b[24:], u[10:])
+	b[8], b[13], b[18], b[23] = '-', '-', '-', '-'
+	return append(dst, b[:]...)
+}
+
+// parseInt parses a decimal int64 without allocating.
+func parseInt(b []byte) (int64, error) {
+	neg := len(b) > 0 && b[0] == '-'
+	if neg {
+		b = b[1:]
+	}
+	if len(b) == 0 || len(b) > 19 {
+		return 0, errors.New("not an integer")
+	}
+	var n int64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, errors.New("not an integer")
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if n < 0 {
+		return 0, errors.New("out of range")
+	}
+	if neg {
+		n = -n
+	}
+	return n, nil
+}
+
+// timestampLayouts are the ISO forms of timestamptz (the replication
+// connection sets DateStyle ISO and TimeZone UTC) and of timestamp, which
+// is taken as UTC.
+var timestampLayouts = []string{
+	"2006-01-02 15:04:05.999999999-07",
+	"2006-01-02 15:04:05.999999999-07:00",
+	"2006-01-02 15:04:05.999999999-07:00:00",
+	"2006-01-02 15:04:05.999999999",
+}
+
+func parseTimestamp(s string) (time.Time, error) {
+	for _, layout := range timestampLayouts {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("created_at %q is not an ISO timestamp", s)
+}

@@ -1,0 +1,124 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxrelay/relay/internal/schema"
+)
+
+// SetupSQL returns the statements Setup runs, for `relay init --dry-run`:
+// the drain table, the publication (only when missing) and the slot with
+// its pending drain (only when the slot is missing).
+func SetupSQL(l schema.Layout, slot, publication string) []string {
+	stmts := []string{
+		l.CreateDrainTable(),
+		"-- when publication " + publication + " is missing:\n" + l.CreatePublication(publication),
+	}
+	for i, stmt := range l.CreateSlot(slot) {
+		if i == 0 {
+			stmt = "-- when replication slot " + slot + " is missing:\n" + stmt
+		}
+		stmts = append(stmts, stmt)
+	}
+	return stmts
+}
+
+// Setup creates what wal capture needs besides the outbox and dead-letter
+// tables when it is missing: the drain table, the publication and the
+// replication slot, with a pending drain so that the first `relay run`
+// publishes the rows written before the slot. `relay init` calls it;
+// `relay run` does the same by itself. A publication that exists without
+// covering the outbox table is a permanent error naming both. Setup is
+// idempotent.
+func Setup(ctx context.Context, pool *pgxpool.Pool, l schema.Layout, slot, publication string) error {
+	if !slotName.MatchString(slot) {
+		return fmt.Errorf("replication slot name %q must match %s", slot, slotName)
+	}
+	if err := checkServer(ctx, pool); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, l.CreateDrainTable()); err != nil {
+		return fmt.Errorf("create drain table %s: %w", l.DrainTable(), err)
+	}
+	if err := ensurePublication(ctx, pool, l, publication); err != nil {
+		return err
+	}
+	info, err := inspectSlot(ctx, pool, slot)
+	if err != nil || info.exists {
+		return err
+	}
+	return createSlot(ctx, pool, l, slot)
+}
+
+// Finding is the outcome of one check of Check: Err is nil when it passed,
+// and Fix says how to repair it otherwise.
+type Finding struct {
+	What string
+	Err  error
+	Fix  string
+}
+
+// Check reports what wal capture needs from the database, for `relay
+// check`: wal_level, the replication privilege, a replication connection,
+// the publication and the slot (with its lag). It changes nothing.
+func Check(ctx context.Context, pool *pgxpool.Pool, l schema.Layout, slot, publication string) []Finding {
+	var level string
+	var canReplicate bool
+	err := pool.QueryRow(ctx, `SELECT current_setting('wal_level'), rolreplication OR rolsuper
+		FROM pg_roles WHERE rolname = current_user`).Scan(&level, &canReplicate)
+	if err == nil && level != "logical" {
+		err = fmt.Errorf("wal_level is %s", level)
+	}
+	out := []Finding{{What: "wal_level = logical", Err: err,
+		Fix: "ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL"}}
+	if err == nil && !canReplicate {
+		err = errors.New("the role may not use replication")
+	}
+	out = append(out, Finding{What: "replication privilege", Err: err, Fix: "ALTER ROLE <relay user> REPLICATION"})
+	out = append(out, Finding{What: "replication connection", Err: checkReplConn(ctx, pool),
+		Fix: "allow the relay's user to connect to this database in pg_hba.conf, and raise max_wal_senders if all are busy"})
+	err = checkPublication(ctx, pool, l, publication)
+	fix := "ALTER PUBLICATION " + schema.Q(publication) + " ADD TABLE " + l.Outbox.Ident() + ", or set capture.wal.publication to a new name"
+	if errors.Is(err, errNoPublication) {
+		fix = "run `relay init` (or `relay run`, which creates it)"
+	}
+	out = append(out, Finding{What: "publication " + publication, Err: err, Fix: fix})
+	return append(out, checkSlot(ctx, pool, slot))
+}
+
+func checkReplConn(ctx context.Context, pool *pgxpool.Pool) error {
+	conn, err := pgconn.ConnectConfig(ctx, replConfig(Options{Pool: pool}))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = pglogrepl.IdentifySystem(ctx, conn)
+	return err
+}
+
+func checkSlot(ctx context.Context, pool *pgxpool.Pool, slot string) Finding {
+	f := Finding{What: "replication slot " + slot, Fix: "run `relay init` (or `relay run`, which creates it)"}
+	info, err := inspectSlot(ctx, pool, slot)
+	switch {
+	case err != nil:
+		f.Err, f.Fix = err, "set capture.wal.slot to another name"
+	case !info.exists:
+		f.Err = errors.New("missing")
+	case info.lost:
+		f.Err = errors.New("lost: the WAL it needs was removed (max_slot_wal_keep_size)")
+		f.Fix = "`relay run` recreates it and publishes the outbox backlog first; consider raising max_slot_wal_keep_size"
+	default:
+		var h health
+		if err := h.refresh(ctx, pool, slot); err == nil {
+			lag, status, _ := h.get()
+			f.What += fmt.Sprintf(" (wal_status %s, %d bytes behind)", status, lag)
+		}
+	}
+	return f
+}

@@ -1,0 +1,224 @@
+package wal
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxrelay/relay/internal/schema"
+	"github.com/outboxrelay/relay/sink"
+)
+
+// SQLSTATEs the source acts on.
+const (
+	codeDuplicateObject = "42710"
+	codeUndefinedObject = "42704"
+	codeObjectInUse     = "55006"
+	codeInsufficientPrv = "42501"
+)
+
+func hasCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}
+
+// permanentIfDenied marks a missing privilege or a refused login
+// (SQLSTATE class 28) as an error that retrying does not fix.
+func permanentIfDenied(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == codeInsufficientPrv || strings.HasPrefix(pgErr.Code, "28")) {
+		return sink.AsPermanent(err)
+	}
+	return err
+}
+
+// slotInfo is what pg_replication_slots says about the slot.
+type slotInfo struct {
+	exists    bool
+	lost      bool // invalidated: the WAL it needs is gone
+	confirmed pglogrepl.LSN
+}
+
+// inspectSlot reads the slot's state. A slot of the name that is not a
+// pgoutput slot of this database is a permanent error.
+func inspectSlot(ctx context.Context, q schema.Querier, slot string) (slotInfo, error) {
+	var ours, lost bool
+	var confirmed *string
+	err := q.QueryRow(ctx, `SELECT slot_type = 'logical' AND plugin = 'pgoutput' AND database = current_database(),
+		  coalesce(wal_status = 'lost', false) OR coalesce((to_jsonb(s)->>'conflicting')::bool, false)
+		    OR to_jsonb(s)->>'invalidation_reason' IS NOT NULL,
+		  confirmed_flush_lsn::text
+		FROM pg_replication_slots s WHERE slot_name = $1`, slot).Scan(&ours, &lost, &confirmed)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return slotInfo{}, nil
+	}
+	if err != nil {
+		return slotInfo{}, fmt.Errorf("inspect replication slot %s: %w", slot, err)
+	}
+	if !ours {
+		return slotInfo{}, sink.AsPermanent(fmt.Errorf("replication slot %s exists but is not a pgoutput slot of this database; set capture.wal.slot to another name", slot))
+	}
+	info := slotInfo{exists: true, lost: lost}
+	if confirmed != nil {
+		if info.confirmed, err = pglogrepl.ParseLSN(*confirmed); err != nil {
+			return slotInfo{}, fmt.Errorf("replication slot %s: %w", slot, err)
+		}
+	}
+	return info, nil
+}
+
+// createSlot creates the slot with a pending drain of the rows committed
+// before it (see schema.Layout.CreateSlot). A slot created concurrently by
+// another process is fine: its drain is recorded too.
+func createSlot(ctx context.Context, q schema.Querier, l schema.Layout, slot string) error {
+	for i, stmt := range l.CreateSlot(slot) {
+		_, err := q.Exec(ctx, stmt)
+		if i == 1 && hasCode(err, codeDuplicateObject) {
+			err = nil
+		}
+		if err != nil {
+			return permanentIfDenied(fmt.Errorf("create replication slot %s: %w", slot, err))
+		}
+	}
+	return nil
+}
+
+// dropSlot drops a lost slot; it fails while a connection still uses it.
+func dropSlot(ctx context.Context, q schema.Querier, slot string) error {
+	_, err := q.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
+	if err != nil && !hasCode(err, codeUndefinedObject) {
+		return permanentIfDenied(fmt.Errorf("drop lost replication slot %s: %w", slot, err))
+	}
+	return nil
+}
+
+// pendingDrain returns the bound of the slot's pending drain, reading it
+// first when it was not set yet; ok is false when no drain is pending.
+func pendingDrain(ctx context.Context, q schema.Querier, l schema.Layout, slot string) (to int64, ok bool, err error) {
+	var bound *int64
+	err = q.QueryRow(ctx, fmt.Sprintf(`SELECT drain_to FROM %s WHERE slot = $1`, l.DrainTable().Ident()), slot).Scan(&bound)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err == nil && bound == nil {
+		err = q.QueryRow(ctx, l.FillDrain(slot)).Scan(&to)
+		bound = &to
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("read pending drain of slot %s: %w", slot, err)
+	}
+	return *bound, true, nil
+}
+
+// finishDrain removes the slot's pending drain with bound to.
+func finishDrain(ctx context.Context, q schema.Querier, l schema.Layout, slot string, to int64) error {
+	_, err := q.Exec(ctx, fmt.Sprintf(`DELETE FROM %s WHERE slot = $1 AND drain_to = $2`, l.DrainTable().Ident()), slot, to)
+	if err != nil {
+		return fmt.Errorf("finish drain of slot %s: %w", slot, err)
+	}
+	return nil
+}
+
+// ensurePublication creates the publication when it is missing and checks
+// that it publishes every insert into the outbox with every mapped column.
+// A publication that does not is a permanent error naming both.
+func ensurePublication(ctx context.Context, q schema.Querier, l schema.Layout, pub string) error {
+	err := checkPublication(ctx, q, l, pub)
+	if !errors.Is(err, errNoPublication) {
+		return err
+	}
+	if _, err := q.Exec(ctx, l.CreatePublication(pub)); err != nil && !hasCode(err, codeDuplicateObject) {
+		return permanentIfDenied(fmt.Errorf("create publication %s: %w", pub, err))
+	}
+	return checkPublication(ctx, q, l, pub)
+}
+
+var errNoPublication = errors.New("publication does not exist")
+
+// checkPublication returns errNoPublication when pub is missing, and a
+// permanent error when it does not cover the outbox's inserts.
+func checkPublication(ctx context.Context, q schema.Querier, l schema.Layout, pub string) error {
+	var inserts bool
+	err := q.QueryRow(ctx, `SELECT pubinsert FROM pg_publication WHERE pubname = $1`, pub).Scan(&inserts)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: %s", errNoPublication, pub)
+	}
+	if err != nil {
+		return fmt.Errorf("inspect publication %s: %w", pub, err)
+	}
+	var table []byte
+	err = q.QueryRow(ctx, `SELECT to_jsonb(t) FROM pg_publication_tables t
+		WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`, pub, l.Outbox.Schema, l.Outbox.Name).Scan(&table)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return sink.AsPermanent(fmt.Errorf("publication %s exists but does not cover outbox table %s: run ALTER PUBLICATION %s ADD TABLE %s, or set capture.wal.publication to a new name",
+			pub, l.Outbox, schema.Q(pub), l.Outbox.Ident()))
+	}
+	if err != nil {
+		return fmt.Errorf("inspect publication %s: %w", pub, err)
+	}
+	if !inserts {
+		return sink.AsPermanent(fmt.Errorf("publication %s does not publish inserts into outbox table %s; set capture.wal.publication to a new name", pub, l.Outbox))
+	}
+	return checkPublishedColumns(table, l, pub)
+}
+
+// checkPublishedColumns rejects a row filter or a column list that hides
+// outbox rows or mapped columns (PostgreSQL 15 and later).
+func checkPublishedColumns(table []byte, l schema.Layout, pub string) error {
+	var t struct {
+		RowFilter *string  `json:"rowfilter"`
+		AttNames  []string `json:"attnames"`
+	}
+	if err := json.Unmarshal(table, &t); err != nil {
+		return fmt.Errorf("inspect publication %s: %w", pub, err)
+	}
+	if t.RowFilter != nil {
+		return sink.AsPermanent(fmt.Errorf("publication %s filters the rows of outbox table %s (WHERE %s); events would be lost: set capture.wal.publication to a new name",
+			pub, l.Outbox, *t.RowFilter))
+	}
+	for _, c := range l.Cols.List() {
+		if t.AttNames != nil && !slices.Contains(t.AttNames, c) {
+			return sink.AsPermanent(fmt.Errorf("publication %s does not publish column %s of outbox table %s; set capture.wal.publication to a new name",
+				pub, c, l.Outbox))
+		}
+	}
+	return nil
+}
+
+// health is the slot's last observed state; safe for concurrent use.
+type health struct {
+	mu       sync.Mutex
+	lag      int64
+	status   string
+	safeSize int64
+}
+
+func (h *health) get() (int64, string, int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lag, h.status, h.safeSize
+}
+
+// refresh reads the slot's lag behind the server's WAL, wal_status and
+// safe_wal_size. A missing slot reads as lag -1 and status "missing".
+func (h *health) refresh(ctx context.Context, q schema.Querier, slot string) error {
+	lag, status, safeSize := int64(-1), "missing", int64(-1)
+	err := q.QueryRow(ctx, `SELECT coalesce((pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, -1),
+		  coalesce(wal_status, ''), coalesce(safe_wal_size, -1)
+		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&lag, &status, &safeSize)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("read replication slot %s health: %w", slot, err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.lag, h.status, h.safeSize = lag, status, safeSize
+	return nil
+}

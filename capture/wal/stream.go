@@ -1,0 +1,324 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/outboxrelay/relay/capture"
+	"github.com/outboxrelay/relay/event"
+)
+
+// stream is one replication connection, from START_REPLICATION until it
+// breaks or the source closes. Its goroutine (run) owns the connection and
+// the decoder: it receives messages, fills the open batch and sends standby
+// status updates. Next takes batches from it; batches are archived from
+// other goroutines. Fields below mu are shared and guarded by it.
+type stream struct {
+	src   *Source
+	conn  *pgconn.PgConn
+	dec   *decoder
+	every time.Duration // between standby status updates
+	log   *slog.Logger
+
+	ready chan struct{} // signalled when the open batch can be taken
+	taken chan struct{} // signalled when a full open batch was taken
+	done  chan struct{} // closed when run returned; err is set then
+	err   error
+	stop  context.CancelCauseFunc // ends run, e.g. after a failed archive
+
+	mu       sync.Mutex
+	open     *batch // being filled by run
+	atCommit bool   // the open batch's last row's transaction has committed
+	inflight []*batch
+	flushed  pglogrepl.LSN // the position confirmed to the server
+}
+
+func newStream(src *Source, conn *pgconn.PgConn, start pglogrepl.LSN, every time.Duration) *stream {
+	st := &stream{src: src, conn: conn, dec: newDecoder(src.opts.Layout), every: every, log: src.log,
+		ready: make(chan struct{}, 1), taken: make(chan struct{}, 1), done: make(chan struct{}), flushed: start}
+	st.open = st.newBatch()
+	return st
+}
+
+func (st *stream) newBatch() *batch {
+	n := st.src.opts.BatchSize
+	return &batch{src: st.src, st: st, events: make([]*event.Event, 0, n), seqs: make([]int64, 0, n)}
+}
+
+// next returns the next batch of the stream, waiting for one. It fails
+// when the stream ended.
+func (st *stream) next(ctx context.Context) (capture.Batch, error) {
+	for {
+		if b := st.take(); b != nil {
+			return b, nil
+		}
+		select {
+		case <-st.ready:
+		case <-st.done:
+			return nil, st.err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// take hands out the open batch when it is full or ends at a commit.
+func (st *stream) take() *batch {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	b := st.open
+	full := b.rows() >= st.src.opts.BatchSize
+	if b.rows() == 0 || !(full || st.atCommit) {
+		return nil
+	}
+	st.inflight = append(st.inflight, b)
+	st.open, st.atCommit = st.newBatch(), false
+	if full {
+		signal(st.taken)
+	}
+	return b
+}
+
+// archived marks b archived and moves the confirmed position to the ack of
+// the longest archived prefix of the handed-out batches.
+func (st *stream) archived(b *batch) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	b.done = true
+	i := 0
+	for ; i < len(st.inflight) && st.inflight[i].done; i++ {
+		st.flushed = max(st.flushed, st.inflight[i].ack)
+	}
+	clear(st.inflight[:i])
+	st.inflight = st.inflight[i:]
+}
+
+// fail ends the stream; Next then reconnects from the confirmed position.
+func (st *stream) fail(err error) { st.stop(err) }
+
+// add appends a decoded row to the open batch and reports whether it is
+// full.
+func (st *stream) add(d decoded) bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	b := st.open
+	if d.ev != nil {
+		b.events = append(b.events, d.ev)
+		b.seqs = append(b.seqs, d.seq)
+	} else {
+		b.bad = append(b.bad, d.bad)
+	}
+	st.atCommit = false
+	full := b.rows() >= st.src.opts.BatchSize
+	if full {
+		signal(st.ready)
+	}
+	return full
+}
+
+// commit records the end of a transaction: the open batch, or when it is
+// empty the last handed-out batch, may confirm it once archived; with
+// nothing in flight it is confirmed at once.
+func (st *stream) commit(end pglogrepl.LSN) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	switch {
+	case st.open.rows() > 0:
+		st.open.ack, st.atCommit = end, true
+		signal(st.ready)
+	case len(st.inflight) > 0:
+		st.inflight[len(st.inflight)-1].ack = end
+	default:
+		st.flushed = max(st.flushed, end)
+	}
+}
+
+// idle confirms the server's WAL end when no row is in flight and no
+// transaction is half received, so an idle outbox does not hold WAL back.
+func (st *stream) idle(walEnd pglogrepl.LSN) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.open.rows() == 0 && len(st.inflight) == 0 {
+		st.flushed = max(st.flushed, walEnd)
+	}
+}
+
+func (st *stream) full() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.open.rows() >= st.src.opts.BatchSize
+}
+
+func (st *stream) position() pglogrepl.LSN {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.flushed
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// run owns the connection until ctx ends or the stream fails. On the way
+// out it sends a last status update, closes the connection and sets err.
+func (st *stream) run(ctx context.Context) {
+	err := st.loop(ctx)
+	if cause := context.Cause(ctx); cause != nil {
+		err = cause
+	}
+	if st.sendStatus() == nil {
+		st.log.Debug("replication stream stopped", "lsn", st.position().String())
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	st.conn.Close(cctx)
+	cancel()
+	st.err = fmt.Errorf("replication stream ended: %w", err)
+	close(st.done)
+}
+
+// loop receives messages, waiting at most until the next status update is
+// due. While the open batch is full it does not read, so the server stops
+// sending, but it keeps sending status updates on time.
+func (st *stream) loop(ctx context.Context) error {
+	due := time.Now().Add(st.every)
+	for {
+		if st.full() {
+			if err := st.waitTaken(ctx, &due); err != nil {
+				return err
+			}
+			continue
+		}
+		reply, err := st.receive(ctx, due)
+		if err != nil {
+			return err
+		}
+		if reply || !time.Now().Before(due) {
+			if err := st.sendStatus(); err != nil {
+				return err
+			}
+			due = time.Now().Add(st.every)
+		}
+	}
+}
+
+// receive handles the next message, or returns when due passes. It reports
+// whether the server asked for a reply.
+func (st *stream) receive(ctx context.Context, due time.Time) (bool, error) {
+	rctx, cancel := context.WithDeadline(ctx, due)
+	defer cancel()
+	msg, err := st.conn.ReceiveMessage(rctx)
+	switch {
+	case ctx.Err() != nil:
+		return false, ctx.Err()
+	case err != nil && rctx.Err() != nil:
+		return false, nil // a status update is due
+	case err != nil:
+		return false, fmt.Errorf("receive: %w", err)
+	}
+	switch m := msg.(type) {
+	case *pgproto3.CopyData:
+		return st.handle(m.Data)
+	case *pgproto3.ErrorResponse:
+		return false, pgconn.ErrorResponseToPgError(m)
+	case *pgproto3.CopyDone:
+		return false, errors.New("the server ended the replication stream")
+	}
+	return false, nil
+}
+
+// handle processes one CopyData message of the replication protocol.
+func (st *stream) handle(data []byte) (bool, error) {
+	if len(data) == 0 {
+		return false, fmt.Errorf("%w: empty CopyData", errProtocol)
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		k, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return false, fmt.Errorf("%w: %v", errProtocol, err)
+		}
+		if !st.dec.inTx {
+			st.idle(k.ServerWALEnd)
+		}
+		return k.ReplyRequested, nil
+	case pglogrepl.XLogDataByteID:
+		x, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return false, fmt.Errorf("%w: %v", errProtocol, err)
+		}
+		d, err := st.dec.decode(x.WALData)
+		if err != nil {
+			return false, err
+		}
+		switch d.kind {
+		case kindRow:
+			st.add(d)
+		case kindCommit:
+			st.commit(d.end)
+		}
+	}
+	return false, nil
+}
+
+// waitTaken waits until Next takes the full open batch, sending status
+// updates when due.
+func (st *stream) waitTaken(ctx context.Context, due *time.Time) error {
+	t := time.NewTimer(time.Until(*due))
+	defer t.Stop()
+	for st.full() {
+		select {
+		case <-st.taken:
+		case <-t.C:
+			if err := st.sendStatus(); err != nil {
+				return err
+			}
+			*due = time.Now().Add(st.every)
+			t.Reset(st.every)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// sendStatus reports the confirmed position as written, flushed and
+// applied.
+func (st *stream) sendStatus() error {
+	pos := st.position()
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), st.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: pos, WALFlushPosition: pos, WALApplyPosition: pos})
+	if err != nil {
+		return fmt.Errorf("send standby status: %w", err)
+	}
+	return nil
+}
+
+// statusEvery returns the interval between status updates: want, but at
+// most a third of the connection's wal_sender_timeout so the server never
+// times the connection out.
+func statusEvery(ctx context.Context, conn *pgconn.PgConn, want time.Duration) (time.Duration, error) {
+	res, err := conn.Exec(ctx, `SELECT setting FROM pg_settings WHERE name = 'wal_sender_timeout'`).ReadAll()
+	if err != nil {
+		return 0, fmt.Errorf("read wal_sender_timeout: %w", err)
+	}
+	if len(res) != 1 || len(res[0].Rows) != 1 {
+		return want, nil
+	}
+	ms, err := strconv.Atoi(string(res[0].Rows[0][0]))
+	if err != nil || ms <= 0 {
+		return want, nil
+	}
+	return max(min(want, time.Duration(ms)*time.Millisecond/3), 10*time.Millisecond), nil
+}

@@ -1,0 +1,275 @@
+package wal_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outboxrelay/relay/capture"
+	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/internal/schema"
+)
+
+// TestPayloadTypesHeadersAndRemap streams each payload type from a
+// schema-qualified outbox with odd names and remapped columns.
+func TestPayloadTypesHeadersAndRemap(t *testing.T) {
+	for _, tc := range []struct{ typ, value, want, ct, headers string }{
+		{"jsonb", `{"a": 1}`, `{"a": 1}`, event.ContentTypeJSON, `{"trace": "x"}`},
+		{"json", `{"a":1,  "b":2}`, `{"a":1,  "b":2}`, event.ContentTypeJSON, ""},
+		{"text", "héllo\nwörld", "héllo\nwörld", event.ContentTypeText, `{"trace": "x"}`},
+		{"bytea", `\x00ff105c78`, "\x00\xff\x10\\x", event.ContentTypeBinary, ""},
+	} {
+		t.Run(tc.typ, func(t *testing.T) {
+			l := layout
+			l.Outbox = schema.Table{Schema: "app data", Name: `Out "Box`}
+			l.Cols.AggregateID = "Order Id"
+			l.Cols.Payload = "body"
+			l.DeadLetter = schema.Table{Schema: "app data", Name: "dead"}
+			pool := setup(t, l)
+			mustExec(t, pool, fmt.Sprintf(`ALTER TABLE %s ALTER COLUMN body TYPE %s USING body::text::%s, ADD COLUMN extra int`,
+				l.Outbox.Ident(), tc.typ, tc.typ))
+			src := newStreaming(t, options(t, pool, l, 10))
+			id := uuid.NewString()
+			var headers *string
+			if tc.headers != "" {
+				headers = &tc.headers
+			}
+			created := time.Date(2024, 2, 29, 23, 59, 58, 123456000, time.FixedZone("x", 5*3600+1800))
+			mustExec(t, pool, fmt.Sprintf(`INSERT INTO %s (id, aggregate_type, "Order Id", event_type, body, headers, created_at, extra)
+				VALUES ($1, 't', 'o-1', 'e', $2, $3, $4, 7)`, l.Outbox.Ident()), id, tc.value, headers, created)
+			b := next(t, src, 10*time.Second)
+			if b == nil || len(b.Events()) != 1 {
+				t.Fatalf("batch %v", b)
+			}
+			ev := b.Events()[0]
+			if ev.ID != id || string(ev.Payload) != tc.want || ev.ContentType != tc.ct || ev.AggregateID != "o-1" ||
+				ev.AggregateType != "t" || ev.EventType != "e" || !ev.CreatedAt.Equal(created) || ev.Position == 0 {
+				t.Fatalf("got %+v payload %q", ev, ev.Payload)
+			}
+			if (tc.headers == "") != (ev.Headers == nil) || (tc.headers != "" && ev.Headers["trace"] != "x") {
+				t.Fatalf("headers %v, want %q", ev.Headers, tc.headers)
+			}
+			complete(t, b)
+			if n := count(t, pool, l.Outbox.Ident()); n != 0 {
+				t.Fatalf("%d rows left after archiving", n)
+			}
+		})
+	}
+}
+
+// TestRelationChangesMidStream alters the outbox between inserts: the
+// columns move, and both rows decode.
+func TestRelationChangesMidStream(t *testing.T) {
+	pool := setup(t, layout)
+	src := newStreaming(t, options(t, pool, layout, 10))
+	first := insert(t, pool, "a", 1)
+	b1 := next(t, src, 10*time.Second)
+	mustExec(t, pool, `ALTER TABLE outbox DROP COLUMN headers, ADD COLUMN note text, ADD COLUMN headers jsonb`)
+	second := insert(t, pool, "a", 2)
+	b2 := next(t, src, 10*time.Second)
+	got := events([]capture.Batch{b1, b2})
+	if fmt.Sprint(ids(got)) != fmt.Sprint([]string{first, second}) {
+		t.Fatalf("got %v, want [%s %s]", ids(got), first, second)
+	}
+	for _, ev := range got {
+		if ev.Headers["trace"] != "t" || ev.AggregateID != "a" {
+			t.Fatalf("bad event after relation change: %+v", ev)
+		}
+	}
+}
+
+// TestOnlyInsertsCount shows updates and deletes are ignored, and a row
+// inserted and deleted in one transaction is still published; its archive
+// is a no-op.
+func TestOnlyInsertsCount(t *testing.T) {
+	pool := setup(t, layout)
+	src := newStreaming(t, options(t, pool, layout, 10))
+	ctx := context.Background()
+	a := insert(t, pool, "a", 1)
+	mustExec(t, pool, `UPDATE outbox SET event_type = 'changed' WHERE id = $1`, a)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := insert(t, tx, "a", 2)
+	mustExec(t, tx, `DELETE FROM outbox WHERE id = $1`, b)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, pool, `DELETE FROM outbox WHERE id = $1`, a)
+	c := insert(t, pool, "a", 3)
+	bs := collect(t, src, 3, 10*time.Second)
+	got := events(bs)
+	if fmt.Sprint(ids(got)) != fmt.Sprint([]string{a, b, c}) || got[0].EventType != "step" {
+		t.Fatalf("got %v, want [%s %s %s] as inserted", ids(got), a, b, c)
+	}
+	for _, b := range bs {
+		complete(t, b)
+	}
+	if n := count(t, pool, "outbox"); n != 0 {
+		t.Fatalf("%d rows left", n)
+	}
+}
+
+// TestCommitOrder shows events come in commit order across concurrent
+// transactions, not in insert or seq order.
+func TestCommitOrder(t *testing.T) {
+	pool := setup(t, layout)
+	src := newStreaming(t, options(t, pool, layout, 100))
+	ctx := context.Background()
+	tx1, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx1.Rollback(ctx)
+	tx2, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx2.Rollback(ctx)
+	x1 := insert(t, tx1, "x", 1)
+	y1 := insert(t, tx2, "y", 1)
+	x2 := insert(t, tx1, "x", 2)
+	y2 := insert(t, tx2, "y", 2)
+	if err := tx2.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	z := insert(t, pool, "z", 1)
+	if err := tx1.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := events(collect(t, src, 5, 10*time.Second))
+	want := []string{y1, y2, z, x1, x2}
+	if fmt.Sprint(ids(got)) != fmt.Sprint(want) {
+		t.Fatalf("got %v, want commit order %v", ids(got), want)
+	}
+	if !(got[0].Position == got[1].Position && got[1].Position < got[2].Position && got[2].Position < got[3].Position) {
+		t.Fatalf("positions are not the commit LSNs: %d %d %d %d", got[0].Position, got[1].Position, got[2].Position, got[3].Position)
+	}
+}
+
+// TestConfirmedNeverPassesUnarchived completes batches out of order and
+// checks the slot's confirmed position stays before the oldest unarchived
+// event, then moves past all once it is archived.
+func TestConfirmedNeverPassesUnarchived(t *testing.T) {
+	pool := setup(t, layout)
+	o := options(t, pool, layout, 2)
+	src := newStreaming(t, o)
+	var want []string
+	for i := range 6 { // one transaction each; batches of 2
+		want = append(want, insert(t, pool, "a", i))
+	}
+	bs := collect(t, src, 6, 10*time.Second)
+	if got := ids(events(bs)); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	start := confirmed(t, pool, o.Slot)
+	for _, b := range slices.Backward(bs[1:]) {
+		complete(t, b)
+	}
+	first := pglogrepl.LSN(bs[0].Events()[0].Position)
+	time.Sleep(5 * o.StatusInterval)
+	if c := confirmed(t, pool, o.Slot); c > first {
+		t.Fatalf("confirmed %s passed the unarchived event at %s (start %s)", c, first, start)
+	}
+	complete(t, bs[0])
+	last := pglogrepl.LSN(bs[len(bs)-1].Events()[0].Position)
+	waitFor(t, 5*time.Second, "the slot to confirm past every archived event", func() bool {
+		return confirmed(t, pool, o.Slot) > last
+	})
+}
+
+// TestRestartRedeliversUnconfirmedTail stops a source with some batches
+// unarchived: a new one streams exactly those again, with the same ids.
+func TestRestartRedeliversUnconfirmedTail(t *testing.T) {
+	pool := setup(t, layout)
+	o := options(t, pool, layout, 2)
+	src := newStreaming(t, o)
+	var want []string
+	for i := range 10 {
+		want = append(want, insert(t, pool, "a", i))
+	}
+	bs := collect(t, src, 10, 10*time.Second)
+	complete(t, bs[0])
+	complete(t, bs[1])
+	complete(t, bs[3]) // archived, but after an unarchived batch
+	tail := want[len(bs[0].Events())+len(bs[1].Events()):]
+	src.Close()
+	o.Logger = testLog(t)
+	again := newSource(t, o)
+	got := ids(events(collect(t, again, len(tail), 10*time.Second)))
+	if fmt.Sprint(got) != fmt.Sprint(tail) {
+		t.Fatalf("redelivered %v, want the unconfirmed tail %v", got, tail)
+	}
+	if b := next(t, again, 500*time.Millisecond); b != nil {
+		t.Fatalf("more redelivered: %v", ids(b.Events()))
+	}
+}
+
+// TestStatusKeepsConnectionWhileWindowFull holds a full batch unread for
+// longer than wal_sender_timeout: status updates keep the connection.
+func TestStatusKeepsConnectionWhileWindowFull(t *testing.T) {
+	pool := setup(t, layout)
+	o := options(t, pool, layout, 10)
+	o.StatusInterval = time.Minute // lowered to a third of wal_sender_timeout
+	o.ReplConfig = &pool.Config().ConnConfig.Config
+	o.ReplConfig.RuntimeParams["wal_sender_timeout"] = "1500ms"
+	src := newStreaming(t, o)
+	var want []string
+	for i := range 50 {
+		want = append(want, insert(t, pool, "a", i))
+	}
+	got := ids(events(collect(t, src, 10, 10*time.Second)))
+	pid := activePID(t, pool, o.Slot)
+	time.Sleep(4 * time.Second) // the pipeline's window is full: Next is not called
+	got = append(got, ids(events(collect(t, src, 40, 10*time.Second)))...)
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	if p := activePID(t, pool, o.Slot); p != pid {
+		t.Fatalf("walsender changed from %d to %d: the connection was timed out", pid, p)
+	}
+}
+
+func activePID(t testing.TB, q schema.Querier, slot string) int {
+	t.Helper()
+	var pid *int
+	if err := q.QueryRow(context.Background(), `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if pid == nil {
+		t.Fatal("slot not active")
+	}
+	return *pid
+}
+
+// TestIdleOutboxBusyDatabaseAdvancesSlot writes only to another table: the
+// slot still confirms the server's WAL end, so it retains little WAL.
+func TestIdleOutboxBusyDatabaseAdvancesSlot(t *testing.T) {
+	pool := setup(t, layout)
+	mustExec(t, pool, `CREATE TABLE other (x int)`)
+	o := options(t, pool, layout, 10)
+	src := newStreaming(t, o)
+	ctx := context.Background()
+	start := confirmed(t, pool, o.Slot)
+	for range 200 {
+		mustExec(t, pool, `INSERT INTO other SELECT generate_series(1, 100)`)
+	}
+	var end pglogrepl.LSN
+	if err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&end); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, fmt.Sprintf("the slot to advance from %s to the WAL end %s", start, end), func() bool {
+		return confirmed(t, pool, o.Slot) >= end
+	})
+	lag, status, _ := src.SlotHealth()
+	waitFor(t, 5*time.Second, "slot health", func() bool {
+		lag, status, _ = src.SlotHealth()
+		return status == "reserved" && lag >= 0 && lag < 1<<20
+	})
+}

@@ -1,0 +1,432 @@
+// Package wal captures outbox rows by logical replication: it streams the
+// outbox table's inserts from a pgoutput replication slot, in commit order,
+// and archives them after the pipeline settled them.
+//
+// # Leadership
+//
+// One relay per outbox table streams; the others stand by. The leader holds
+// a session advisory lock on a dedicated connection, which it checks every
+// second; standby relays try to take it every second. Only the leader
+// creates, drops and streams the slot, so a standby takes over within a few
+// seconds of the leader's death.
+//
+// # Streaming and acknowledgement
+//
+// One goroutine owns the replication connection. It decodes Relation,
+// Begin, Insert and Commit messages (updates, deletes and the rest are
+// ignored) into an open batch of at most BatchSize rows, which Next hands
+// out when it is full or ends at a commit. A batch may span transactions
+// and may end inside one. For each batch the source keeps the end LSN of
+// the last transaction committed within it. Batches are archived in any
+// order; the position confirmed to the server (write = flush = apply) is
+// the ack of the longest archived prefix of the handed-out batches, so the
+// slot never passes an event that was not archived. While nothing is in
+// flight and no transaction is half received, the server's WAL end from
+// its keepalives is confirmed, so an idle outbox on a busy database holds
+// no WAL back. Status updates go out every StatusInterval (at most a third
+// of wal_sender_timeout) and whenever the server asks, also while the
+// pipeline's window is full and the stream is not read.
+//
+// # Memory
+//
+// The open batch is the only buffer between the socket and the pipeline:
+// while it is full the connection is not read, and the server stops
+// sending. Memory is bounded by the pipeline's window plus one batch,
+// whatever the size of a transaction.
+//
+// # Slot loss and rows older than the slot
+//
+// The outbox table is the durable backlog: rows leave it only once
+// published. When the slot is missing (first run, dropped, failover) or
+// lost (wal_status lost), the leader records a pending drain in the drain
+// table (schema.Layout.DrainTable), creates the slot, and sets the drain's
+// bound H to the seq sequence's last value read right after. Before
+// streaming from a slot with a pending drain, the rows with seq ≤ H are
+// published through the poll path (capture/poll with MaxSeq H), whose
+// watermark waits for writers still open; the drain ends once a claim finds
+// nothing and every drained batch settled, and then the stream starts from
+// the slot's creation point. Every row committed before the slot's
+// consistent point has seq ≤ H and is drained; every transaction that
+// commits after it is streamed. The few rows of transactions that were open
+// across the slot's creation are in both and delivered twice: skipping
+// stream rows with seq ≤ H would lose the rows such a transaction inserted
+// and deleted itself. The pending drain is stored, not kept in memory, so a
+// crash during the drain resumes it, and a slot created by `relay init`
+// drains the rows written before it on the first run.
+//
+// # Reconnecting
+//
+// A broken replication connection, a Postgres restart or a failed archive
+// ends the stream; Next returns a retryable error and the next call resumes
+// from the slot's confirmed position. Events after it are streamed again
+// with the same ids, after their first copies in the pipeline's
+// per-aggregate queues.
+package wal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxrelay/relay/capture"
+	"github.com/outboxrelay/relay/internal/schema"
+	"github.com/outboxrelay/relay/sink"
+)
+
+// Options configures a Source. Zero values take the defaults given.
+type Options struct {
+	// Pool serves archiving, slot management, health checks and the drain.
+	// During a drain each open drained batch holds a connection, so size it
+	// like poll capture's pool: above the pipeline's window in batches. The
+	// lock connection is opened separately with the pool's config.
+	Pool *pgxpool.Pool
+	// ReplConfig configures the replication connection. Default: the
+	// pool's connection config. A copy is used, with replication=database,
+	// DateStyle ISO, TimeZone UTC and bytea_output hex set.
+	ReplConfig *pgconn.Config
+	// Layout names the outbox, dead-letter and drain tables.
+	Layout schema.Layout
+	// Slot is the logical replication slot (pgoutput), created when
+	// missing. Required; lowercase letters, digits and _, at most 63.
+	Slot string
+	// Publication is the publication of the outbox's inserts, created when
+	// missing. Required.
+	Publication string
+	// ArchiveMode is what happens to published rows: schema.ArchiveDelete,
+	// ArchiveMark or ArchiveMove. Default delete.
+	ArchiveMode string
+	// BatchSize is the most rows in one batch. Default 500.
+	BatchSize int
+	// StatusInterval is the longest time between standby status updates,
+	// and between slot health checks. It is lowered to a third of the
+	// connection's wal_sender_timeout. Default 10s.
+	StatusInterval time.Duration
+	// Logger receives the source's logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+
+func (o *Options) setDefaults() error {
+	if !slotName.MatchString(o.Slot) {
+		return fmt.Errorf("replication slot name %q must match %s", o.Slot, slotName)
+	}
+	if o.Publication == "" {
+		return errors.New("publication name is empty")
+	}
+	if o.ArchiveMode == "" {
+		o.ArchiveMode = schema.ArchiveDelete
+	}
+	if o.BatchSize <= 0 {
+		o.BatchSize = 500
+	}
+	if o.StatusInterval <= 0 {
+		o.StatusInterval = 10 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Source is a wal-mode capture.Source. Next must be called from one
+// goroutine; batches may be completed from others; SlotHealth is safe for
+// concurrent use.
+type Source struct {
+	opts   Options
+	log    *slog.Logger
+	sql    queries
+	repl   *pgconn.Config
+	lead   *leadership
+	health health
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+
+	// Used by Next only: at most one of them is set.
+	st    *stream
+	drain *drain
+
+	drainedMu sync.Mutex
+	unsettled map[*drained]bool // drained batches not completed or abandoned
+}
+
+// New checks the database (wal_level, the replication privilege, the
+// outbox table), creates the dead-letter and drain tables, the publication
+// and the archive table of archive mode move when they are missing, and starts competing for leadership.
+// Problems that retrying cannot fix, such as a missing outbox table or a
+// publication that does not cover it, are permanent errors naming what is
+// wrong. The slot is created by the leader, in Next.
+func New(ctx context.Context, opts Options) (*Source, error) {
+	if err := opts.setDefaults(); err != nil {
+		return nil, sink.AsPermanent(err)
+	}
+	info, err := schema.Inspect(ctx, opts.Pool, opts.Layout)
+	if err != nil {
+		if errors.Is(err, schema.ErrNoOutbox) {
+			err = sink.AsPermanent(err)
+		}
+		return nil, err
+	}
+	if info.SeqSequence == "" {
+		return nil, sink.AsPermanent(fmt.Errorf("outbox table %s: column %s has no sequence (declare it GENERATED ALWAYS AS IDENTITY)",
+			opts.Layout.Outbox, opts.Layout.Cols.Seq))
+	}
+	if err := checkServer(ctx, opts.Pool); err != nil {
+		return nil, err
+	}
+	if err := prepare(ctx, opts.Pool, opts.Layout, info, opts.Publication); err != nil {
+		return nil, err
+	}
+	if err := schema.EnsureArchive(ctx, opts.Pool, opts.Layout, opts.ArchiveMode, info); err != nil {
+		return nil, err
+	}
+	s := &Source{opts: opts, log: opts.Logger, sql: buildQueries(opts.Layout, opts.ArchiveMode, info), repl: replConfig(opts),
+		unsettled: map[*drained]bool{},
+		lead:      newLeadership(opts.Pool.Config().ConnConfig.Copy(), opts.Layout.Outbox.String(), opts.Logger)}
+	s.health.lag = -1
+	bg, stop := context.WithCancel(context.Background())
+	s.stop = stop
+	s.wg.Go(func() { s.lead.run(bg) })
+	s.wg.Go(func() { s.watchHealth(bg) })
+	return s, nil
+}
+
+// checkServer fails permanently when wal_level is not logical or the role
+// may not replicate.
+func checkServer(ctx context.Context, q schema.Querier) error {
+	var level, role string
+	var canReplicate bool
+	err := q.QueryRow(ctx, `SELECT current_setting('wal_level'), current_user, rolreplication OR rolsuper
+		FROM pg_roles WHERE rolname = current_user`).Scan(&level, &role, &canReplicate)
+	if err != nil {
+		return fmt.Errorf("check wal_level: %w", err)
+	}
+	if level != "logical" {
+		return sink.AsPermanent(fmt.Errorf("wal_level is %s; wal capture needs logical: ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL", level))
+	}
+	if !canReplicate {
+		return sink.AsPermanent(fmt.Errorf("role %s may not use replication: ALTER ROLE %s REPLICATION", role, schema.Q(role)))
+	}
+	return nil
+}
+
+// prepare creates the dead-letter and drain tables and the publication
+// when they are missing.
+func prepare(ctx context.Context, q schema.Querier, l schema.Layout, info schema.Info, pub string) error {
+	if err := schema.EnsureDeadLetter(ctx, q, l, info); err != nil {
+		return err
+	}
+	if _, err := q.Exec(ctx, l.CreateDrainTable()); err != nil {
+		return permanentIfDenied(fmt.Errorf("create drain table %s: %w", l.DrainTable(), err))
+	}
+	return ensurePublication(ctx, q, l, pub)
+}
+
+// replConfig returns the replication connection's config.
+func replConfig(opts Options) *pgconn.Config {
+	c := opts.ReplConfig
+	if c == nil {
+		c = &opts.Pool.Config().ConnConfig.Config
+	}
+	c = c.Copy()
+	if c.RuntimeParams == nil {
+		c.RuntimeParams = map[string]string{}
+	}
+	c.RuntimeParams["replication"] = "database"
+	c.RuntimeParams["DateStyle"] = "ISO"
+	c.RuntimeParams["TimeZone"] = "UTC"
+	c.RuntimeParams["bytea_output"] = "hex"
+	// A cancel request would end the replication: a context deadline only
+	// interrupts the read.
+	c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
+	}
+	return c
+}
+
+// Next returns the next batch: drained rows while a drain is pending, then
+// the stream's. It waits while another relay leads. After the stream ended
+// it returns a retryable error; the next call reconnects.
+func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
+	for {
+		term, err := s.lead.wait(ctx)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case s.drain != nil:
+			b, err := s.drainNext(ctx, term)
+			if b != nil || err != nil {
+				return b, err
+			}
+		case s.st != nil:
+			b, err := s.st.next(ctx)
+			if err != nil && ctx.Err() == nil {
+				s.st = nil
+			}
+			return b, err
+		default:
+			if err := s.start(ctx, term); err != nil {
+				return nil, err
+			}
+		}
+	}
+}
+
+// start prepares the slot, recreating it when it is missing or lost, and
+// then begins the pending drain or the stream.
+func (s *Source) start(ctx, term context.Context) error {
+	pool, l, name := s.opts.Pool, s.opts.Layout, s.opts.Slot
+	slot, err := inspectSlot(ctx, pool, name)
+	if err != nil {
+		return err
+	}
+	if slot.lost {
+		s.log.Warn("replication slot lost: the WAL it needs was removed; recreating it and publishing the outbox backlog through the poll path",
+			"slot", name)
+		if err := dropSlot(ctx, pool, name); err != nil {
+			return err
+		}
+	}
+	if !slot.exists || slot.lost {
+		if err := ensurePublication(ctx, pool, l, s.opts.Publication); err != nil {
+			return err
+		}
+		if err := createSlot(ctx, pool, l, name); err != nil {
+			return err
+		}
+		s.log.Info("replication slot created", "slot", name, "recreated", slot.lost)
+		if slot, err = inspectSlot(ctx, pool, name); err != nil {
+			return err
+		}
+	}
+	to, pending, err := pendingDrain(ctx, pool, l, name)
+	if err != nil {
+		return err
+	}
+	if pending && to <= 0 { // the sequence was never used: nothing to drain
+		if err := finishDrain(ctx, pool, l, name, to); err != nil {
+			return err
+		}
+		pending = false
+	}
+	if pending {
+		if s.drain, err = s.newDrain(ctx, to); err != nil {
+			return err
+		}
+		s.log.Info("publishing outbox rows committed before the slot existed through the poll path, then streaming",
+			"slot", name, "drain_to_seq", to)
+		return nil
+	}
+	s.st, err = s.openStream(ctx, term, slot.confirmed)
+	return err
+}
+
+// drainNext returns the drain's next batch; when the drain is over it
+// removes the pending drain and returns nil.
+func (s *Source) drainNext(ctx, term context.Context) (capture.Batch, error) {
+	d := s.drain
+	b, err := d.next(ctx, term)
+	if err != nil {
+		s.endDrain()
+		return nil, err
+	}
+	if b != nil {
+		return b, nil
+	}
+	if err := finishDrain(ctx, s.opts.Pool, s.opts.Layout, s.opts.Slot, d.to); err != nil {
+		return nil, err
+	}
+	s.log.Info("outbox backlog published; streaming", "slot", s.opts.Slot, "events", d.events,
+		"took", time.Since(d.began).Round(time.Millisecond))
+	s.endDrain()
+	return nil, nil
+}
+
+func (s *Source) endDrain() {
+	s.drain.src.Close()
+	s.drain = nil
+}
+
+// openStream connects for replication and starts streaming from the slot
+// at start.
+func (s *Source) openStream(ctx, term context.Context, start pglogrepl.LSN) (*stream, error) {
+	conn, err := pgconn.ConnectConfig(ctx, s.repl)
+	if err != nil {
+		return nil, permanentIfDenied(fmt.Errorf("open replication connection: %w", err))
+	}
+	every, err := statusEvery(ctx, conn, s.opts.StatusInterval)
+	if err == nil {
+		err = pglogrepl.StartReplication(ctx, conn, s.opts.Slot, start, pglogrepl.StartReplicationOptions{
+			PluginArgs: []string{"proto_version '1'", "publication_names " + quoteLiteral(schema.Q(s.opts.Publication))}})
+	}
+	if err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		if hasCode(err, codeObjectInUse) {
+			return nil, fmt.Errorf("replication slot %s is still used by another connection (a previous leader's?): %w", s.opts.Slot, err)
+		}
+		return nil, permanentIfDenied(fmt.Errorf("start replication from slot %s: %w", s.opts.Slot, err))
+	}
+	st := newStream(s, conn, start, every)
+	sctx, stop := context.WithCancelCause(term)
+	st.stop = stop
+	s.wg.Go(func() {
+		defer stop(nil)
+		st.run(sctx)
+	})
+	s.log.Info("streaming from replication slot", "slot", s.opts.Slot, "lsn", start.String(), "status_interval", every)
+	return st, nil
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// SlotHealth returns the slot's last observed lag behind the server's
+// current WAL position in bytes, its wal_status and its safe_wal_size (-1
+// when unlimited). They are refreshed every StatusInterval; before the
+// first check the lag is -1 and the status empty, and while the slot does
+// not exist they are -1 and "missing". It is safe for concurrent use.
+func (s *Source) SlotHealth() (lagBytes int64, walStatus string, safeWALSize int64) {
+	return s.health.get()
+}
+
+func (s *Source) watchHealth(ctx context.Context) {
+	for {
+		if err := s.health.refresh(ctx, s.opts.Pool, s.opts.Slot); err != nil && ctx.Err() == nil {
+			s.log.Debug("slot health check failed", "err", err)
+		}
+		if sleep(ctx, s.opts.StatusInterval) != nil {
+			return
+		}
+	}
+}
+
+// Close stops streaming, confirms what was archived, releases leadership
+// and the connections. Batches not completed are abandoned: they are
+// captured again after a restart.
+func (s *Source) Close() error {
+	s.stop()
+	s.wg.Wait()
+	s.drainedMu.Lock()
+	open := slices.Collect(maps.Keys(s.unsettled))
+	s.drainedMu.Unlock()
+	for _, b := range open {
+		b.Abandon(context.Background())
+	}
+	if s.drain != nil {
+		s.endDrain()
+	}
+	s.st = nil
+	return nil
+}

@@ -1,0 +1,51 @@
+package schema
+
+import "fmt"
+
+// DrainTable is where wal capture records, per replication slot, that the
+// outbox rows committed before the slot existed must be published through
+// the poll path before streaming from it (see capture/wal). It sits next to
+// the outbox: <outbox>_relay_drain.
+func (l Layout) DrainTable() Table {
+	return Table{Schema: l.Outbox.Schema, Name: truncate(l.Outbox.Name + "_relay_drain")}
+}
+
+// CreateDrainTable returns the statement creating the drain table when it
+// is missing. A row means: before streaming from slot, drain the outbox
+// rows with seq ≤ drain_to (NULL: not read yet).
+func (l Layout) CreateDrainTable() string {
+	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+  slot text PRIMARY KEY,
+  drain_to bigint,
+  since timestamptz NOT NULL DEFAULT now()
+)`, l.DrainTable().Ident())
+}
+
+// CreatePublication returns the statement creating publication pub for
+// the inserts into the outbox table.
+func (l Layout) CreatePublication(pub string) string {
+	return fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')`, Q(pub), l.Outbox.Ident())
+}
+
+// CreateSlot returns the statements creating logical replication slot slot
+// (plugin pgoutput), in order: record a pending drain, create the slot,
+// then set the drain's bound to the seq sequence's last value (FillDrain).
+// The pending drain is recorded first so that a crash between the steps
+// never leaves a slot whose older rows nobody drains.
+func (l Layout) CreateSlot(slot string) []string {
+	return []string{
+		fmt.Sprintf(`INSERT INTO %s (slot) VALUES (%s) ON CONFLICT (slot) DO UPDATE SET drain_to = NULL, since = now()`,
+			l.DrainTable().Ident(), quoteLiteral(slot)),
+		fmt.Sprintf(`SELECT pg_create_logical_replication_slot(%s, 'pgoutput')`, quoteLiteral(slot)),
+		l.FillDrain(slot),
+	}
+}
+
+// FillDrain returns the statement that sets the bound of slot's pending
+// drain, when not set yet, to the last value of the seq column's sequence,
+// returning it.
+func (l Layout) FillDrain(slot string) string {
+	return fmt.Sprintf(`UPDATE %s SET drain_to = coalesce(pg_sequence_last_value(pg_get_serial_sequence(%s, %s)::regclass), 0)
+  WHERE slot = %s AND drain_to IS NULL RETURNING drain_to`,
+		l.DrainTable().Ident(), quoteLiteral(l.Outbox.Ident()), quoteLiteral(l.Cols.Seq), quoteLiteral(slot))
+}
