@@ -30,6 +30,7 @@ type Results struct {
 	Baselines        map[string]BaselineResult `json:"baselines,omitempty"` // pgoutput, delete
 	Drains           []DrainResult             `json:"drains,omitempty"`
 	Profile          *DrainResult              `json:"profile_drain,omitempty"`
+	Scaling          []ScalePoint              `json:"scaling,omitempty"`
 	Steady           []SteadyResult            `json:"steady,omitempty"`
 	Targets          []Target                  `json:"targets,omitempty"`
 	Error            string                    `json:"error,omitempty"`
@@ -47,6 +48,9 @@ type settings struct {
 	Postgres      map[string]string `json:"postgres_settings"`
 	NATS          string            `json:"nats"`
 	Relay         string            `json:"relay"`
+	PollNotify    bool              `json:"poll_notify_trigger"`
+	PollInterval  string            `json:"poll_interval"`
+	BatchSize     int               `json:"poll_batch_size"`
 }
 
 // Run measures what opts ask for. It returns the results gathered so far
@@ -57,9 +61,10 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 		Unavailable: map[string]string{}, Baselines: map[string]BaselineResult{},
 		Settings: settings{Events: opts.Events, Aggregates: opts.Aggregates, PayloadBytes: opts.Payload,
 			Modes: opts.Modes, Phases: opts.Phases, Relays: opts.Relays, SteadySeconds: opts.Steady.Seconds(), Writers: opts.Writers,
-			Postgres: pgSettings,
-			NATS:     "embedded nats-server in the bench process, JetStream file storage in a temporary directory (stream created by the relay: file storage, 2 min duplicate window)",
-			Relay:    "`relay run --config` child process: poll batch_size 500, interval 200ms, archive delete, log level warn"}}
+			Postgres:   pgSettings,
+			NATS:       "embedded nats-server in the bench process, JetStream file storage in a temporary directory (stream created by the relay: file storage, 2 min duplicate window)",
+			Relay:      "`relay run --config` child process: archive delete, log level warn, other settings default (poll batch_size 500, interval 200ms)",
+			PollNotify: opts.PollNotify, PollInterval: opts.PollInterval.String(), BatchSize: opts.BatchSize}}
 	if opts.Background > 0 {
 		c0 := sampleCPU()
 		time.Sleep(opts.Background)
@@ -124,7 +129,7 @@ func run1(ctx context.Context, opts Options, res *Results) error {
 		}
 		res.CommitRate = &cr
 		opts.logf("single-row commit rate: %.0f/s with %d writers (p50 %.2f ms, p99 %.2f ms)", cr.PerSecond, cr.Writers, cr.Latency.P50, cr.Latency.P99)
-		if p := dbs["poll"]; p != nil {
+		if p := dbs["poll"]; p != nil && opts.PollNotify {
 			n, err := measureCommitRate(ctx, p, cr.Writers, opts.Payload, opts.Aggregates, opts.CommitFor)
 			if err != nil {
 				return fmt.Errorf("commit rate: %w", err)
@@ -144,11 +149,11 @@ func run1(ctx context.Context, opts Options, res *Results) error {
 			d := dbs[mode]
 			var before func(context.Context) error
 			if !rawDone {
-				pub, create := "relay_bench", false
-				if mode != "wal" {
-					pub, create = "bench_raw", true
-				}
-				if err := createRawSlot(ctx, d, pub, create); err != nil {
+				// A publication of its own, equal to the relay's (inserts on
+				// the outbox), so that the baseline does not depend on how
+				// the relay creates its own.
+				pub := "bench_raw"
+				if err := createRawSlot(ctx, d, pub, true); err != nil {
 					return err
 				}
 				rawDone = true
@@ -161,7 +166,19 @@ func run1(ctx context.Context, opts Options, res *Results) error {
 				}
 			}
 			opts.logf("%s drain: inserting %d events over %d aggregates with the relay stopped", mode, opts.Events, opts.Aggregates)
+			note := ""
+			if mode == "wal" {
+				var slot bool
+				if err := d.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = 'relay_bench')`).Scan(&slot); err != nil {
+					return err
+				}
+				if !slot {
+					note = "`relay init` did not create the slot: the backlog predates it and may have been drained through the poll path"
+					opts.logf("wal: %s", note)
+				}
+			}
 			dr, err := e.measureDrain(ctx, d, opts.Relays, nil, before)
+			dr.Note = note
 			res.Drains = append(res.Drains, dr)
 			if err != nil {
 				return fmt.Errorf("%s drain: %w", mode, err)
@@ -224,6 +241,14 @@ func run1(ctx context.Context, opts Options, res *Results) error {
 		res.Profile = &dr
 		if err != nil {
 			return fmt.Errorf("profile drain: %w", err)
+		}
+	}
+
+	if opts.has("scaling") {
+		sc, err := e.measureScaling(ctx, modes)
+		res.Scaling = append(res.Scaling, sc...)
+		if err != nil {
+			return err
 		}
 	}
 

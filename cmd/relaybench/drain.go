@@ -163,7 +163,7 @@ func (e *env) measureDrain(ctx context.Context, d *database, relays int, start r
 			o.logf("%s: drain timed out after %s with %d of %d archived", d.mode, now.Sub(began).Round(time.Second), archived, want)
 			break
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 	}
 	res.Drain = newRate(archived, done.Sub(began))
 	res.Published = published

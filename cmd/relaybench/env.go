@@ -188,6 +188,9 @@ type database struct {
 	dir     string
 	natsURL string
 	pool    *pgxpool.Pool
+
+	pollInterval time.Duration
+	batchSize    int
 }
 
 // configCopy writes a relay config for d to <dir>/<tag>.yaml with a free
@@ -208,10 +211,20 @@ func (d *database) configCopy(tag string) (string, int, error) {
     brokers: [%q]
     topic: %q`, strings.Join(d.brokers, `", "`), benchSubject)
 	}
+	poll := ""
+	if d.pollInterval > 0 {
+		poll += fmt.Sprintf("\n    interval: %s", d.pollInterval)
+	}
+	if d.batchSize > 0 {
+		poll += fmt.Sprintf("\n    batch_size: %d", d.batchSize)
+	}
+	if poll != "" {
+		poll = "\n  poll:" + poll
+	}
 	cfg := fmt.Sprintf(`postgres:
   url: %q
 capture:
-  mode: %s
+  mode: %s%s
   wal:
     slot: relay_bench
     publication: relay_bench
@@ -222,7 +235,7 @@ http:
 log:
   level: warn
 shutdown_timeout: 10s
-`, d.dsn, d.mode, snk, port)
+`, d.dsn, d.mode, poll, snk, port)
 	path := filepath.Join(d.dir, tag+".yaml")
 	return path, port, os.WriteFile(path, []byte(cfg), 0o600)
 }
@@ -240,7 +253,8 @@ func (e *env) newSinkDatabase(ctx context.Context, name, mode, snk string) (*dat
 	if err != nil {
 		return nil, err
 	}
-	d := &database{name: name, dsn: dsn, mode: mode, sink: snk, dir: e.dir, natsURL: e.nats.URL()}
+	d := &database{name: name, dsn: dsn, mode: mode, sink: snk, dir: e.dir, natsURL: e.nats.URL(),
+		pollInterval: e.opts.PollInterval, batchSize: e.opts.BatchSize}
 	if snk == "kafka" {
 		if err := e.startKafka(); err != nil {
 			return nil, err
@@ -292,6 +306,9 @@ func (e *env) initRelay(ctx context.Context, d *database) error {
 	out, err := e.relayCmd(ctx, "init", "--config", d.cfgPath)
 	if err != nil && strings.Contains(out, "not implemented") {
 		return fmt.Errorf("%w: %s", errNotAvailable, firstLine(out))
+	}
+	if err == nil && d.mode == "poll" && !e.opts.PollNotify {
+		err = d.exec(ctx, `DROP TRIGGER IF EXISTS outbox_relay_notify ON outbox`)
 	}
 	return err
 }
@@ -413,7 +430,8 @@ func (e *env) startProc(tag string, port int, bin string, args ...string) (*rela
 		return nil, err
 	}
 	p := &relayProc{logPath: logPath, port: port, done: make(chan struct{}),
-		http: &http.Client{Timeout: 2 * time.Second}}
+		// Uncompressed: a gzip writer per scrape would be measured as relay CPU.
+		http: &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableCompression: true}}}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
 	p.started = time.Now()
@@ -605,13 +623,13 @@ func sampleCPU() cpuSample {
 		if err != nil || pid == self {
 			continue
 		}
-		comm, ppid, ticks, err := procTimes(pid)
+		comm, ppid, own, children, err := procTimes(pid)
 		switch {
 		case err != nil, ppid == self: // the relay and pg_recvlogical are counted apart
 		case comm == "postgres":
-			s.postgres += ticks
+			s.postgres += own + children // the postmaster's children are its backends
 		default:
-			s.others[pid] = procTicks{comm, ticks}
+			s.others[pid] = procTicks{comm, own}
 		}
 	}
 	u, st, cu, cs, _ := statTimes("self")
@@ -621,26 +639,26 @@ func sampleCPU() cpuSample {
 
 type procTicks struct {
 	comm  string
-	ticks int64 // utime+stime+cutime+cstime
+	ticks int64 // utime+stime: a parent's reaped children are not its own
 }
 
-// procTimes returns the command name, parent pid and CPU ticks (with
-// reaped children) of pid.
-func procTimes(pid int) (string, int, int64, error) {
+// procTimes returns the command name, parent pid and CPU ticks of pid, its
+// own and its reaped children's.
+func procTimes(pid int) (comm string, ppid int, own, children int64, err error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return "", 0, 0, err
+		return "", 0, 0, 0, err
 	}
 	i, j := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
 	if i < 0 || j < i {
-		return "", 0, 0, errors.New("malformed stat")
+		return "", 0, 0, 0, errors.New("malformed stat")
 	}
 	f := strings.Fields(string(b[j+1:]))
 	if len(f) < 15 {
-		return "", 0, 0, errors.New("short stat")
+		return "", 0, 0, 0, errors.New("short stat")
 	}
 	p := func(s string) int64 { n, _ := strconv.ParseInt(s, 10, 64); return n }
-	return string(b[i+1 : j]), int(p(f[1])), p(f[11]) + p(f[12]) + p(f[13]) + p(f[14]), nil
+	return string(b[i+1 : j]), int(p(f[1])), p(f[11]) + p(f[12]), p(f[13]) + p(f[14]), nil
 }
 
 // topOthers returns the CPU seconds of the busiest other commands between

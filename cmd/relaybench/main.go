@@ -36,23 +36,30 @@ import (
 
 // Options are the bench's settings, from the command line.
 type Options struct {
-	Events     int           // backlog size of each drain
-	Aggregates int           // distinct aggregate_ids
-	Payload    int           // payload size in bytes
-	Out        string        // JSON results file; empty: none
-	Modes      []string      // capture modes: poll, wal
-	Sinks      []string      // sinks of the drains: nats, kafka (kfake)
-	Phases     []string      // drain, baselines, steady
-	Steady     time.Duration // length of each steady-state rate
-	CommitFor  time.Duration // length of the commit-rate measurement
-	Writers    int           // concurrent single-row writers (commit rate and steady state); 0: the best of writerSweep
-	Quick      bool
-	Background time.Duration // how long to sample the machine's load before starting
-	Relays     int           // relays draining at once (poll mode shares the work)
-	ProfileDir string        // when set: an extra in-process poll drain with CPU and allocation profiles written here
-	RelayBin   string        // a prebuilt relay binary; empty: go build ./cmd/relay
-	Log        io.Writer
-	Args       []string // the command line, for the results
+	Events      int           // backlog size of each drain
+	Aggregates  int           // distinct aggregate_ids
+	Payload     int           // payload size in bytes
+	Out         string        // JSON results file; empty: none
+	Modes       []string      // capture modes: poll, wal
+	Sinks       []string      // sinks of the drains: nats, kafka (kfake)
+	Phases      []string      // drain, baselines, steady
+	Steady      time.Duration // length of each steady-state rate
+	CommitFor   time.Duration // length of the commit-rate measurement
+	Writers     int           // concurrent single-row writers (commit rate and steady state); 0: the best of writerSweep
+	Quick       bool
+	ScaleEvents int // backlog of each scaling-curve drain
+	// PollNotify keeps the NOTIFY trigger `relay init` installs in poll
+	// mode; false drops it after init (an experiment: poll capture then
+	// wakes only every PollInterval).
+	PollNotify   bool
+	PollInterval time.Duration // capture.poll.interval; 0: the relay's default
+	BatchSize    int           // capture.poll.batch_size; 0: the relay's default
+	Background   time.Duration // how long to sample the machine's load before starting
+	Relays       int           // relays draining at once (poll mode shares the work)
+	ProfileDir   string        // when set: an extra in-process poll drain with CPU and allocation profiles written here
+	RelayBin     string        // a prebuilt relay binary; empty: go build ./cmd/relay
+	Log          io.Writer
+	Args         []string // the command line, for the results
 }
 
 func main() {
@@ -98,12 +105,16 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.StringVar(&o.Out, "out", "results.json", "JSON file for every figure; empty: none")
 	modes := fs.String("modes", "poll,wal", "capture modes to measure, comma separated (wal is reported as not available when this build rejects it)")
 	sinks := fs.String("sinks", "nats,kafka", "sinks of the backlog drains, comma separated: nats (embedded JetStream), kafka (kfake, franz-go's in-process fake broker); steady state uses nats")
-	phases := fs.String("phases", "drain,baselines,steady", "what to measure, comma separated")
+	phases := fs.String("phases", "drain,baselines,steady", "what to measure, comma separated: drain, baselines, steady, scaling (payload size, aggregates and poll relays curves; not in the default run)")
 	fs.DurationVar(&o.Steady, "steady", 15*time.Second, "length of each steady-state rate (25, 50, 100 % of the commit rate)")
 	fs.DurationVar(&o.CommitFor, "commit-for", 3*time.Second, "length of the single-row commit-rate measurement")
 	fs.IntVar(&o.Writers, "writers", 0, "concurrent single-row writers; 0: measure the commit rate with 4, 8, 16 and 32 and use the best")
 	fs.IntVar(&o.Relays, "relays", 1, "relays running at once in the drains (poll relays share the work; wal relays stand by)")
 	fs.DurationVar(&o.Background, "background", 3*time.Second, "how long to sample the machine's background load before starting; 0: skip")
+	fs.BoolVar(&o.PollNotify, "poll-notify", true, "keep the insert NOTIFY trigger `relay init` installs in poll mode (false drops it: an experiment)")
+	fs.DurationVar(&o.PollInterval, "poll-interval", 0, "capture.poll.interval of the relay (default: the relay's default)")
+	fs.IntVar(&o.BatchSize, "batch-size", 0, "capture.poll.batch_size of the relay (default: the relay's default)")
+	fs.IntVar(&o.ScaleEvents, "scale-events", 200_000, "events in each drain of the scaling curves (-phases scaling); one aggregate drains a tenth")
 	fs.BoolVar(&o.Quick, "quick", false, "100,000 events and 4s steady phases (unless -events/-steady are given)")
 	fs.StringVar(&o.ProfileDir, "cpuprofile", "", "also drain a poll backlog with the relay in-process and write cpu.pprof and allocs.pprof to this directory")
 	fs.StringVar(&o.RelayBin, "relay", "", "prebuilt relay binary (default: go build ./cmd/relay)")
@@ -143,8 +154,8 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 		}
 	}
 	for _, p := range o.Phases {
-		if p != "drain" && p != "baselines" && p != "steady" {
-			fmt.Fprintf(stderr, "relaybench: -phases: unknown phase %q (drain, baselines, steady)\n", p)
+		if p != "drain" && p != "baselines" && p != "steady" && p != "scaling" {
+			fmt.Fprintf(stderr, "relaybench: -phases: unknown phase %q (drain, baselines, steady, scaling)\n", p)
 			return o, fmt.Errorf("usage")
 		}
 	}

@@ -71,6 +71,19 @@ func printTable(w io.Writer, r *Results) {
 		}
 		t.flush()
 	}
+	if len(r.Scaling) > 0 {
+		t := newTable(w, "SCALING (drain into NATS)", "events", "payload B", "aggregates", "relays", "events/s", "payload MB/s",
+			"peak RSS MB", "CPU s/100k", "other CPU s")
+		for _, p := range r.Scaling {
+			name := fmt.Sprintf("%s %s=%d", p.Mode, p.Curve, p.Value)
+			if !p.Complete {
+				name += " (INCOMPLETE)"
+			}
+			t.row(name, fmt.Sprint(p.Events), fmt.Sprint(p.Payload), fmt.Sprint(p.Aggregates), fmt.Sprint(p.Relays),
+				f0(p.PerSecond), f1(p.MBPerSec), f0(p.PeakRSSMB), f2(p.CPUPer100k), f1(p.CPU.OtherSeconds))
+		}
+		t.flush()
+	}
 	if len(r.Targets) > 0 {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "TARGET\tgoal\tmeasured\tstatus")
