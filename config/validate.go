@@ -96,6 +96,9 @@ func (l *loader) checkCapture(c Capture) {
 	if !slotName.MatchString(c.WAL.Slot) {
 		l.invalid("capture.wal.slot", "must match %s (lowercase letters, digits and _), got %q", slotName, c.WAL.Slot)
 	}
+	if len(c.WAL.Publication) > 63 {
+		l.invalid("capture.wal.publication", "must be at most 63 bytes (PostgreSQL truncates longer names), got %d", len(c.WAL.Publication))
+	}
 }
 
 // checkSink checks the selected sink's settings; the others are ignored.
