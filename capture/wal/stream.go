@@ -264,12 +264,25 @@ func (st *stream) handle(data []byte) (bool, error) {
 		}
 		switch d.kind {
 		case kindRow:
+			if d.bad != nil {
+				st.logBad(d.bad)
+			}
 			st.add(d)
 		case kindCommit:
 			st.commit(d.end)
 		}
 	}
 	return false, nil
+}
+
+// logBad reports a row that goes to the dead-letter table once archived.
+func (st *stream) logBad(r *badRow) {
+	id := ""
+	if r.vals[fID] != nil {
+		id = *r.vals[fID]
+	}
+	st.log.Error("bad outbox row, moved to the dead-letter table when archived",
+		"message_id", id, "lsn", st.dec.commit.String(), "err", r.err)
 }
 
 // waitTaken waits until Next takes the full open batch, sending status
