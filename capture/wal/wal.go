@@ -164,10 +164,11 @@ type Source struct {
 
 // New checks the database (wal_level, the replication privilege, the
 // outbox table), creates the dead-letter and drain tables, the publication
-// and the archive table of archive mode move when they are missing, and starts competing for leadership.
-// Problems that retrying cannot fix, such as a missing outbox table or a
-// publication that does not cover it, are permanent errors naming what is
-// wrong. The slot is created by the leader, in Next.
+// and the archive table of archive mode move when they are missing, and
+// starts competing for leadership. Problems that retrying cannot fix, such
+// as a missing outbox table or a publication that does not cover it, are
+// permanent errors naming what is wrong. The slot is created by the leader,
+// in Next. Call Close when done.
 func New(ctx context.Context, opts Options) (*Source, error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, sink.AsPermanent(err)
