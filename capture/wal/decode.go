@@ -70,6 +70,7 @@ type decoded struct {
 	seq  int64
 	bad  *badRow
 	end  pglogrepl.LSN
+	xid  uint32 // the row's transaction
 }
 
 // badRow is an outbox insert that cannot become an event; it goes to the
@@ -88,6 +89,7 @@ type decoder struct {
 	rels    map[uint32]*relation
 	inTx    bool
 	commit  pglogrepl.LSN // commit LSN of the transaction being received
+	xid     uint32        // the transaction being received
 	vals    [numFields][]byte
 	scratch []byte
 }
@@ -109,7 +111,7 @@ func (d *decoder) decode(msg []byte) (decoded, error) {
 		if err := m.Decode(body); err != nil {
 			return decoded{}, fmt.Errorf("%w: %v", errProtocol, err)
 		}
-		d.inTx, d.commit = true, m.FinalLSN
+		d.inTx, d.commit, d.xid = true, m.FinalLSN, m.Xid
 		return decoded{kind: kindBegin}, nil
 	case pglogrepl.MessageTypeCommit:
 		var m pglogrepl.CommitMessage
@@ -193,9 +195,9 @@ func (d *decoder) insert(body []byte) (decoded, error) {
 	}
 	ev, seq, err := d.event(rel)
 	if err != nil {
-		return decoded{kind: kindRow, bad: d.badRow(err)}, nil
+		return decoded{kind: kindRow, bad: d.badRow(err), xid: d.xid}, nil
 	}
-	return decoded{kind: kindRow, ev: ev, seq: seq}, nil
+	return decoded{kind: kindRow, ev: ev, seq: seq, xid: d.xid}, nil
 }
 
 // readTuple points d.vals at the mapped columns of a TupleData; NULL

@@ -34,6 +34,7 @@ type stream struct {
 	done  chan struct{} // closed when run returned; err is set then
 	err   error
 	stop  context.CancelCauseFunc // ends run, e.g. after a failed archive
+	sent  pglogrepl.LSN           // the position of the last status update; run's only
 
 	mu       sync.Mutex
 	open     *batch // being filled by run
@@ -111,6 +112,9 @@ func (st *stream) add(d decoded) bool {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	b := st.open
+	if n := len(b.xids); n == 0 || b.xids[n-1] != d.xid {
+		b.xids = append(b.xids, d.xid)
+	}
 	if d.ev != nil {
 		b.events = append(b.events, d.ev)
 		b.seqs = append(b.seqs, d.seq)
@@ -200,17 +204,33 @@ func (st *stream) loop(ctx context.Context) error {
 			}
 			continue
 		}
-		reply, err := st.receive(ctx, due)
+		wait := due
+		if soon := time.Now().Add(ackDelay); st.pending() && soon.Before(due) {
+			wait = soon
+		}
+		reply, err := st.receive(ctx, wait)
 		if err != nil {
 			return err
 		}
-		if reply || !time.Now().Before(due) {
+		if reply || !time.Now().Before(due) || st.position() != st.sent {
 			if err := st.sendStatus(); err != nil {
 				return err
 			}
 			due = time.Now().Add(st.every)
 		}
 	}
+}
+
+// ackDelay bounds how long an archived position waits before it is
+// confirmed to the server, so a crash replays little.
+const ackDelay = 100 * time.Millisecond
+
+// pending reports whether batches are in flight or an archived position is
+// not confirmed yet: then the loop wakes every ackDelay to confirm.
+func (st *stream) pending() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return len(st.inflight) > 0 || st.flushed != st.sent
 }
 
 // receive handles the next message, or returns when due passes. It reports
@@ -315,6 +335,7 @@ func (st *stream) sendStatus() error {
 	if err != nil {
 		return fmt.Errorf("send standby status: %w", err)
 	}
+	st.sent = pos
 	return nil
 }
 

@@ -111,7 +111,8 @@ type Options struct {
 	BatchSize int
 	// StatusInterval is the longest time between standby status updates,
 	// and between slot health checks. It is lowered to a third of the
-	// connection's wal_sender_timeout. Default 10s.
+	// connection's wal_sender_timeout. Default 1s, so that a crash replays
+	// little more than a second of already archived events.
 	StatusInterval time.Duration
 	// Logger receives the source's logs. Default slog.Default().
 	Logger *slog.Logger
@@ -133,7 +134,7 @@ func (o *Options) setDefaults() error {
 		o.BatchSize = 500
 	}
 	if o.StatusInterval <= 0 {
-		o.StatusInterval = 10 * time.Second
+		o.StatusInterval = time.Second
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

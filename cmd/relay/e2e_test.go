@@ -15,17 +15,21 @@ import (
 // TestEndToEnd runs concurrent producers over 600 aggregates against a
 // running relay and checks every guarantee on the wire and in the stream.
 func TestEndToEnd(t *testing.T) {
-	s := newStack(t)
-	relay := s.start()
-	begin := time.Now()
-	s.produce(context.Background(), 12000, 600, 8)
-	s.waitDrained(60 * time.Second)
-	elapsed := time.Since(begin)
-	if code := relay.stop(t, 15*time.Second); code != 0 {
-		t.Fatalf("relay exited %d after SIGTERM, want 0", code)
+	for _, mode := range []string{"poll", "wal"} {
+		t.Run(mode, func(t *testing.T) {
+			s := newStack(t, stackOptions{Mode: mode})
+			relay := s.start()
+			begin := time.Now()
+			s.produce(context.Background(), 12000, 600, 8)
+			s.waitDrained(60 * time.Second)
+			elapsed := time.Since(begin)
+			if code := relay.stop(t, 15*time.Second); code != 0 {
+				t.Fatalf("relay exited %d after SIGTERM, want 0", code)
+			}
+			wire, stream := s.verify()
+			t.Logf("end to end (%s): %s in %.1fs; stream: %s", mode, wire, elapsed.Seconds(), stream)
+		})
 	}
-	wire, stream := s.verify()
-	t.Logf("end to end: %s in %.1fs; stream: %s", wire, elapsed.Seconds(), stream)
 }
 
 // TestKillAndRestart kills the relay with SIGKILL at random moments while
@@ -37,26 +41,30 @@ func TestKillAndRestart(t *testing.T) {
 	if os.Getenv("RELAY_SOAK") != "" {
 		rounds, events = 60, 100000
 	}
-	s := newStack(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	produced := make(chan struct{})
-	go func() { s.produce(ctx, events, 600, 8); close(produced) }()
-	kills := 0
-	for done := false; !done || kills < rounds; {
-		relay := s.start()
-		select {
-		case <-produced:
-			done = true
-		case <-time.After(time.Duration(100+rand.IntN(700)) * time.Millisecond):
-		}
-		relay.kill()
-		kills++
+	for _, mode := range []string{"poll", "wal"} {
+		t.Run(mode, func(t *testing.T) {
+			s := newStack(t, stackOptions{Mode: mode})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			produced := make(chan struct{})
+			go func() { s.produce(ctx, events, 600, 8); close(produced) }()
+			kills := 0
+			for done := false; !done || kills < rounds; {
+				relay := s.start()
+				select {
+				case <-produced:
+					done = true
+				case <-time.After(time.Duration(100+rand.IntN(700)) * time.Millisecond):
+				}
+				relay.kill()
+				kills++
+			}
+			s.start()
+			s.waitDrained(120 * time.Second)
+			wire, stream := s.verify()
+			t.Logf("kill -9 %d times (%s): %s; stream: %s", kills, mode, wire, stream)
+		})
 	}
-	s.start()
-	s.waitDrained(120 * time.Second)
-	wire, stream := s.verify()
-	t.Logf("kill -9 %d times: %s; stream: %s", kills, wire, stream)
 }
 
 // TestGracefulStop stops the relay with SIGTERM mid-stream: it exits 0,

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +24,10 @@ import (
 	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/internal/verify"
 )
+
+// slotCounter makes replication slot names unique in the cluster the
+// package's tests share.
+var slotCounter atomic.Int64
 
 // relayBin is the relay binary built once for the package's tests.
 var relayBin string
@@ -111,8 +116,10 @@ capture:
   mode: %s
   poll:
     interval: 50ms
+  wal:
+    slot: relay_test_%d
 %sshutdown_timeout: 10s
-%s`, s.dsn, o.Mode, o.Sink, o.Extra))
+%s`, s.dsn, o.Mode, slotCounter.Add(1), o.Sink, o.Extra))
 	if out, code := runRelay(t, "init", "--config", s.cfgPath); code != 0 {
 		t.Fatalf("relay init: exit %d\n%s", code, out)
 	}

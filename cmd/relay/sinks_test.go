@@ -30,24 +30,31 @@ func TestEverySink(t *testing.T) {
 		{"sqs", startSQS},
 		{"webhook", startWebhook},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			sinkYAML, collect := tc.start(t)
-			s := newStack(t, stackOptions{Sink: sinkYAML, Collect: collect})
-			ctx := context.Background()
-			s.produce(ctx, 1500, 150, 4)
-			relay := s.start()
-			time.Sleep(300 * time.Millisecond)
-			relay.kill()
-			s.produce(ctx, 1500, 150, 4)
-			relay = s.start()
-			s.waitDrained(60 * time.Second)
-			if code := relay.stop(t, 15*time.Second); code != 0 {
-				t.Fatalf("exit %d", code)
-			}
-			wire, _ := s.verify()
-			t.Logf("%s: %s", tc.name, wire)
-		})
+		for _, mode := range []string{"poll", "wal"} {
+			t.Run(tc.name+"/"+mode, func(t *testing.T) {
+				testSink(t, mode, tc.start)
+			})
+		}
 	}
+}
+
+// testSink runs one sink in one capture mode.
+func testSink(t *testing.T, mode string, start func(t *testing.T) (string, func() []verify.Delivery)) {
+	sinkYAML, collect := start(t)
+	s := newStack(t, stackOptions{Mode: mode, Sink: sinkYAML, Collect: collect})
+	ctx := context.Background()
+	s.produce(ctx, 1500, 150, 4)
+	relay := s.start()
+	time.Sleep(300 * time.Millisecond)
+	relay.kill()
+	s.produce(ctx, 1500, 150, 4)
+	relay = s.start()
+	s.waitDrained(60 * time.Second)
+	if code := relay.stop(t, 15*time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	wire, _ := s.verify()
+	t.Logf("%s: %s", mode, wire)
 }
 
 // payloadDelivery builds a delivery from a message's id, aggregate_id and

@@ -33,9 +33,6 @@ func IsUsage(err error) bool {
 // supported rejects config choices this build does not implement yet.
 func supported(cfg *config.Config) error {
 	var missing []string
-	if cfg.Capture.Mode != "poll" {
-		missing = append(missing, fmt.Sprintf("capture.mode %q is not implemented yet (use poll)", cfg.Capture.Mode))
-	}
 	if cfg.DeadLetter.ParkAggregate && cfg.Capture.Mode == "wal" {
 		missing = append(missing, "dead_letter.park_aggregate is not implemented yet in wal mode (use poll)")
 	}

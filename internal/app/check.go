@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 
+	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/schema"
 )
@@ -38,6 +39,11 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logge
 	if err == nil {
 		_, err = schema.Inspect(ctx, pool, l)
 		report("outbox table "+l.Outbox.String(), err, "run `relay init`, or fix outbox.table / outbox.columns")
+		if cfg.Capture.Mode == "wal" {
+			for _, f := range wal.Check(ctx, pool, l, cfg.Capture.WAL.Slot, cfg.Capture.WAL.Publication) {
+				report(f.What, f.Err, f.Fix)
+			}
+		}
 		pool.Close()
 	}
 	snk, err := openSink(ctx, cfg, log, pipelineWindow)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 
+	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/schema"
 )
@@ -23,7 +24,11 @@ func Init(ctx context.Context, cfg *config.Config, dryRun bool, w io.Writer, log
 	}
 	l := schema.FromConfig(cfg)
 	if dryRun {
-		for _, stmt := range initSQL(l, cfg, nil) {
+		stmts := initSQL(l, cfg, nil)
+		if cfg.Capture.Mode == "wal" {
+			stmts = append(stmts, wal.SetupSQL(l, cfg.Capture.WAL.Slot, cfg.Capture.WAL.Publication)...)
+		}
+		for _, stmt := range stmts {
 			fmt.Fprintf(w, "%s;\n\n", stmt)
 		}
 		fmt.Fprintf(w, "-- sink %s: created when missing by `relay init` and `relay run` (NATS stream, fixed Kafka topic)\n", cfg.Sink.Type)
@@ -45,6 +50,12 @@ func Init(ctx context.Context, cfg *config.Config, dryRun bool, w io.Writer, log
 		if _, err := pool.Exec(ctx, stmt); err != nil {
 			return fmt.Errorf("init: %w\nstatement: %s", err, stmt)
 		}
+	}
+	if cfg.Capture.Mode == "wal" {
+		if err := wal.Setup(ctx, pool, l, cfg.Capture.WAL.Slot, cfg.Capture.WAL.Publication); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "postgres: publication %s and replication slot %s ready\n", cfg.Capture.WAL.Publication, cfg.Capture.WAL.Slot)
 	}
 	fmt.Fprintf(w, "postgres: outbox %s, dead-letter table %s ready\n", l.Outbox, l.DeadLetter)
 

@@ -21,6 +21,15 @@ type partitioned interface {
 	Partitions() (held, total int)
 }
 
+// slotWatcher is implemented by sources that stream from a replication
+// slot.
+type slotWatcher interface {
+	SlotHealth() (lagBytes int64, walStatus string, safeWALSize int64)
+}
+
+// walStatuses are the values of pg_replication_slots.wal_status.
+var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
+
 // newRegistry returns a registry with the Go and process collectors.
 func newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
@@ -47,6 +56,17 @@ func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backl
 	gauge("sink_ready", "1 when the sink is reachable.", func() float64 { return boolFloat(st.Ready.Load()) })
 	gauge("capture_ready", "1 while capture works.", func() float64 { return boolFloat(st.Capturing.Load()) })
 	gauge("oldest_unpublished_age_seconds", "Age of the oldest row still in the outbox (by seq), 0 when empty.", backlog.load)
+	if w, ok := src.(slotWatcher); ok {
+		gauge("replication_slot_lag_bytes", "WAL retained by the slot beyond its confirmed position (-1 when missing).",
+			func() float64 { lag, _, _ := w.SlotHealth(); return float64(lag) })
+		gauge("replication_slot_safe_wal_size_bytes", "WAL that can still be written before the slot is lost (pg_replication_slots.safe_wal_size).",
+			func() float64 { _, _, safe := w.SlotHealth(); return float64(safe) })
+		for _, status := range walStatuses {
+			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Name: "replication_slot_wal_status",
+				Help: "1 for the slot's current wal_status.", ConstLabels: prometheus.Labels{"status": status}},
+				func() float64 { _, s, _ := w.SlotHealth(); return boolFloat(s == status) }))
+		}
+	}
 	if p, ok := src.(partitioned); ok {
 		gauge("partitions_held", "Poll partitions this relay leases.", func() float64 { h, _ := p.Partitions(); return float64(h) })
 		gauge("partitions_total", "Poll partitions of the outbox.", func() float64 { _, t := p.Partitions(); return float64(t) })

@@ -13,7 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/capture/poll"
+	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/pipeline"
@@ -74,11 +76,7 @@ func (r *Relay) open(ctx context.Context) error {
 		return err
 	}
 
-	src, err := poll.New(ctx, poll.Options{
-		Pool: pool, Layout: schema.FromConfig(cfg), BatchSize: batch,
-		Interval: cfg.Capture.Poll.Interval.D(), Partitions: cfg.Capture.Poll.Partitions,
-		ParkAggregates: cfg.DeadLetter.ParkAggregate, ArchiveMode: cfg.Archive.Mode, Logger: log,
-	})
+	src, err := openSource(ctx, cfg, pool, log)
 	if err != nil {
 		return err
 	}
@@ -123,6 +121,21 @@ func (r *Relay) Close() {
 	for i := len(r.closers) - 1; i >= 0; i-- {
 		r.closers[i]()
 	}
+}
+
+// openSource builds the capture source capture.mode selects.
+func openSource(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, log *slog.Logger) (capture.Source, error) {
+	l := schema.FromConfig(cfg)
+	if cfg.Capture.Mode == "wal" {
+		return wal.New(ctx, wal.Options{Pool: pool, Layout: l,
+			Slot: cfg.Capture.WAL.Slot, Publication: cfg.Capture.WAL.Publication,
+			ArchiveMode: cfg.Archive.Mode, BatchSize: cfg.Capture.Poll.BatchSize, Logger: log})
+	}
+	return poll.New(ctx, poll.Options{
+		Pool: pool, Layout: l, BatchSize: cfg.Capture.Poll.BatchSize,
+		Interval: cfg.Capture.Poll.Interval.D(), Partitions: cfg.Capture.Poll.Partitions,
+		ParkAggregates: cfg.DeadLetter.ParkAggregate, ArchiveMode: cfg.Archive.Mode, Logger: log,
+	})
 }
 
 // RunConfig opens a relay from cfg and runs it until ctx is cancelled.
