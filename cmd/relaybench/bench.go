@@ -169,7 +169,7 @@ func run1(ctx context.Context, opts Options, res *Results) error {
 			note := ""
 			if mode == "wal" {
 				var slot bool
-				if err := d.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = 'relay_bench')`).Scan(&slot); err != nil {
+				if err := d.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, d.slot()).Scan(&slot); err != nil {
 					return err
 				}
 				if !slot {

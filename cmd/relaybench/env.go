@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -102,6 +103,7 @@ func startEnv(ctx context.Context, opts Options) (*env, error) {
 		return nil, fmt.Errorf("start PostgreSQL: %w", err)
 	}
 	e.closers = append(e.closers, func() { _ = e.pg.Stop() })
+	setPostmaster(e.pg)
 	if e.nats, err = testenv.StartNATS(testenv.NATSOptions{}); err != nil {
 		e.close()
 		return nil, fmt.Errorf("start NATS: %w", err)
@@ -193,6 +195,10 @@ type database struct {
 	batchSize    int
 }
 
+// slot is the relay's replication slot in wal mode: slots belong to the
+// cluster, so each database needs its own name.
+func (d *database) slot() string { return "relay_" + d.name }
+
 // configCopy writes a relay config for d to <dir>/<tag>.yaml with a free
 // http.listen port and returns its path and port.
 func (d *database) configCopy(tag string) (string, int, error) {
@@ -226,7 +232,7 @@ func (d *database) configCopy(tag string) (string, int, error) {
 capture:
   mode: %s%s
   wal:
-    slot: relay_bench
+    slot: %s
     publication: relay_bench
 sink:
 %s
@@ -235,7 +241,7 @@ http:
 log:
   level: warn
 shutdown_timeout: 10s
-`, d.dsn, d.mode, poll, snk, port)
+`, d.dsn, d.mode, poll, d.slot(), snk, port)
 	path := filepath.Join(d.dir, tag+".yaml")
 	return path, port, os.WriteFile(path, []byte(cfg), 0o600)
 }
@@ -597,8 +603,26 @@ type cpuSample struct {
 	others   map[int]procTicks
 }
 
+// postmaster is the pid of the bench's own PostgreSQL server: other
+// clusters on the machine (other workloads' tests) count as other CPU.
+var postmaster atomic.Int64
+
+// setPostmaster reads the server's pid from postmaster.pid in its data
+// directory.
+func setPostmaster(pg *testenv.Postgres) {
+	b, err := os.ReadFile(filepath.Join(pg.Dir(), "data", "postmaster.pid"))
+	if err != nil {
+		return
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	if pid, err := strconv.Atoi(strings.TrimSpace(line)); err == nil {
+		postmaster.Store(int64(pid))
+	}
+}
+
 func sampleCPU() cpuSample {
 	s := cpuSample{at: time.Now()}
+	pm := int(postmaster.Load())
 	if b, err := os.ReadFile("/proc/stat"); err == nil {
 		line, _, _ := strings.Cut(string(b), "\n")
 		f := strings.Fields(line)
@@ -626,7 +650,7 @@ func sampleCPU() cpuSample {
 		comm, ppid, own, children, err := procTimes(pid)
 		switch {
 		case err != nil, ppid == self: // the relay and pg_recvlogical are counted apart
-		case comm == "postgres":
+		case comm == "postgres" && pm > 0 && (pid == pm || ppid == pm):
 			s.postgres += own + children // the postmaster's children are its backends
 		default:
 			s.others[pid] = procTicks{comm, own}

@@ -169,9 +169,16 @@ type SteadyResult struct {
 	Bounded     bool        `json:"lag_bounded"`
 	CatchUpSecs float64     `json:"catch_up_seconds"` // from the end of the schedule until every committed event was received
 	Samples     []lagSample `json:"samples"`
-	RelayCPU    float64     `json:"relay_cpu_seconds"`
-	RelayRSSMB  float64     `json:"relay_rss_mb"`
-	CPU         cpuUse      `json:"machine"`
+	// From the relay's start, and from its /readyz turning ready, to the
+	// first event of the warm-up received (its first was sent right after
+	// ready).
+	RelayStartToFirstReceipt float64 `json:"relay_start_to_first_receipt_seconds"`
+	ReadyToFirstReceipt      float64 `json:"ready_to_first_receipt_seconds"`
+	firstReceipt             int64
+	start                    time.Time
+	RelayCPU                 float64 `json:"relay_cpu_seconds"`
+	RelayRSSMB               float64 `json:"relay_rss_mb"`
+	CPU                      cpuUse  `json:"machine"`
 }
 
 type lagSample struct {
@@ -341,6 +348,12 @@ func (e *env) runSchedule(ctx context.Context, d *database, r *receiver, relay *
 	if last > 0 {
 		res.CatchUpSecs = max(0, time.Unix(0, last).Sub(schedEnd).Seconds())
 	}
+	res.start = s.start
+	for i := range n {
+		if v := s.recvAt[i].Load(); v > 0 && (res.firstReceipt == 0 || v < res.firstReceipt) {
+			res.firstReceipt = v
+		}
+	}
 	ps1, _ := readProcStats(relay.cmd.Process.Pid)
 	res.RelayCPU = ps1.CPUSeconds - ps0.CPUSeconds
 	res.CPU = cpuBetween(cpu0, sampleCPU(), res.RelayCPU)
@@ -440,14 +453,30 @@ func (e *env) measureSteady(ctx context.Context, d *database, commitRate float64
 	if err := relay.waitReady(ctx, 30*time.Second); err != nil {
 		return nil, err
 	}
+	ready := time.Now()
 	r, err := e.startReceiver(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer r.stop()
+	// Warm up at 10 % of the commit rate, unrecorded: connections, caches
+	// and the relay's start (wal mode streams a moment after /readyz).
+	warm := min(2*time.Second, o.Steady/2)
+	w, err := e.runSchedule(ctx, d, r, relay, d.mode, 10, commitRate/10, warm, writers)
+	if err != nil {
+		return nil, fmt.Errorf("warm-up: %w", err)
+	}
+	firstRecv := time.Duration(0)
+	if w.firstReceipt > 0 {
+		firstRecv = time.Unix(0, w.firstReceipt).Sub(relay.started)
+		o.logf("%s: first event received %.2fs after the relay process started (%.2fs after it was ready; the first was sent %.2fs after ready)",
+			d.mode, firstRecv.Seconds(), time.Unix(0, w.firstReceipt).Sub(ready).Seconds(), w.start.Sub(ready).Seconds())
+	}
 	var out []SteadyResult
 	for _, pct := range steadyPercents {
 		res, err := e.runSchedule(ctx, d, r, relay, d.mode, pct, commitRate*float64(pct)/100, o.Steady, writers)
+		res.RelayStartToFirstReceipt = firstRecv.Seconds()
+		res.ReadyToFirstReceipt = time.Unix(0, w.firstReceipt).Sub(ready).Seconds()
 		out = append(out, res)
 		if err != nil {
 			return out, err
