@@ -6,6 +6,8 @@
 package pipeline
 
 import (
+	"github.com/outboxrelay/relay/internal/wait"
+
 	"context"
 	"fmt"
 	"log/slog"
@@ -146,9 +148,9 @@ func (p *Pipeline) read(ctx context.Context, out chan<- capture.Batch) error {
 			}
 			failures++
 			p.stats.Capturing.Store(false)
-			wait := p.opts.Retry.unavailableDelay(failures)
-			p.log.Warn("capture failed, retrying", "err", err, "retry_in", wait)
-			if sleep(ctx, wait) != nil {
+			delay := p.opts.Retry.unavailableDelay(failures)
+			p.log.Warn("capture failed, retrying", "err", err, "retry_in", delay)
+			if wait.Sleep(ctx, delay) != nil {
 				return ctx.Err()
 			}
 			continue
@@ -161,17 +163,6 @@ func (p *Pipeline) read(ctx context.Context, out chan<- capture.Batch) error {
 			b.Abandon(context.WithoutCancel(ctx))
 			return ctx.Err()
 		}
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 

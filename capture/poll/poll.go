@@ -28,6 +28,8 @@
 package poll
 
 import (
+	"github.com/outboxrelay/relay/internal/wait"
+
 	"context"
 	"errors"
 	"fmt"
@@ -157,7 +159,7 @@ func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
 			return nil, err
 		}
 		if len(s.lease.owned) == 0 {
-			if err := sleep(ctx, rebalanceInterval); err != nil {
+			if err := wait.Sleep(ctx, rebalanceInterval); err != nil {
 				return nil, err
 			}
 			continue
@@ -252,17 +254,6 @@ func (s *Source) wait(ctx context.Context) error {
 		s.disconnect(ctx) // Next reconnects
 	}
 	return nil
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // watermarks are the pending (H, L) pairs of the package doc.

@@ -1,6 +1,8 @@
 package wal
 
 import (
+	"github.com/outboxrelay/relay/internal/wait"
+
 	"context"
 	"hash/fnv"
 	"log/slog"
@@ -78,7 +80,7 @@ func (l *leadership) run(ctx context.Context) {
 			if ctx.Err() == nil {
 				l.log.Warn("cannot connect to take the wal capture lock; retrying", "err", err)
 			}
-			sleep(ctx, standbyInterval)
+			wait.Sleep(ctx, standbyInterval)
 			continue
 		}
 		l.hold(ctx, conn, &standby)
@@ -106,7 +108,7 @@ func (l *leadership) hold(ctx context.Context, conn *pgx.Conn, standby *bool) {
 			l.log.Info("another relay captures from this outbox; standing by", "table", l.table)
 			*standby = true
 		}
-		if sleep(ctx, standbyInterval) != nil {
+		if wait.Sleep(ctx, standbyInterval) != nil {
 			return
 		}
 	}
@@ -118,7 +120,7 @@ func (l *leadership) hold(ctx context.Context, conn *pgx.Conn, standby *bool) {
 		cancel()
 		l.set(nil)
 	}()
-	for sleep(ctx, pingInterval) == nil {
+	for wait.Sleep(ctx, pingInterval) == nil {
 		pctx, cancel := context.WithTimeout(ctx, pingTimeout)
 		err := conn.Ping(pctx)
 		cancel()
@@ -126,16 +128,5 @@ func (l *leadership) hold(ctx context.Context, conn *pgx.Conn, standby *bool) {
 			l.log.Warn("lost the wal capture lock connection; capture stops until the lock is taken again", "err", err)
 			return
 		}
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }

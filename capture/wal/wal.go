@@ -64,6 +64,8 @@
 package wal
 
 import (
+	"github.com/outboxrelay/relay/internal/wait"
+
 	"context"
 	"errors"
 	"fmt"
@@ -408,7 +410,7 @@ func (s *Source) watchHealth(ctx context.Context) {
 		if err := s.health.refresh(ctx, s.opts.Pool, s.opts.Slot); err != nil && ctx.Err() == nil {
 			s.log.Debug("slot health check failed", "err", err)
 		}
-		if sleep(ctx, s.opts.StatusInterval) != nil {
+		if wait.Sleep(ctx, s.opts.StatusInterval) != nil {
 			return
 		}
 	}

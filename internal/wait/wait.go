@@ -1,0 +1,20 @@
+// Package wait holds the one timing helper the relay's packages share.
+package wait
+
+import (
+	"context"
+	"time"
+)
+
+// Sleep waits for d or until ctx ends, and returns ctx.Err() in the latter
+// case.
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
