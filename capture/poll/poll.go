@@ -28,8 +28,6 @@
 package poll
 
 import (
-	"github.com/outboxrelay/relay/internal/wait"
-
 	"context"
 	"errors"
 	"fmt"
@@ -43,6 +41,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/internal/schema"
+	"github.com/outboxrelay/relay/internal/wait"
 	"github.com/outboxrelay/relay/sink"
 )
 
