@@ -6,8 +6,6 @@
 package pipeline
 
 import (
-	"github.com/outboxrelay/relay/internal/wait"
-
 	"context"
 	"fmt"
 	"log/slog"
@@ -16,6 +14,7 @@ import (
 	"time"
 
 	"github.com/outboxrelay/relay/capture"
+	"github.com/outboxrelay/relay/internal/wait"
 	"github.com/outboxrelay/relay/sink"
 )
 

@@ -1,8 +1,6 @@
 package wal
 
 import (
-	"github.com/outboxrelay/relay/internal/wait"
-
 	"context"
 	"hash/fnv"
 	"log/slog"
@@ -10,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxrelay/relay/internal/wait"
 )
 
 // standbyInterval is how often a relay that is not the leader tries to

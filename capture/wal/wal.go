@@ -64,8 +64,6 @@
 package wal
 
 import (
-	"github.com/outboxrelay/relay/internal/wait"
-
 	"context"
 	"errors"
 	"fmt"
@@ -84,6 +82,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/internal/schema"
+	"github.com/outboxrelay/relay/internal/wait"
 	"github.com/outboxrelay/relay/sink"
 )
 
