@@ -61,6 +61,13 @@ func (l *leadership) wait(ctx context.Context) (context.Context, error) {
 	}
 }
 
+// leading reports whether this relay holds the lock now.
+func (l *leadership) leading() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.term != nil && l.term.Err() == nil
+}
+
 func (l *leadership) set(term context.Context) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -404,6 +404,10 @@ func (s *Source) SlotHealth() (lagBytes int64, walStatus string, safeWALSize int
 	return s.health.get()
 }
 
+// Leading reports whether this relay is the one streaming (the others
+// stand by). It is safe for concurrent use.
+func (s *Source) Leading() bool { return s.lead.leading() }
+
 func (s *Source) watchHealth(ctx context.Context) {
 	for {
 		if err := s.health.refresh(ctx, s.opts.Pool, s.opts.Slot); err != nil && ctx.Err() == nil {

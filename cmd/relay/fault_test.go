@@ -198,37 +198,47 @@ func TestStallsAndCuts(t *testing.T) {
 // TestMetricsAndHealth scrapes /metrics, /healthz and /readyz of a running
 // relay.
 func TestMetricsAndHealth(t *testing.T) {
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	s := newStack(t, stackOptions{Extra: "http:\n  listen: " + addr + "\n"})
-	relay := s.start()
-	defer relay.stop(t, 15*time.Second)
-	s.produce(context.Background(), 200, 20, 2)
-	s.waitDrained(30 * time.Second)
-	if readyz(addr) != http.StatusOK {
-		t.Fatal("not ready")
-	}
-	var body string
-	waitFor(t, func() bool {
-		resp, err := http.Get("http://" + addr + "/metrics")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		body = string(b)
-		return strings.Contains(body, "relay_events_published_total 200")
-	})
-	for _, want := range []string{
-		"relay_events_captured_total 200", "relay_sink_ready 1", "relay_capture_ready 1",
-		"relay_partitions_held 16", "relay_publish_batch_duration_seconds_count", "relay_commit_to_ack_seconds_bucket",
-		`relay_events_published_by_type_total{aggregate_type="order",sink="nats"} 200`, "relay_oldest_unpublished_age_seconds",
-	} {
-		if !strings.Contains(body, want) {
-			t.Errorf("metrics lack %q", want)
-		}
-	}
-	resp, err := http.Get("http://" + addr + "/healthz")
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("healthz: %v %v", resp, err)
+	for _, mode := range []string{"poll", "wal"} {
+		t.Run(mode, func(t *testing.T) {
+			addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+			s := newStack(t, stackOptions{Mode: mode, Extra: "http:\n  listen: " + addr + "\n"})
+			relay := s.start()
+			defer relay.stop(t, 15*time.Second)
+			s.produce(context.Background(), 200, 20, 2)
+			s.waitDrained(30 * time.Second)
+			if readyz(addr) != http.StatusOK {
+				t.Fatal("not ready")
+			}
+			var body string
+			waitFor(t, func() bool {
+				resp, err := http.Get("http://" + addr + "/metrics")
+				if err != nil {
+					return false
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				body = string(b)
+				return strings.Contains(body, "relay_events_published_total 200")
+			})
+			wants := []string{
+				"relay_events_captured_total 200", "relay_sink_ready 1", "relay_capture_ready 1",
+				"relay_publish_batch_duration_seconds_count", "relay_commit_to_ack_seconds_bucket",
+				`relay_events_published_by_type_total{aggregate_type="order",sink="nats"} 200`, "relay_oldest_unpublished_age_seconds",
+			}
+			if mode == "poll" {
+				wants = append(wants, "relay_partitions_held 16")
+			} else {
+				wants = append(wants, "relay_capture_leader 1", "relay_replication_slot_lag_bytes", `relay_replication_slot_wal_status{status="reserved"} 1`)
+			}
+			for _, want := range wants {
+				if !strings.Contains(body, want) {
+					t.Errorf("metrics lack %q", want)
+				}
+			}
+			resp, err := http.Get("http://" + addr + "/healthz")
+			if err != nil || resp.StatusCode != http.StatusOK {
+				t.Fatalf("healthz: %v %v", resp, err)
+			}
+		})
 	}
 }

@@ -21,6 +21,10 @@ type partitioned interface {
 	Partitions() (held, total int)
 }
 
+// leader is implemented by sources where one relay captures and the others
+// stand by.
+type leader interface{ Leading() bool }
+
 // slotWatcher is implemented by sources that stream from a replication
 // slot.
 type slotWatcher interface {
@@ -66,6 +70,9 @@ func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backl
 				Help: "1 for the slot's current wal_status.", ConstLabels: prometheus.Labels{"status": status}},
 				func() float64 { _, s, _ := w.SlotHealth(); return boolFloat(s == status) }))
 		}
+	}
+	if l, ok := src.(leader); ok {
+		gauge("capture_leader", "1 while this relay streams, 0 while it stands by.", func() float64 { return boolFloat(l.Leading()) })
 	}
 	if p, ok := src.(partitioned); ok {
 		gauge("partitions_held", "Poll partitions this relay leases.", func() float64 { h, _ := p.Partitions(); return float64(h) })
