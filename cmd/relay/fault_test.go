@@ -235,10 +235,23 @@ func TestMetricsAndHealth(t *testing.T) {
 					t.Errorf("metrics lack %q", want)
 				}
 			}
+			t.Logf("scrape (%s):\n%s", mode, relayLines(body))
 			resp, err := http.Get("http://" + addr + "/healthz")
 			if err != nil || resp.StatusCode != http.StatusOK {
 				t.Fatalf("healthz: %v %v", resp, err)
 			}
 		})
 	}
+}
+
+// relayLines returns the relay's own samples of a scrape, without histogram
+// buckets.
+func relayLines(body string) string {
+	var out []string
+	for _, line := range strings.Split(body, "\n") {
+		if strings.HasPrefix(line, "relay_") && !strings.Contains(line, "_bucket") {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
 }
