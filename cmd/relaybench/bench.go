@@ -139,6 +139,20 @@ func run1(ctx context.Context, opts Options, res *Results) error {
 		}
 	}
 
+	// The steady state runs before the drains: a wal slot that sat idle
+	// while the drains wrote gigabytes of WAL in other databases would have
+	// to decode through all of it first.
+	if opts.has("steady") && res.CommitRate != nil {
+		for _, mode := range modes {
+			opts.logf("%s steady state: %v of %.0f commits/s, %s each", mode, steadyPercents, res.CommitRate.PerSecond, opts.Steady)
+			st, err := e.measureSteady(ctx, dbs[mode], res.CommitRate.PerSecond, res.CommitRate.Writers)
+			res.Steady = append(res.Steady, st...)
+			if err != nil {
+				return fmt.Errorf("%s steady state: %w", mode, err)
+			}
+		}
+	}
+
 	natsDrains := opts.has("drain") && slices.Contains(opts.Sinks, "nats")
 	// The pgoutput baseline decodes the WAL of the wal drain's backlog, with
 	// the relay's publication; without wal mode, the poll backlog's with a
@@ -252,16 +266,6 @@ func run1(ctx context.Context, opts Options, res *Results) error {
 		}
 	}
 
-	if opts.has("steady") && res.CommitRate != nil {
-		for _, mode := range modes {
-			opts.logf("%s steady state: %v of %.0f commits/s, %s each", mode, steadyPercents, res.CommitRate.PerSecond, opts.Steady)
-			st, err := e.measureSteady(ctx, dbs[mode], res.CommitRate.PerSecond, res.CommitRate.Writers)
-			res.Steady = append(res.Steady, st...)
-			if err != nil {
-				return fmt.Errorf("%s steady state: %w", mode, err)
-			}
-		}
-	}
 	return nil
 }
 

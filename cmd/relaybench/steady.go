@@ -402,7 +402,8 @@ func (e *env) runSchedule(ctx context.Context, d *database, r *receiver, relay *
 			mode, pct, res.AchievedRate, rate, res.Dropped, cutoff.Sub(end))
 	}
 	if res.Received < res.Committed {
-		return res, fmt.Errorf("%s %d%%: received %d of %d committed events %s after the schedule ended", mode, pct, res.Received, res.Committed, time.Since(schedEnd).Round(time.Second))
+		return res, fmt.Errorf("%s %d%%: received %d of %d committed events %s after the schedule ended; relay log tail:\n%s",
+			mode, pct, res.Received, res.Committed, time.Since(schedEnd).Round(time.Second), tail(relay.logPath, 20))
 	}
 	return res, nil
 }
