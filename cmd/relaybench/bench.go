@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -29,7 +30,7 @@ type Results struct {
 	NotifyCommitRate *CommitRate               `json:"commit_rate_with_notify_trigger,omitempty"`
 	Baselines        map[string]BaselineResult `json:"baselines,omitempty"` // pgoutput, delete
 	Drains           []DrainResult             `json:"drains,omitempty"`
-	Profile          *DrainResult              `json:"profile_drain,omitempty"`
+	Profiles         []DrainResult             `json:"profile_drains,omitempty"`
 	Scaling          []ScalePoint              `json:"scaling,omitempty"`
 	Steady           []SteadyResult            `json:"steady,omitempty"`
 	Targets          []Target                  `json:"targets,omitempty"`
@@ -244,17 +245,21 @@ func run1(ctx context.Context, opts Options, res *Results) error {
 		setRatio(&res.Drains[i], res.Baselines)
 	}
 
-	if opts.ProfileDir != "" && dbs["poll"] != nil {
-		start, err := e.selfRelay(opts.ProfileDir)
-		if err != nil {
-			return err
-		}
-		opts.logf("profile: poll drain with the relay in-process (this binary with -as-relay), profiles to %s", opts.ProfileDir)
-		dr, err := e.measureDrain(ctx, dbs["poll"], 1, start, nil)
-		setRatio(&dr, res.Baselines)
-		res.Profile = &dr
-		if err != nil {
-			return fmt.Errorf("profile drain: %w", err)
+	if opts.ProfileDir != "" {
+		for _, mode := range modes {
+			dir := filepath.Join(opts.ProfileDir, mode)
+			start, err := e.selfRelay(dir)
+			if err != nil {
+				return err
+			}
+			opts.logf("profile: %s drain with the relay in-process (this binary with -as-relay), profiles to %s", mode, dir)
+			dr, err := e.measureDrain(ctx, dbs[mode], 1, start, nil)
+			dr.Note = joinNote(dr.Note, "profiled: CPU and allocation profiles in "+dir)
+			setRatio(&dr, res.Baselines)
+			res.Profiles = append(res.Profiles, dr)
+			if err != nil {
+				return fmt.Errorf("profile drain: %w", err)
+			}
 		}
 	}
 
@@ -306,6 +311,13 @@ func (e *env) kafkaDrain(ctx context.Context, mode string, res *Results) error {
 		return fmt.Errorf("%s → kafka drain: %w", mode, err)
 	}
 	return nil
+}
+
+func joinNote(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
 }
 
 // drainOrder puts wal first, so that the pgoutput baseline reads the WAL

@@ -116,7 +116,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.IntVar(&o.BatchSize, "batch-size", 0, "capture.poll.batch_size of the relay (default: the relay's default)")
 	fs.IntVar(&o.ScaleEvents, "scale-events", 200_000, "events in each drain of the scaling curves (-phases scaling); one aggregate drains a tenth")
 	fs.BoolVar(&o.Quick, "quick", false, "100,000 events and 4s steady phases (unless -events/-steady are given)")
-	fs.StringVar(&o.ProfileDir, "cpuprofile", "", "also drain a poll backlog with the relay in-process and write cpu.pprof and allocs.pprof to this directory")
+	fs.StringVar(&o.ProfileDir, "cpuprofile", "", "also drain a backlog in each mode with a profiling relay (this binary re-executed as the relay) and write DIR/<mode>/cpu.pprof and allocs.pprof")
 	fs.StringVar(&o.RelayBin, "relay", "", "prebuilt relay binary (default: go build ./cmd/relay)")
 	if err := fs.Parse(args); err != nil {
 		return o, err

@@ -26,8 +26,8 @@ func printTable(w io.Writer, r *Results) {
 	for _, d := range r.Drains {
 		drainRow(t, fmt.Sprintf("%s → %s (%d relay)", d.Mode, sinkLabel(d.Sink), d.Relays), d)
 	}
-	if r.Profile != nil {
-		drainRow(t, "poll → NATS, profiled in-process", *r.Profile)
+	for _, p := range r.Profiles {
+		drainRow(t, p.Mode+" → NATS JetStream, profiled", p)
 	}
 	for _, k := range sortedKeys(r.Unavailable) {
 		mode, snk, _ := strings.Cut(k, "+")
