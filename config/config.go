@@ -56,6 +56,15 @@ type Poll struct {
 	// running against one outbox share between them; every relay on one
 	// outbox must use the same value. Default 16.
 	Partitions int `yaml:"partitions"`
+	// Notify makes `relay init` install a statement-level insert trigger
+	// that calls pg_notify, so the poller wakes at once on every insert.
+	// Default false, and init then removes the trigger: PostgreSQL
+	// serializes the commits of notifying transactions, which cut the
+	// application's single-row commit rate about threefold in our
+	// benchmark (docs/benchmarks.md). Without it the poller finds a steady
+	// trickle within milliseconds anyway and an idle outbox within
+	// capture.poll.interval.
+	Notify bool `yaml:"notify"`
 }
 
 // WAL tunes logical replication capture.
