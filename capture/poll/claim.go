@@ -108,8 +108,10 @@ func (s *Source) claimIn(ctx context.Context, tx pgx.Tx) (*batch, error) {
 	s.blocked = s.marks.held()
 	if n == 0 {
 		s.cursor = 0
+		s.quiet++
 		return nil, nil
 	}
+	s.quiet = 0
 	s.cursor = b.last
 	return b, nil
 }

@@ -55,9 +55,10 @@ type Options struct {
 	Layout schema.Layout
 	// BatchSize is the most rows one claim takes. Default 500.
 	BatchSize int
-	// Interval is the longest wait between polls while the outbox is idle.
-	// An insert wakes the poller at once when the notify trigger of `relay
-	// init` is installed. Default 200ms.
+	// Interval is the longest wait between polls while the outbox is idle;
+	// while rows keep coming the poller looks again within milliseconds. An
+	// insert wakes it at once when the notify trigger of `relay init`
+	// (capture.poll.notify) is installed. Default 200ms.
 	Interval time.Duration
 	// Partitions is how many partitions the outbox is split into by a hash
 	// of aggregate_id, the unit of work shared between relays (see Scale-out
@@ -83,6 +84,12 @@ type Options struct {
 // back by an open writer.
 const blockedInterval = 10 * time.Millisecond
 
+// busyInterval is the wait after a claim that found rows but did not fill a
+// batch. Each claim that finds nothing doubles the wait, up to
+// Options.Interval, so a steady trickle is picked up within milliseconds
+// and an idle outbox costs a few queries a second.
+const busyInterval = 5 * time.Millisecond
+
 // Source is a poll-mode capture.Source. Next must be called from one
 // goroutine; batches may be completed from others.
 type Source struct {
@@ -96,6 +103,7 @@ type Source struct {
 	rewind  atomic.Bool // set when rows below cursor may be unlocked again
 	idle    bool        // the last claim did not fill a batch
 	blocked bool        // the last claim was held back by an open writer
+	quiet   int         // claims in a row that found nothing
 	from    int64       // the cursor the last claim started from
 }
 
@@ -237,9 +245,12 @@ func (s *Source) disconnect(ctx context.Context) {
 	s.lease.lost()
 }
 
-// wait blocks until an insert is notified or the poll interval passes.
+// wait blocks until an insert is notified (with the trigger of
+// capture.poll.notify) or the current poll interval passes: busyInterval
+// after rows were found, doubling with every empty claim up to
+// Options.Interval.
 func (s *Source) wait(ctx context.Context) error {
-	d := s.opts.Interval
+	d := min(busyInterval<<min(s.quiet, 16), s.opts.Interval)
 	if s.blocked {
 		d = min(d, blockedInterval)
 	}

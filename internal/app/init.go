@@ -12,7 +12,8 @@ import (
 )
 
 // Init creates what is missing: the outbox table with the index serving the
-// poll query, the insert notify trigger (poll mode), the dead-letter table,
+// poll query, the insert notify trigger (poll mode with capture.poll.notify;
+// otherwise it removes it), the dead-letter table,
 // what archive.mode needs (mark: the published_at column; move: the
 // archive table) and what the sink needs (NATS stream, a fixed Kafka
 // topic). With dryRun it prints the SQL and changes nothing. Every
@@ -76,8 +77,10 @@ func Init(ctx context.Context, cfg *config.Config, dryRun bool, w io.Writer, log
 // the existing outbox's column types, or nil for the contract's.
 func initSQL(l schema.Layout, cfg *config.Config, types map[string]string) []string {
 	stmts := []string{l.CreateOutbox(), l.CreatePollIndex()}
-	if cfg.Capture.Mode == "poll" {
+	if cfg.Capture.Mode == "poll" && cfg.Capture.Poll.Notify {
 		stmts = append(stmts, l.CreateNotifyTrigger()...)
+	} else {
+		stmts = append(stmts, l.DropNotifyTrigger()...)
 	}
 	stmts = append(stmts, l.CreateDeadLetter(types)...)
 	return append(stmts, l.ArchiveDDL(cfg.Archive.Mode, types)...)

@@ -51,6 +51,15 @@ $fn$`, fn, quoteLiteral(l.NotifyChannel())),
 	}
 }
 
+// DropNotifyTrigger returns the statements removing the trigger of
+// CreateNotifyTrigger.
+func (l Layout) DropNotifyTrigger() []string {
+	return []string{
+		fmt.Sprintf(`DROP TRIGGER IF EXISTS %s ON %s`, Q(truncate(l.Outbox.Name+"_relay_notify")), l.Outbox.Ident()),
+		fmt.Sprintf(`DROP FUNCTION IF EXISTS %s()`, l.Outbox.sibling("_relay_notify")),
+	}
+}
+
 // CreateDeadLetter returns the statements creating the dead-letter table
 // when it is missing: the outbox columns with the outbox's types (types maps
 // column name to type; the contract's types are used for missing entries),
