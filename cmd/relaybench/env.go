@@ -193,6 +193,7 @@ type database struct {
 
 	pollInterval time.Duration
 	batchSize    int
+	notify       bool // capture.poll.notify
 }
 
 // slot is the relay's replication slot in wal mode: slots belong to the
@@ -223,6 +224,9 @@ func (d *database) configCopy(tag string) (string, int, error) {
 	}
 	if d.batchSize > 0 {
 		poll += fmt.Sprintf("\n    batch_size: %d", d.batchSize)
+	}
+	if d.notify {
+		poll += "\n    notify: true"
 	}
 	if poll != "" {
 		poll = "\n  poll:" + poll
@@ -260,7 +264,7 @@ func (e *env) newSinkDatabase(ctx context.Context, name, mode, snk string) (*dat
 		return nil, err
 	}
 	d := &database{name: name, dsn: dsn, mode: mode, sink: snk, dir: e.dir, natsURL: e.nats.URL(),
-		pollInterval: e.opts.PollInterval, batchSize: e.opts.BatchSize}
+		pollInterval: e.opts.PollInterval, batchSize: e.opts.BatchSize, notify: e.opts.PollNotify && mode == "poll"}
 	if snk == "kafka" {
 		if err := e.startKafka(); err != nil {
 			return nil, err
@@ -312,9 +316,6 @@ func (e *env) initRelay(ctx context.Context, d *database) error {
 	out, err := e.relayCmd(ctx, "init", "--config", d.cfgPath)
 	if err != nil && strings.Contains(out, "not implemented") {
 		return fmt.Errorf("%w: %s", errNotAvailable, firstLine(out))
-	}
-	if err == nil && d.mode == "poll" && !e.opts.PollNotify {
-		err = d.exec(ctx, `DROP TRIGGER IF EXISTS outbox_relay_notify ON outbox`)
 	}
 	return err
 }

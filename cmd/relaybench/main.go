@@ -48,9 +48,8 @@ type Options struct {
 	Writers     int           // concurrent single-row writers (commit rate and steady state); 0: the best of writerSweep
 	Quick       bool
 	ScaleEvents int // backlog of each scaling-curve drain
-	// PollNotify keeps the NOTIFY trigger `relay init` installs in poll
-	// mode; false drops it after init (an experiment: poll capture then
-	// wakes only every PollInterval).
+	// PollNotify sets capture.poll.notify: `relay init` installs the
+	// insert NOTIFY trigger that wakes poll capture at once.
 	PollNotify   bool
 	PollInterval time.Duration // capture.poll.interval; 0: the relay's default
 	BatchSize    int           // capture.poll.batch_size; 0: the relay's default
@@ -111,7 +110,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.IntVar(&o.Writers, "writers", 0, "concurrent single-row writers; 0: measure the commit rate with 4, 8, 16 and 32 and use the best")
 	fs.IntVar(&o.Relays, "relays", 1, "relays running at once in the drains (poll relays share the work; wal relays stand by)")
 	fs.DurationVar(&o.Background, "background", 3*time.Second, "how long to sample the machine's background load before starting; 0: skip")
-	fs.BoolVar(&o.PollNotify, "poll-notify", true, "keep the insert NOTIFY trigger `relay init` installs in poll mode (false drops it: an experiment)")
+	fs.BoolVar(&o.PollNotify, "poll-notify", false, "set capture.poll.notify: `relay init` installs the insert NOTIFY trigger that wakes poll capture")
 	fs.DurationVar(&o.PollInterval, "poll-interval", 0, "capture.poll.interval of the relay (default: the relay's default)")
 	fs.IntVar(&o.BatchSize, "batch-size", 0, "capture.poll.batch_size of the relay (default: the relay's default)")
 	fs.IntVar(&o.ScaleEvents, "scale-events", 200_000, "events in each drain of the scaling curves (-phases scaling); one aggregate drains a tenth")

@@ -47,7 +47,7 @@ func printTable(w io.Writer, r *Results) {
 		t.row("SINGLE-ROW COMMITS", "commits/s", "seconds", "writers", "p50 ms", "p99 ms")
 		t.row("plain outbox (the rate the loads are % of)", f0(c.PerSecond), f1(c.Seconds), fmt.Sprint(c.Writers), f2(c.Latency.P50), f2(c.Latency.P99))
 		if n := r.NotifyCommitRate; n != nil {
-			t.row("outbox with poll's NOTIFY trigger", f0(n.PerSecond), f1(n.Seconds), fmt.Sprint(n.Writers), f2(n.Latency.P50), f2(n.Latency.P99))
+			t.row("with a NOTIFY trigger (poll.notify)", f0(n.PerSecond), f1(n.Seconds), fmt.Sprint(n.Writers), f2(n.Latency.P50), f2(n.Latency.P99))
 		}
 	}
 	t.flush()
