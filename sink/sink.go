@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/outboxrelay/relay/event"
@@ -126,59 +127,86 @@ func AsUnavailable(err error) error { return &classified{err: err, class: Unavai
 type Template struct {
 	raw      string
 	sanitize func(rune) rune
-	fixed    bool
+	parts    []part // raw split into literals and placeholders
 }
 
-// Placeholders lists the names a template may use.
+// part is a literal piece of a template or, when field is not fieldNone, a
+// placeholder.
+type part struct {
+	lit   string
+	field int
+}
+
+const fieldNone = -1
+
+// Placeholders lists the names a template may use; a part's field indexes
+// it.
 var Placeholders = []string{"{aggregate_type}", "{event_type}", "{aggregate_id}"}
 
 // NewTemplate parses raw. It fails on an unknown {placeholder}.
 func NewTemplate(raw string, sanitize func(rune) rune) (Template, error) {
-	rest := raw
-	for {
+	t := Template{raw: raw, sanitize: sanitize}
+	for rest := raw; rest != ""; {
 		i := strings.IndexByte(rest, '{')
 		if i < 0 {
+			t.parts = append(t.parts, part{lit: rest, field: fieldNone})
 			break
 		}
 		j := strings.IndexByte(rest[i:], '}')
 		if j < 0 {
 			return Template{}, fmt.Errorf("template %q: unclosed {", raw)
 		}
-		name := rest[i : i+j+1]
-		known := false
-		for _, p := range Placeholders {
-			known = known || p == name
+		field := slices.Index(Placeholders, rest[i:i+j+1])
+		if field < 0 {
+			return Template{}, fmt.Errorf("template %q: unknown placeholder %s (allowed: %s)", raw, rest[i:i+j+1], strings.Join(Placeholders, ", "))
 		}
-		if !known {
-			return Template{}, fmt.Errorf("template %q: unknown placeholder %s (allowed: %s)", raw, name, strings.Join(Placeholders, ", "))
+		if i > 0 {
+			t.parts = append(t.parts, part{lit: rest[:i], field: fieldNone})
 		}
+		t.parts = append(t.parts, part{field: field})
 		rest = rest[i+j+1:]
 	}
-	return Template{raw: raw, sanitize: sanitize, fixed: !strings.Contains(raw, "{")}, nil
+	return t, nil
 }
 
 // Raw returns the template text.
 func (t Template) Raw() string { return t.raw }
 
-// Render returns the destination of e. An empty value renders as "_".
+// Render returns the destination of e. An empty value renders as "_". It
+// allocates only the result, and nothing for a template without
+// placeholders.
 func (t Template) Render(e *event.Event) string {
-	if t.fixed {
+	if len(t.parts) == 1 && t.parts[0].field == fieldNone {
 		return t.raw
 	}
-	r := strings.NewReplacer(
-		"{aggregate_type}", t.clean(e.AggregateType),
-		"{event_type}", t.clean(e.EventType),
-		"{aggregate_id}", t.clean(e.AggregateID),
-	)
-	return r.Replace(t.raw)
+	var b strings.Builder
+	b.Grow(len(t.raw) + len(e.AggregateType) + len(e.AggregateID))
+	for _, p := range t.parts {
+		switch p.field {
+		case fieldNone:
+			b.WriteString(p.lit)
+		case 0:
+			t.write(&b, e.AggregateType)
+		case 1:
+			t.write(&b, e.EventType)
+		default:
+			t.write(&b, e.AggregateID)
+		}
+	}
+	return b.String()
 }
 
-func (t Template) clean(v string) string {
+// write appends v cleaned for the broker.
+func (t Template) write(b *strings.Builder, v string) {
 	if v == "" {
-		return "_"
+		b.WriteByte('_')
+		return
 	}
 	if t.sanitize == nil {
-		return v
+		b.WriteString(v)
+		return
 	}
-	return strings.Map(t.sanitize, v)
+	for _, r := range v {
+		b.WriteRune(t.sanitize(r))
+	}
 }
