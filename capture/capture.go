@@ -24,7 +24,8 @@ type Source interface {
 // goroutine than the one that called Next, and batches may be completed in
 // any order.
 type Batch interface {
-	// Events returns the batch's events in source order.
+	// Events returns the batch's events in source order. After Complete a
+	// source may release them and return nil.
 	Events() []*event.Event
 	// Complete archives the published events (per archive.mode) and moves the
 	// dead events to the dead-letter table, atomically. The events neither

@@ -36,12 +36,19 @@ type stream struct {
 	stop  context.CancelCauseFunc // ends run, e.g. after a failed archive
 	sent  pglogrepl.LSN           // the position of the last status update; run's only
 
-	mu       sync.Mutex
-	open     *batch // being filled by run
-	atCommit bool   // the open batch's last row's transaction has committed
-	inflight []*batch
-	flushed  pglogrepl.LSN // the position confirmed to the server
+	mu         sync.Mutex
+	open       *batch // being filled by run
+	atCommit   bool   // the open batch's last row's transaction has committed
+	inflight   []*batch
+	flushed    pglogrepl.LSN // the position confirmed to the server
+	unarchived int           // handed-out batches not archived yet
 }
+
+// maxUnarchived bounds the batches handed out and not yet archived. The
+// pipeline's window only counts unpublished events; this bound also holds
+// memory while archiving lags behind publishing (with large payloads the
+// stream otherwise ran far past the window).
+const maxUnarchived = 24
 
 func newStream(src *Source, conn *pgconn.PgConn, start pglogrepl.LSN, every time.Duration) *stream {
 	st := &stream{src: src, conn: conn, dec: newDecoder(src.opts.Layout), every: every, log: src.log,
@@ -78,9 +85,10 @@ func (st *stream) take() *batch {
 	defer st.mu.Unlock()
 	b := st.open
 	full := b.rows() >= st.src.opts.BatchSize
-	if b.rows() == 0 || !(full || st.atCommit) {
+	if b.rows() == 0 || !(full || st.atCommit) || st.unarchived >= maxUnarchived {
 		return nil
 	}
+	st.unarchived++
 	st.inflight = append(st.inflight, b)
 	st.open, st.atCommit = st.newBatch(), false
 	if full {
@@ -95,6 +103,9 @@ func (st *stream) archived(b *batch) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	b.done = true
+	b.events, b.seqs, b.bad = nil, nil, nil // only its ack matters now
+	st.unarchived--
+	signal(st.ready)
 	i := 0
 	for ; i < len(st.inflight) && st.inflight[i].done; i++ {
 		st.flushed = max(st.flushed, st.inflight[i].ack)

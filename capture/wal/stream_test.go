@@ -169,16 +169,16 @@ func TestConfirmedNeverPassesUnarchived(t *testing.T) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
 	start := confirmed(t, pool, o.Slot)
+	first := pglogrepl.LSN(bs[0].Events()[0].Position)
+	last := pglogrepl.LSN(bs[len(bs)-1].Events()[0].Position) // Events is empty once archived
 	for _, b := range slices.Backward(bs[1:]) {
 		complete(t, b)
 	}
-	first := pglogrepl.LSN(bs[0].Events()[0].Position)
 	time.Sleep(5 * o.StatusInterval)
 	if c := confirmed(t, pool, o.Slot); c > first {
 		t.Fatalf("confirmed %s passed the unarchived event at %s (start %s)", c, first, start)
 	}
 	complete(t, bs[0])
-	last := pglogrepl.LSN(bs[len(bs)-1].Events()[0].Position)
 	waitFor(t, 5*time.Second, "the slot to confirm past every archived event", func() bool {
 		return confirmed(t, pool, o.Slot) > last
 	})
@@ -195,10 +195,10 @@ func TestRestartRedeliversUnconfirmedTail(t *testing.T) {
 		want = append(want, insert(t, pool, "a", i))
 	}
 	bs := collect(t, src, 10, 10*time.Second)
+	tail := want[len(bs[0].Events())+len(bs[1].Events()):] // Events is empty once archived
 	complete(t, bs[0])
 	complete(t, bs[1])
 	complete(t, bs[3]) // archived, but after an unarchived batch
-	tail := want[len(bs[0].Events())+len(bs[1].Events()):]
 	src.Close()
 	o.Logger = testLog(t)
 	again := newSource(t, o)
