@@ -260,6 +260,9 @@ func (e *env) pgoutputBaseline(ctx context.Context, d *database, pub string, eve
 	t0 := time.Now()
 	out, err := cmd.CombinedOutput()
 	el := time.Since(t0)
+	// Let the postmaster reap the walsender, so that its CPU time shows in
+	// the postmaster's children.
+	time.Sleep(300 * time.Millisecond)
 	res.CPU = cpuBetween(cpu0, sampleCPU(), 0)
 	if err != nil {
 		return res, fmt.Errorf("pg_recvlogical: %w\n%s", err, out)
