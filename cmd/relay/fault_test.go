@@ -62,10 +62,9 @@ func TestBrokerOutage(t *testing.T) {
 	t.Logf("broker outage: publishing resumed %.2fs after NATS came back; %s", resumed.Seconds(), s.stream.Check())
 }
 
-// TestPostgresRestartAndCuts restarts Postgres and cuts the relay's
-// database connections (through a proxy) while producers write: the relay
-// reconnects and finishes without loss or order breaks.
-func TestPostgresRestartAndCuts(t *testing.T) {
+// proxiedStack starts a Postgres cluster of the test's own (so it can be
+// restarted) and a stack whose relay reaches it through a proxy.
+func proxiedStack(t *testing.T) (*testenv.Postgres, *testenv.Proxy, *stack) {
 	pg, err := testenv.StartPostgres(context.Background(), testenv.PostgresOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -80,9 +79,16 @@ func TestPostgresRestartAndCuts(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(proxy.Close)
-	relayDSN := strings.Replace(dsn, fmt.Sprintf(":%d/", pg.Port()), fmt.Sprintf(":%d/", proxy.Port()), 1)
 	s := newStack(t, stackOptions{DSN: dsn})
-	rewriteDSN(t, s.cfgPath, dsn, relayDSN)
+	rewriteDSN(t, s.cfgPath, dsn, strings.Replace(dsn, fmt.Sprintf(":%d/", pg.Port()), fmt.Sprintf(":%d/", proxy.Port()), 1))
+	return pg, proxy, s
+}
+
+// TestPostgresRestartAndCuts restarts Postgres and cuts the relay's
+// database connections (through a proxy) while producers write: the relay
+// reconnects and finishes without loss or order breaks.
+func TestPostgresRestartAndCuts(t *testing.T) {
+	pg, proxy, s := proxiedStack(t)
 	relay := s.start()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -142,28 +148,13 @@ func TestThreePollRelaysOneKilled(t *testing.T) {
 // TestStallsAndCuts runs the relay's NATS and Postgres connections through
 // proxies that stall and cut them while producers write.
 func TestStallsAndCuts(t *testing.T) {
-	pg, err := testenv.StartPostgres(context.Background(), testenv.PostgresOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pg.Stop() })
-	dsn, err := pg.CreateDatabase(context.Background(), "app")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dbProxy, err := testenv.StartProxy(fmt.Sprintf("127.0.0.1:%d", pg.Port()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(dbProxy.Close)
-	s := newStack(t, stackOptions{DSN: dsn})
+	_, dbProxy, s := proxiedStack(t)
 	s.wireGaps = true
 	natsProxy, err := testenv.StartProxy(strings.TrimPrefix(s.nats.URL(), "nats://"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(natsProxy.Close)
-	rewriteDSN(t, s.cfgPath, dsn, strings.Replace(dsn, fmt.Sprintf(":%d/", pg.Port()), fmt.Sprintf(":%d/", dbProxy.Port()), 1))
 	rewriteDSN(t, s.cfgPath, s.nats.URL(), "nats://"+natsProxy.Addr())
 	relay := s.start()
 	ctx, cancel := context.WithCancel(context.Background())
