@@ -240,3 +240,26 @@ func TestArchiveModes(t *testing.T) {
 		})
 	}
 }
+
+// TestRunWithoutInit runs relay run on an outbox the application created
+// by hand: run creates the dead-letter table, the publication, the slot and
+// the NATS stream itself, and rows written before it started are published.
+func TestRunWithoutInit(t *testing.T) {
+	for _, mode := range []string{"poll", "wal"} {
+		t.Run(mode, func(t *testing.T) {
+			s := newStack(t, stackOptions{Mode: mode, NoInit: true})
+			ctx := context.Background()
+			s.produce(ctx, 600, 60, 3)
+			relay := s.start()
+			s.produce(ctx, 600, 60, 3)
+			s.waitDrained(30 * time.Second)
+			relay.stop(t, 15*time.Second)
+			s.verify()
+			var dl bool
+			s.pool.QueryRow(ctx, `SELECT to_regclass('public.outbox_dead_letter') IS NOT NULL`).Scan(&dl)
+			if !dl {
+				t.Error("relay run did not create the dead-letter table")
+			}
+		})
+	}
+}

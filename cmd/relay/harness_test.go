@@ -25,6 +25,19 @@ import (
 	"github.com/outboxrelay/relay/internal/verify"
 )
 
+// contractOutbox is the outbox table of CONTRACT §1, as an application
+// creates it.
+const contractOutbox = `CREATE TABLE outbox (
+  id             uuid        PRIMARY KEY,
+  aggregate_type text        NOT NULL,
+  aggregate_id   text        NOT NULL,
+  event_type     text        NOT NULL,
+  payload        jsonb       NOT NULL,
+  headers        jsonb,
+  created_at     timestamptz NOT NULL DEFAULT now(),
+  seq            bigint      GENERATED ALWAYS AS IDENTITY
+)`
+
 // slotCounter makes replication slot names unique in the cluster the
 // package's tests share.
 var slotCounter atomic.Int64
@@ -79,6 +92,9 @@ type stackOptions struct {
 	// Sink is the config's sink block; default NATS JetStream on the
 	// stack's server. With another sink, Collect must be set.
 	Sink string
+	// NoInit skips `relay init`: the outbox is created by hand as in
+	// CONTRACT §1, and `relay run` must create everything else itself.
+	NoInit bool
 	// Collect returns every delivery the sink's consumer has seen so far,
 	// in delivery order; it replaces the NATS subscriber and stream reader.
 	Collect func() []verify.Delivery
@@ -120,11 +136,15 @@ capture:
     slot: relay_test_%d
 %sshutdown_timeout: 10s
 %s`, s.dsn, o.Mode, slotCounter.Add(1), o.Sink, o.Extra))
-	if out, code := runRelay(t, "init", "--config", s.cfgPath); code != 0 {
-		t.Fatalf("relay init: exit %d\n%s", code, out)
-	}
 	if s.pool, err = pgxpool.New(context.Background(), s.dsn); err != nil {
 		t.Fatal(err)
+	}
+	if o.NoInit {
+		if _, err := s.pool.Exec(context.Background(), contractOutbox); err != nil {
+			t.Fatal(err)
+		}
+	} else if out, code := runRelay(t, "init", "--config", s.cfgPath); code != 0 {
+		t.Fatalf("relay init: exit %d\n%s", code, out)
 	}
 	t.Cleanup(s.pool.Close)
 	if s.collect == nil {
