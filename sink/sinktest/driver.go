@@ -61,6 +61,7 @@ type driveResult struct {
 // an error when an event fails permanently or ctx ends first. At most
 // window events are taken from src and not yet acknowledged at any time.
 func (d *driver) run(ctx context.Context, src source, window int) error {
+	window = max(window, 1) // a window of 0 would never read the source's end
 	queues := map[string][]*event.Event{}
 	var ready []string
 	attempts := map[string]int{}
