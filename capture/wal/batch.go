@@ -32,6 +32,7 @@ type batch struct {
 	ack  pglogrepl.LSN
 	done bool     // archived; guarded by st.mu
 	xids []uint32 // the transactions of the batch's rows
+	n    int      // rows when handed out; guarded by st.mu
 }
 
 func (b *batch) rows() int { return len(b.events) + len(b.bad) }
@@ -73,18 +74,15 @@ func (b *batch) archive(ctx context.Context, o capture.Outcome) error {
 			dead = append(dead, *r.vals[fID])
 		}
 	}
-	q, pool := b.src.sql, b.src.opts.Pool
-	if err := b.waitVisible(ctx); err != nil {
-		return err
-	}
 	if len(o.Dead)+len(b.bad) == 0 {
 		if len(published) == 0 {
 			return nil
 		}
-		if _, err := pool.Exec(ctx, q.archive, published); err != nil {
-			return fmt.Errorf("archive %d rows: %w", len(published), err)
-		}
-		return nil
+		return b.src.arch.archive(ctx, published, b.xids)
+	}
+	q, pool := b.src.sql, b.src.opts.Pool
+	if err := waitVisible(ctx, pool, b.xids); err != nil {
+		return err
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		br := &pgx.Batch{}
@@ -99,38 +97,6 @@ func (b *batch) archive(ctx context.Context, o capture.Outcome) error {
 		return fmt.Errorf("archive %d rows and dead-letter %d: %w", len(published), len(o.Dead)+len(b.bad), err)
 	}
 	return nil
-}
-
-// waitVisible waits until the batch's transactions are visible to new
-// snapshots. The walsender can send a transaction as soon as its commit
-// record is in the WAL, a moment before the committing backend makes it
-// visible; an archive statement in that moment would not see the rows and
-// leave them in the outbox for good. A transaction holds the lock on its
-// own id until after it became visible, so waiting for those locks to go
-// is enough. Usually they are gone already and this is one query.
-func (b *batch) waitVisible(ctx context.Context) error {
-	if len(b.xids) == 0 {
-		return nil
-	}
-	xids := make([]string, len(b.xids))
-	for i, x := range b.xids {
-		xids[i] = strconv.FormatUint(uint64(x), 10)
-	}
-	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
-		var open bool
-		if err := b.src.opts.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks
-			WHERE locktype = 'transactionid' AND transactionid = ANY($1::text[]::xid[]))`, xids).Scan(&open); err != nil {
-			return fmt.Errorf("wait for committed transactions: %w", err)
-		}
-		if !open {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(wait):
-		}
-	}
 }
 
 // deadArgs returns the arguments of the dead-letter insert: the outbox

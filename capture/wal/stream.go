@@ -41,14 +41,16 @@ type stream struct {
 	atCommit   bool   // the open batch's last row's transaction has committed
 	inflight   []*batch
 	flushed    pglogrepl.LSN // the position confirmed to the server
-	unarchived int           // handed-out batches not archived yet
+	unarchived int           // rows of handed-out batches not archived yet
 }
 
-// maxUnarchived bounds the batches handed out and not yet archived. The
-// pipeline's window only counts unpublished events; this bound also holds
-// memory while archiving lags behind publishing (with large payloads the
-// stream otherwise ran far past the window).
-const maxUnarchived = 24
+// maxUnarchivedBatches bounds the rows handed out and not yet archived, in
+// full batches. The pipeline's window only counts unpublished events; this
+// bound also holds memory while archiving lags behind publishing (with
+// large payloads the stream otherwise ran far past the window). It counts
+// rows, not batches, so that a stream of small transactions is not held
+// back by the number of its batches.
+const maxUnarchivedBatches = 24
 
 func newStream(src *Source, conn *pgconn.PgConn, start pglogrepl.LSN, every time.Duration) *stream {
 	st := &stream{src: src, conn: conn, dec: newDecoder(src.opts.Layout), every: every, log: src.log,
@@ -85,10 +87,11 @@ func (st *stream) take() *batch {
 	defer st.mu.Unlock()
 	b := st.open
 	full := b.rows() >= st.src.opts.BatchSize
-	if b.rows() == 0 || !(full || st.atCommit) || st.unarchived >= maxUnarchived {
+	if b.rows() == 0 || !(full || st.atCommit) || st.unarchived >= maxUnarchivedBatches*st.src.opts.BatchSize {
 		return nil
 	}
-	st.unarchived++
+	b.n = b.rows()
+	st.unarchived += b.n
 	st.inflight = append(st.inflight, b)
 	st.open, st.atCommit = st.newBatch(), false
 	if full {
@@ -104,7 +107,7 @@ func (st *stream) archived(b *batch) {
 	defer st.mu.Unlock()
 	b.done = true
 	b.events, b.seqs, b.bad = nil, nil, nil // only its ack matters now
-	st.unarchived--
+	st.unarchived -= b.n
 	signal(st.ready)
 	i := 0
 	for ; i < len(st.inflight) && st.inflight[i].done; i++ {

@@ -150,6 +150,7 @@ type Source struct {
 	opts   Options
 	log    *slog.Logger
 	sql    queries
+	arch   *archiver
 	repl   *pgconn.Config
 	lead   *leadership
 	health health
@@ -201,6 +202,7 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	s.health.lag = -1
 	bg, stop := context.WithCancel(context.Background())
 	s.stop = stop
+	s.arch = newArchiver(bg, opts.Pool, s.sql.archive, maxUnarchivedBatches*opts.BatchSize)
 	s.wg.Go(func() { s.lead.run(bg) })
 	s.wg.Go(func() { s.watchHealth(bg) })
 	return s, nil
@@ -425,6 +427,7 @@ func (s *Source) watchHealth(ctx context.Context) {
 func (s *Source) Close() error {
 	s.stop()
 	s.wg.Wait()
+	s.arch.wait()
 	s.drainedMu.Lock()
 	open := slices.Collect(maps.Keys(s.unsettled))
 	s.drainedMu.Unlock()

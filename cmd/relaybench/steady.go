@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -446,7 +447,14 @@ func (e *env) measureSteady(ctx context.Context, d *database, commitRate float64
 		return nil, err
 	}
 	e.deleteStream(ctx)
-	relay, err := e.startRelay(d, "steady-"+d.mode)
+	start := relayStarter(e.startRelay)
+	if o.ProfileDir != "" {
+		var err error
+		if start, err = e.selfRelay(filepath.Join(o.ProfileDir, "steady-"+d.mode)); err != nil {
+			return nil, err
+		}
+	}
+	relay, err := start(d, "steady-"+d.mode)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,160 @@
+package wal
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// archiver archives published rows for all batches of a source, grouping
+// the batches completed while an archive statement runs into the next one
+// (group commit): a stream of small transactions then costs a few archive
+// commits per round trip, not one per batch. At most maxArchivers
+// statements run at once. Safe for concurrent use.
+type archiver struct {
+	pool  *pgxpool.Pool
+	query string // archives the rows whose ids are in $1
+	limit int    // the most ids in one statement
+	ctx   context.Context
+	wg    sync.WaitGroup // the running statements
+
+	mu      sync.Mutex
+	queue   []*archiveReq
+	running int
+}
+
+// maxArchivers bounds the archive statements running at once: two keep
+// one statement's round trip and commit overlapping the next one's work.
+const maxArchivers = 2
+
+type archiveReq struct {
+	ids  []string
+	xids []uint32
+	done chan error // buffered
+}
+
+// newArchiver returns an archiver whose statements run until ctx ends.
+func newArchiver(ctx context.Context, pool *pgxpool.Pool, query string, limit int) *archiver {
+	return &archiver{pool: pool, query: query, limit: limit, ctx: ctx}
+}
+
+// wait waits for the running statements; cancel the archiver's context
+// first.
+func (a *archiver) wait() { a.wg.Wait() }
+
+// archive archives the rows with the given ids, inserted by transactions
+// xids, and returns once they are archived or ctx ends.
+func (a *archiver) archive(ctx context.Context, ids []string, xids []uint32) error {
+	req := &archiveReq{ids: ids, xids: xids, done: make(chan error, 1)}
+	a.mu.Lock()
+	a.queue = append(a.queue, req)
+	if a.running < maxArchivers {
+		a.running++
+		a.wg.Go(a.run)
+	}
+	a.mu.Unlock()
+	select {
+	case err := <-req.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// run archives queued requests, as many per statement as the limit allows,
+// until the queue is empty.
+func (a *archiver) run() {
+	for {
+		group := a.take()
+		if group == nil {
+			return
+		}
+		var ids []string
+		var xids []uint32
+		for _, r := range group {
+			ids = append(ids, r.ids...)
+			xids = append(xids, r.xids...)
+		}
+		err := a.exec(a.ctx, ids, xids)
+		for _, r := range group {
+			r.done <- err
+		}
+	}
+}
+
+// take removes the next group from the queue, or returns nil and counts
+// the runner out when the queue is empty.
+func (a *archiver) take() []*archiveReq {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n, rows := 0, 0
+	for ; n < len(a.queue) && (n == 0 || rows+len(a.queue[n].ids) <= a.limit); n++ {
+		rows += len(a.queue[n].ids)
+	}
+	if n == 0 {
+		a.running--
+		return nil
+	}
+	group := a.queue[:n:n]
+	a.queue = a.queue[n:]
+	return group
+}
+
+// exec runs the archive statement. When it archives fewer rows than ids,
+// some rows were not visible yet (the walsender sends a transaction a
+// moment before it becomes visible) or are gone (inserted and deleted in
+// one transaction by the application): it waits until the transactions
+// are visible and runs the statement again, which archives the late rows
+// and finds the others gone. The statements are idempotent.
+func (a *archiver) exec(ctx context.Context, ids []string, xids []uint32) error {
+	tag, err := a.pool.Exec(ctx, a.query, ids)
+	if err != nil {
+		return fmt.Errorf("archive %d rows: %w", len(ids), err)
+	}
+	if tag.RowsAffected() >= int64(len(ids)) {
+		return nil
+	}
+	if err := waitVisible(ctx, a.pool, xids); err != nil {
+		return err
+	}
+	if _, err := a.pool.Exec(ctx, a.query, ids); err != nil {
+		return fmt.Errorf("archive %d rows: %w", len(ids), err)
+	}
+	return nil
+}
+
+// waitVisible waits until the transactions xids are visible to new
+// snapshots. The walsender can send a transaction as soon as its commit
+// record is in the WAL, a moment before the committing backend makes it
+// visible; an archive statement in that moment would not see the rows and
+// leave them in the outbox for good. A transaction holds the lock on its
+// own id until after it became visible, so waiting for those locks to go
+// is enough.
+func waitVisible(ctx context.Context, pool *pgxpool.Pool, xids []uint32) error {
+	if len(xids) == 0 {
+		return nil
+	}
+	text := make([]string, len(xids))
+	for i, x := range xids {
+		text[i] = strconv.FormatUint(uint64(x), 10)
+	}
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		var open bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks
+			WHERE locktype = 'transactionid' AND transactionid = ANY($1::text[]::xid[]))`, text).Scan(&open); err != nil {
+			return fmt.Errorf("wait for committed transactions: %w", err)
+		}
+		if !open {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
