@@ -29,12 +29,13 @@ type stream struct {
 	every time.Duration // between standby status updates
 	log   *slog.Logger
 
-	ready chan struct{} // signalled when the open batch can be taken
-	taken chan struct{} // signalled when a full open batch was taken
-	done  chan struct{} // closed when run returned; err is set then
-	err   error
-	stop  context.CancelCauseFunc // ends run, e.g. after a failed archive
-	sent  pglogrepl.LSN           // the position of the last status update; run's only
+	ready    chan struct{} // signalled when the open batch can be taken
+	taken    chan struct{} // signalled when a full open batch was taken
+	done     chan struct{} // closed when run returned; err is set then
+	err      error
+	stop     context.CancelCauseFunc // ends run, e.g. after a failed archive
+	sent     pglogrepl.LSN           // the position of the last status update; run's only
+	deadline time.Time               // the socket's read deadline; run's only
 
 	mu         sync.Mutex
 	open       *batch // being filled by run
@@ -192,7 +193,9 @@ func signal(c chan struct{}) {
 // run owns the connection until ctx ends or the stream fails. On the way
 // out it sends a last status update, closes the connection and sets err.
 func (st *stream) run(ctx context.Context) {
+	interrupt := context.AfterFunc(ctx, func() { st.conn.Conn().SetReadDeadline(time.Now()) })
 	err := st.loop(ctx)
+	interrupt()
 	if cause := context.Cause(ctx); cause != nil {
 		err = cause
 	}
@@ -207,10 +210,14 @@ func (st *stream) run(ctx context.Context) {
 }
 
 // loop receives messages, waiting at most until the next status update is
-// due. While the open batch is full it does not read, so the server stops
-// sending, but it keeps sending status updates on time.
+// due. A moved confirmed position is reported at most every ackDelay; the
+// server's requests for a reply are answered at once. While the open batch
+// is full it does not read, so the server stops sending, but it keeps
+// sending status updates on time.
 func (st *stream) loop(ctx context.Context) error {
 	due := time.Now().Add(st.every)
+	var sentAt time.Time
+	tick := time.Now().Add(ackDelay)
 	for {
 		if st.full() {
 			if err := st.waitTaken(ctx, &due); err != nil {
@@ -218,25 +225,34 @@ func (st *stream) loop(ctx context.Context) error {
 			}
 			continue
 		}
+		// tick moves in ackDelay steps, so the socket's deadline rarely
+		// changes while messages flow.
+		if now := time.Now(); !now.Before(tick) {
+			tick = now.Add(ackDelay)
+		}
 		wait := due
-		if soon := time.Now().Add(ackDelay); st.pending() && soon.Before(due) {
-			wait = soon
+		if st.pending() && tick.Before(due) {
+			wait = tick
 		}
 		reply, err := st.receive(ctx, wait)
 		if err != nil {
 			return err
 		}
-		if reply || !time.Now().Before(due) || st.position() != st.sent {
+		now := time.Now()
+		moved := st.position() != st.sent && now.Sub(sentAt) >= ackDelay
+		if reply || moved || !now.Before(due) {
 			if err := st.sendStatus(); err != nil {
 				return err
 			}
-			due = time.Now().Add(st.every)
+			sentAt, due = now, now.Add(st.every)
 		}
 	}
 }
 
-// ackDelay bounds how long an archived position waits before it is
-// confirmed to the server, so a crash replays little.
+// ackDelay is the least time between status updates that report a moved
+// confirmed position: an archived position is confirmed within about two
+// of them, so a crash replays little, while a stream of small transactions
+// does not send the server a status update per archive.
 const ackDelay = 100 * time.Millisecond
 
 // pending reports whether batches are in flight or an archived position is
@@ -248,15 +264,25 @@ func (st *stream) pending() bool {
 }
 
 // receive handles the next message, or returns when due passes. It reports
-// whether the server asked for a reply.
+// whether the server asked for a reply. The wait is a read deadline on the
+// socket, set only when due moves, not a context per message: a stream of
+// small transactions is thousands of messages a second. run moves the
+// deadline to now when ctx ends.
 func (st *stream) receive(ctx context.Context, due time.Time) (bool, error) {
-	rctx, cancel := context.WithDeadline(ctx, due)
-	defer cancel()
-	msg, err := st.conn.ReceiveMessage(rctx)
+	if !due.Equal(st.deadline) {
+		if err := st.conn.Conn().SetReadDeadline(due); err != nil {
+			return false, fmt.Errorf("receive: %w", err)
+		}
+		st.deadline = due
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	msg, err := st.conn.ReceiveMessage(context.Background())
 	switch {
 	case ctx.Err() != nil:
 		return false, ctx.Err()
-	case err != nil && rctx.Err() != nil:
+	case err != nil && pgconn.Timeout(err):
 		return false, nil // a status update is due
 	case err != nil:
 		return false, fmt.Errorf("receive: %w", err)

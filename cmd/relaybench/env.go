@@ -441,6 +441,9 @@ func (e *env) startProc(tag string, port int, bin string, args ...string) (*rela
 		http: &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableCompression: true}}}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
+	if n := e.opts.RelayProcs; n > 0 {
+		p.cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", n))
+	}
 	p.started = time.Now()
 	if err := p.cmd.Start(); err != nil {
 		f.Close()

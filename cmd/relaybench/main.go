@@ -18,7 +18,7 @@
 //
 //	go run ./cmd/relaybench [-events N] [-aggregates N] [-payload BYTES]
 //	    [-out results.json] [-modes poll,wal] [-quick] [-steady 15s]
-//	    [-cpuprofile DIR]
+//	    [-cpuprofile DIR] [-relay-gomaxprocs N]
 package main
 
 import (
@@ -57,6 +57,7 @@ type Options struct {
 	Relays       int           // relays draining at once (poll mode shares the work)
 	ProfileDir   string        // when set: an extra in-process poll drain with CPU and allocation profiles written here
 	RelayBin     string        // a prebuilt relay binary; empty: go build ./cmd/relay
+	RelayProcs   int           // GOMAXPROCS of the relay processes; 0: Go's default (the CPU count)
 	Log          io.Writer
 	Args         []string // the command line, for the results
 }
@@ -117,6 +118,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.BoolVar(&o.Quick, "quick", false, "100,000 events and 4s steady phases (unless -events/-steady are given)")
 	fs.StringVar(&o.ProfileDir, "cpuprofile", "", "also drain a backlog in each mode with a profiling relay (this binary re-executed as the relay) and write DIR/<mode>/cpu.pprof and allocs.pprof")
 	fs.StringVar(&o.RelayBin, "relay", "", "prebuilt relay binary (default: go build ./cmd/relay)")
+	fs.IntVar(&o.RelayProcs, "relay-gomaxprocs", 0, "GOMAXPROCS of the relay processes (default: Go's, the CPU count)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
