@@ -2,7 +2,6 @@ package poll
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -199,7 +198,8 @@ func fill(ev *event.Event, id, aggType, aggID, evType *string, headers []byte, c
 		ev.CreatedAt = *created
 	}
 	if headers != nil {
-		if err := json.Unmarshal(headers, &ev.Headers); err != nil {
+		var err error
+		if ev.Headers, err = event.ParseHeaders(headers); err != nil {
 			return fmt.Errorf("headers must be a JSON object of strings: %v", err)
 		}
 	}

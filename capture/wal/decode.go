@@ -3,7 +3,6 @@ package wal
 import (
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -264,7 +263,7 @@ func (d *decoder) event(rel *relation) (*event.Event, int64, error) {
 	}
 	ev := &event.Event{Payload: payload, ContentType: rel.contentType, Position: uint64(d.commit)}
 	if v[fHeaders] != nil {
-		if err := json.Unmarshal(v[fHeaders], &ev.Headers); err != nil {
+		if ev.Headers, err = event.ParseHeaders(v[fHeaders]); err != nil {
 			return nil, 0, fmt.Errorf("headers must be a JSON object of strings: %v", err)
 		}
 	}
