@@ -206,3 +206,30 @@ func TestDecodeAllocations(t *testing.T) {
 		t.Fatalf("%v allocations per insert without headers, want at most 3", n)
 	}
 }
+
+// BenchmarkDecode decodes one transaction of one outbox row, as the
+// walsender sends it (Begin, Insert, Commit), with and without headers.
+func BenchmarkDecode(b *testing.B) {
+	for _, tc := range []struct {
+		name    string
+		headers *string
+	}{{"headers", s(`{"source": "relaybench"}`)}, {"no_headers", nil}} {
+		b.Run(tc.name, func(b *testing.B) {
+			d := newDecoder(testLayout)
+			if _, err := d.decode(relationMsg(1, "app data", `Out "Box`, outboxCols)); err != nil {
+				b.Fatal(err)
+			}
+			v := row()
+			v[7] = tc.headers
+			msgs := [][]byte{beginMsg(1000), insertMsg(1, v...), commitMsg(1000, 1010)}
+			b.ReportAllocs()
+			for b.Loop() {
+				for _, m := range msgs {
+					if _, err := d.decode(m); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}
