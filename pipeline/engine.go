@@ -52,7 +52,8 @@ type engine struct {
 	queues   map[string]*aggQueue
 	ready    []*aggQueue
 	retries  retryHeap
-	held     int
+	held     int // events captured and not settled
+	bytes    int // their payload bytes
 	inFlight int
 	results  chan result
 	pause    time.Time // no publishes before this while the sink is unreachable
@@ -85,7 +86,7 @@ func (e *engine) loop(ctx context.Context, batches <-chan capture.Batch, readDon
 			return nil
 		}
 		in := batches
-		if draining || e.held >= e.p.opts.MaxInFlight {
+		if draining || e.held >= e.p.opts.MaxInFlight || e.bytes >= e.p.opts.MaxInFlightBytes {
 			in = nil
 		}
 		e.armTimer()
@@ -131,6 +132,9 @@ func (e *engine) add(b capture.Batch) {
 	e.received++
 	e.p.stats.Captured.Add(int64(len(evs)))
 	e.held += len(evs)
+	for _, ev := range evs {
+		e.bytes += len(ev.Payload)
+	}
 	if len(evs) == 0 {
 		e.done.complete(bs)
 		return
@@ -274,8 +278,7 @@ func (e *engine) pop(q *aggQueue, dead *item, now time.Time) {
 		})
 		e.p.stats.DeadLettered.Add(1)
 	}
-	e.held--
-	e.p.stats.InFlight.Store(int64(e.held))
+	e.release(it)
 	if bs.pending--; bs.pending == 0 {
 		e.done.complete(bs)
 	}
@@ -287,6 +290,13 @@ func (e *engine) pop(q *aggQueue, dead *item, now time.Time) {
 		return
 	}
 	e.markReady(q)
+}
+
+// release counts it out of the window.
+func (e *engine) release(it *item) {
+	e.held--
+	e.bytes -= len(it.ev.Payload)
+	e.p.stats.InFlight.Store(int64(e.held))
 }
 
 // wake moves aggregates whose retry is due back to the ready list.
@@ -326,7 +336,7 @@ func (e *engine) abandonAll() {
 	}
 	e.queues = map[string]*aggQueue{}
 	e.ready, e.retries = nil, nil
-	e.held = 0
+	e.held, e.bytes = 0, 0
 	e.p.stats.InFlight.Store(0)
 }
 

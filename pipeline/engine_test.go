@@ -614,6 +614,41 @@ func TestBackpressureMaxInFlight(t *testing.T) {
 	t.Logf("Next called %d times while the window was full", calls)
 }
 
+// 8b. Backpressure by bytes: with large payloads the window is the payload
+// bytes held, not the event count.
+func TestBackpressureMaxInFlightBytes(t *testing.T) {
+	source := &fakeSource{}
+	source.gen = func(seq int) []*event.Event {
+		var evs []*event.Event
+		for j := range 10 {
+			ev := mkEvent(fmt.Sprintf("b%03d-%d", seq, j), fmt.Sprintf("agg-%03d-%d", seq, j))
+			ev.Payload = make([]byte, 1000)
+			evs = append(evs, ev)
+		}
+		return evs
+	}
+	snk := newFakeSink(func(*event.Event, int) action { return action{hang: true} })
+	snk.gate = make(chan struct{})
+	opts := testOptions()
+	opts.MaxInFlight = 1000
+	opts.MaxInFlightBytes = 50_000 // 50 events of 1,000 bytes
+	opts.BatchSize = 10
+	r := start(t, source, snk, opts)
+
+	waitFor(t, "50 events held", 5*time.Second, func() bool { return r.p.Stats().InFlight.Load() == 50 })
+	time.Sleep(100 * time.Millisecond) // more reads would happen now
+	if got := r.p.Stats().InFlight.Load(); got != 50 {
+		t.Errorf("InFlight = %d with a stalled sink, want 50 (MaxInFlightBytes / payload size)", got)
+	}
+	close(snk.gate)
+	waitFor(t, "reading to resume", 5*time.Second, func() bool { return source.countCompleted() >= 10 })
+	if err := r.stop(t, 5*time.Second); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+	source.checkSettledOnce(t)
+	snk.checkViolations(t)
+}
+
 // 9a. Failing source reads that may pass are retried.
 func TestSourceTransientErrorRetried(t *testing.T) {
 	batches := randomBatches(rand.New(rand.NewPCG(5, 6)), 50, 10, 10)

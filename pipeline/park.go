@@ -57,8 +57,7 @@ func (e *engine) parkedNow(id string) bool {
 
 // leave settles it as neither published nor dead: it stays in the outbox.
 func (e *engine) leave(it *item) {
-	e.held--
-	e.p.stats.InFlight.Store(int64(e.held))
+	e.release(it)
 	bs := it.batch
 	if bs.pending--; bs.pending == 0 {
 		e.done.complete(bs)

@@ -25,9 +25,14 @@ type Options struct {
 	Logger *slog.Logger
 	// Retry is the backoff for failed publishes.
 	Retry Retry
-	// MaxInFlight is the most events held between capture and archive; the
-	// source is not read while it is reached. Default 10000.
+	// MaxInFlight is the most events held between capture and settlement;
+	// the source is not read while it is reached. Default 10000.
 	MaxInFlight int
+	// MaxInFlightBytes is the most payload bytes held between capture and
+	// settlement; the source is not read while it is reached, so memory
+	// stays bounded with large payloads (the window may be exceeded by
+	// one batch). Default 32 MiB.
+	MaxInFlightBytes int
 	// BatchSize is the most events in one Publish call. Default 500.
 	BatchSize int
 	// Concurrency is the most Publish calls in flight at once. Default 8.
@@ -52,6 +57,9 @@ func (o *Options) setDefaults() {
 	o.Retry.setDefaults()
 	if o.MaxInFlight <= 0 {
 		o.MaxInFlight = 10000
+	}
+	if o.MaxInFlightBytes <= 0 {
+		o.MaxInFlightBytes = 32 << 20
 	}
 	if o.BatchSize <= 0 {
 		o.BatchSize = 500
