@@ -31,7 +31,7 @@ type Options struct {
 	// MaxInFlightBytes is the most payload bytes held between capture and
 	// settlement; the source is not read while it is reached, so memory
 	// stays bounded with large payloads (the window may be exceeded by
-	// one batch). Default 32 MiB.
+	// one batch). Default 16 MiB.
 	MaxInFlightBytes int
 	// BatchSize is the most events in one Publish call. Default 500.
 	BatchSize int
@@ -59,7 +59,7 @@ func (o *Options) setDefaults() {
 		o.MaxInFlight = 10000
 	}
 	if o.MaxInFlightBytes <= 0 {
-		o.MaxInFlightBytes = 32 << 20
+		o.MaxInFlightBytes = 16 << 20
 	}
 	if o.BatchSize <= 0 {
 		o.BatchSize = 500

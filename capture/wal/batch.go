@@ -29,10 +29,11 @@ type batch struct {
 	// after this batch's first row and before the next batch's, or 0. Once
 	// this batch and every earlier one are archived, the slot may confirm
 	// it. Guarded by st.mu.
-	ack  pglogrepl.LSN
-	done bool     // archived; guarded by st.mu
-	xids []uint32 // the transactions of the batch's rows
-	n    int      // rows when handed out; guarded by st.mu
+	ack   pglogrepl.LSN
+	done  bool     // archived; guarded by st.mu
+	xids  []uint32 // the transactions of the batch's rows
+	n     int      // rows when handed out; guarded by st.mu
+	bytes int      // payload bytes of events; guarded by st.mu
 }
 
 func (b *batch) rows() int { return len(b.events) + len(b.bad) }

@@ -37,12 +37,13 @@ type stream struct {
 	sent     pglogrepl.LSN           // the position of the last status update; run's only
 	deadline time.Time               // the socket's read deadline; run's only
 
-	mu         sync.Mutex
-	open       *batch // being filled by run
-	atCommit   bool   // the open batch's last row's transaction has committed
-	inflight   []*batch
-	flushed    pglogrepl.LSN // the position confirmed to the server
-	unarchived int           // rows of handed-out batches not archived yet
+	mu              sync.Mutex
+	open            *batch // being filled by run
+	atCommit        bool   // the open batch's last row's transaction has committed
+	inflight        []*batch
+	flushed         pglogrepl.LSN // the position confirmed to the server
+	unarchived      int           // rows of handed-out batches not archived yet
+	unarchivedBytes int           // their payload bytes
 }
 
 // maxUnarchivedBatches bounds the rows handed out and not yet archived, in
@@ -52,6 +53,10 @@ type stream struct {
 // rows, not batches, so that a stream of small transactions is not held
 // back by the number of its batches.
 const maxUnarchivedBatches = 24
+
+// maxUnarchivedBytes bounds the payload bytes of the rows handed out and
+// not yet archived, so large payloads do not hold hundreds of MB.
+const maxUnarchivedBytes = 24 << 20
 
 func newStream(src *Source, conn *pgconn.PgConn, start pglogrepl.LSN, every time.Duration) *stream {
 	st := &stream{src: src, conn: conn, dec: newDecoder(src.opts.Layout), every: every, log: src.log,
@@ -88,11 +93,13 @@ func (st *stream) take() *batch {
 	defer st.mu.Unlock()
 	b := st.open
 	full := b.rows() >= st.src.opts.BatchSize
-	if b.rows() == 0 || !(full || st.atCommit) || st.unarchived >= maxUnarchivedBatches*st.src.opts.BatchSize {
+	if b.rows() == 0 || !(full || st.atCommit) ||
+		st.unarchived >= maxUnarchivedBatches*st.src.opts.BatchSize || st.unarchivedBytes >= maxUnarchivedBytes {
 		return nil
 	}
 	b.n = b.rows()
 	st.unarchived += b.n
+	st.unarchivedBytes += b.bytes
 	st.inflight = append(st.inflight, b)
 	st.open, st.atCommit = st.newBatch(), false
 	if full {
@@ -109,6 +116,7 @@ func (st *stream) archived(b *batch) {
 	b.done = true
 	b.events, b.seqs, b.bad = nil, nil, nil // only its ack matters now
 	st.unarchived -= b.n
+	st.unarchivedBytes -= b.bytes
 	signal(st.ready)
 	i := 0
 	for ; i < len(st.inflight) && st.inflight[i].done; i++ {
@@ -131,6 +139,7 @@ func (st *stream) add(d decoded) bool {
 		b.xids = append(b.xids, d.xid)
 	}
 	if d.ev != nil {
+		b.bytes += len(d.ev.Payload)
 		b.events = append(b.events, d.ev)
 		b.seqs = append(b.seqs, d.seq)
 	} else {
