@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/internal/wait"
 )
 
 // stream is one replication connection, from START_REPLICATION until it
@@ -44,6 +45,7 @@ type stream struct {
 	flushed         pglogrepl.LSN // the position confirmed to the server
 	unarchived      int           // rows of handed-out batches not archived yet
 	unarchivedBytes int           // their payload bytes
+	lastTake        time.Time     // when the last batch was handed out
 }
 
 // maxUnarchivedBatches bounds the rows handed out and not yet archived, in
@@ -65,17 +67,37 @@ func newStream(src *Source, conn *pgconn.PgConn, start pglogrepl.LSN, every time
 	return st
 }
 
+// newBatch returns an empty batch with room for about as many rows as
+// the last one had: a batch per small transaction should not allocate
+// room for BatchSize rows.
 func (st *stream) newBatch() *batch {
 	n := st.src.opts.BatchSize
+	if st.open != nil {
+		n = min(n, max(2*st.open.rows(), 8))
+	}
 	return &batch{src: st.src, st: st, events: make([]*event.Event, 0, n), seqs: make([]int64, 0, n)}
 }
+
+// batchLinger is the least time between two batches handed out at a
+// commit: while transactions keep coming, the ones within a millisecond
+// travel together, so a stream of small transactions costs a publish and
+// an archive per millisecond, not per transaction. The first transaction
+// after a pause goes at once; full batches never wait.
+const batchLinger = time.Millisecond
 
 // next returns the next batch of the stream, waiting for one. It fails
 // when the stream ended.
 func (st *stream) next(ctx context.Context) (capture.Batch, error) {
 	for {
-		if b := st.take(); b != nil {
+		b, linger := st.take()
+		if b != nil {
 			return b, nil
+		}
+		if linger > 0 {
+			if err := wait.Sleep(ctx, linger); err != nil {
+				return nil, err
+			}
+			continue
 		}
 		select {
 		case <-st.ready:
@@ -87,16 +109,22 @@ func (st *stream) next(ctx context.Context) (capture.Batch, error) {
 	}
 }
 
-// take hands out the open batch when it is full or ends at a commit.
-func (st *stream) take() *batch {
+// take hands out the open batch when it is full, or ends at a commit and
+// batchLinger passed since the last one; otherwise it returns how long
+// the batch lingers, or 0 to wait for the stream.
+func (st *stream) take() (*batch, time.Duration) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	b := st.open
 	full := b.rows() >= st.src.opts.BatchSize
 	if b.rows() == 0 || !(full || st.atCommit) ||
 		st.unarchived >= maxUnarchivedBatches*st.src.opts.BatchSize || st.unarchivedBytes >= maxUnarchivedBytes {
-		return nil
+		return nil, 0
 	}
+	if since := time.Since(st.lastTake); !full && since < batchLinger {
+		return nil, batchLinger - since
+	}
+	st.lastTake = time.Now()
 	b.n = b.rows()
 	st.unarchived += b.n
 	st.unarchivedBytes += b.bytes
@@ -105,7 +133,7 @@ func (st *stream) take() *batch {
 	if full {
 		signal(st.taken)
 	}
-	return b
+	return b, 0
 }
 
 // archived marks b archived and moves the confirmed position to the ack of
