@@ -230,6 +230,10 @@ type HTTP struct {
 	// Listen is the address of /metrics, /healthz and /readyz; empty
 	// disables the server.
 	Listen string `yaml:"listen"`
+	// Pprof also serves Go's runtime profiles (net/http/pprof) under
+	// /debug/pprof/ on Listen. Default false: profiles reveal the
+	// process's internals, so keep the listener private when on.
+	Pprof bool `yaml:"pprof"`
 }
 
 // Log configures logging.

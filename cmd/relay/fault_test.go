@@ -187,12 +187,13 @@ func TestStallsAndCuts(t *testing.T) {
 }
 
 // TestMetricsAndHealth scrapes /metrics, /healthz and /readyz of a running
-// relay.
+// relay, and /debug/pprof/ where http.pprof is on (wal) and off (poll).
 func TestMetricsAndHealth(t *testing.T) {
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
 			addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-			s := newStack(t, stackOptions{Mode: mode, Extra: "http:\n  listen: " + addr + "\n"})
+			pprofOn := mode == "wal"
+			s := newStack(t, stackOptions{Mode: mode, Extra: fmt.Sprintf("http:\n  listen: %s\n  pprof: %v\n", addr, pprofOn)})
 			relay := s.start()
 			defer relay.stop(t, 15*time.Second)
 			s.produce(context.Background(), 200, 20, 2)
@@ -230,6 +231,14 @@ func TestMetricsAndHealth(t *testing.T) {
 			resp, err := http.Get("http://" + addr + "/healthz")
 			if err != nil || resp.StatusCode != http.StatusOK {
 				t.Fatalf("healthz: %v %v", resp, err)
+			}
+			resp, err = http.Get("http://" + addr + "/debug/pprof/heap?debug=1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if want := map[bool]int{true: http.StatusOK, false: http.StatusNotFound}[pprofOn]; resp.StatusCode != want {
+				t.Errorf("/debug/pprof/heap with http.pprof %v: status %d, want %d", pprofOn, resp.StatusCode, want)
 			}
 		})
 	}
