@@ -575,78 +575,60 @@ func TestShutdownTimeoutDoesNotSettleCancelledPublishes(t *testing.T) {
 	}
 }
 
-// 8. Backpressure: once MaxInFlight events are held the source is not asked
-// for more.
-func TestBackpressureMaxInFlight(t *testing.T) {
-	source := &fakeSource{}
-	source.gen = func(seq int) []*event.Event {
-		var evs []*event.Event
-		for j := range 10 {
-			evs = append(evs, mkEvent(fmt.Sprintf("b%03d-%d", seq, j), fmt.Sprintf("agg-%03d-%d", seq, j)))
-		}
-		return evs
-	}
-	snk := newFakeSink(func(*event.Event, int) action { return action{hang: true} })
-	snk.gate = make(chan struct{})
-	opts := testOptions()
-	opts.MaxInFlight = 100
-	opts.BatchSize = 10
-	r := start(t, source, snk, opts)
+// 8. Backpressure: once MaxInFlight events, or MaxInFlightBytes of
+// payload, are held the source is not asked for more.
+func TestBackpressure(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		payload  int
+		count    int // MaxInFlight
+		bytes    int // MaxInFlightBytes; 0: the default
+		wantHeld int64
+	}{
+		{"events", 0, 100, 0, 100},
+		{"bytes", 1000, 1000, 50_000, 50},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			source := &fakeSource{}
+			source.gen = func(seq int) []*event.Event {
+				var evs []*event.Event
+				for j := range 10 {
+					ev := mkEvent(fmt.Sprintf("b%03d-%d", seq, j), fmt.Sprintf("agg-%03d-%d", seq, j))
+					if tc.payload > 0 {
+						ev.Payload = make([]byte, tc.payload)
+					}
+					evs = append(evs, ev)
+				}
+				return evs
+			}
+			snk := newFakeSink(func(*event.Event, int) action { return action{hang: true} })
+			snk.gate = make(chan struct{})
+			opts := testOptions()
+			opts.MaxInFlight, opts.MaxInFlightBytes, opts.BatchSize = tc.count, tc.bytes, 10
+			r := start(t, source, snk, opts)
 
-	waitFor(t, "100 events held", 5*time.Second, func() bool { return r.p.Stats().InFlight.Load() == 100 })
-	time.Sleep(100 * time.Millisecond) // more reads would happen now
-	if got := r.p.Stats().InFlight.Load(); got != 100 {
-		t.Errorf("InFlight = %d with a stalled sink, want 100 (MaxInFlight)", got)
+			waitFor(t, "the window to fill", 5*time.Second, func() bool { return r.p.Stats().InFlight.Load() == tc.wantHeld })
+			time.Sleep(100 * time.Millisecond) // more reads would happen now
+			if got := r.p.Stats().InFlight.Load(); got != tc.wantHeld {
+				t.Errorf("InFlight = %d with a stalled sink, want %d", got, tc.wantHeld)
+			}
+			// The reader may hold one batch it read before the window filled
+			// up, waiting to hand it over; it must not ask for another.
+			batches := int(tc.wantHeld) / 10
+			calls, handed := source.nextCalls(), len(source.handedBatches())
+			if handed > batches+1 || calls > batches+1 {
+				t.Errorf("source.Next called %d times (%d batches) while %d events (%d batches) are held; want at most %d",
+					calls, handed, tc.wantHeld, batches, batches+1)
+			}
+			close(snk.gate)
+			waitFor(t, "reading to resume", 5*time.Second, func() bool { return source.countCompleted() >= batches+5 })
+			if err := r.stop(t, 5*time.Second); err != nil {
+				t.Fatalf("Run = %v, want nil", err)
+			}
+			source.checkSettledOnce(t)
+			snk.checkViolations(t)
+		})
 	}
-	// The reader may hold one batch it read before the window filled up,
-	// waiting to hand it over; it must not ask for another.
-	calls, handed := source.nextCalls(), len(source.handedBatches())
-	if handed > 11 || calls > 11 {
-		t.Errorf("source.Next called %d times (%d batches) while 100 events (10 batches) are held; want at most 11", calls, handed)
-	}
-	close(snk.gate)
-	waitFor(t, "reading to resume", 5*time.Second, func() bool { return source.countCompleted() >= 15 })
-	if err := r.stop(t, 5*time.Second); err != nil {
-		t.Fatalf("Run = %v, want nil", err)
-	}
-	source.checkSettledOnce(t)
-	snk.checkViolations(t)
-	t.Logf("Next called %d times while the window was full", calls)
-}
-
-// 8b. Backpressure by bytes: with large payloads the window is the payload
-// bytes held, not the event count.
-func TestBackpressureMaxInFlightBytes(t *testing.T) {
-	source := &fakeSource{}
-	source.gen = func(seq int) []*event.Event {
-		var evs []*event.Event
-		for j := range 10 {
-			ev := mkEvent(fmt.Sprintf("b%03d-%d", seq, j), fmt.Sprintf("agg-%03d-%d", seq, j))
-			ev.Payload = make([]byte, 1000)
-			evs = append(evs, ev)
-		}
-		return evs
-	}
-	snk := newFakeSink(func(*event.Event, int) action { return action{hang: true} })
-	snk.gate = make(chan struct{})
-	opts := testOptions()
-	opts.MaxInFlight = 1000
-	opts.MaxInFlightBytes = 50_000 // 50 events of 1,000 bytes
-	opts.BatchSize = 10
-	r := start(t, source, snk, opts)
-
-	waitFor(t, "50 events held", 5*time.Second, func() bool { return r.p.Stats().InFlight.Load() == 50 })
-	time.Sleep(100 * time.Millisecond) // more reads would happen now
-	if got := r.p.Stats().InFlight.Load(); got != 50 {
-		t.Errorf("InFlight = %d with a stalled sink, want 50 (MaxInFlightBytes / payload size)", got)
-	}
-	close(snk.gate)
-	waitFor(t, "reading to resume", 5*time.Second, func() bool { return source.countCompleted() >= 10 })
-	if err := r.stop(t, 5*time.Second); err != nil {
-		t.Fatalf("Run = %v, want nil", err)
-	}
-	source.checkSettledOnce(t)
-	snk.checkViolations(t)
 }
 
 // 9a. Failing source reads that may pass are retried.
