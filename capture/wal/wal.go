@@ -15,25 +15,29 @@
 // One goroutine owns the replication connection. It decodes Relation,
 // Begin, Insert and Commit messages (updates, deletes and the rest are
 // ignored) into an open batch of at most BatchSize rows, which Next hands
-// out when it is full or ends at a commit. A batch may span transactions
-// and may end inside one. For each batch the source keeps the end LSN of
-// the last transaction committed within it. Batches are archived in any
-// order; the position confirmed to the server (write = flush = apply) is
-// the ack of the longest archived prefix of the handed-out batches, so the
-// slot never passes an event that was not archived. While nothing is in
-// flight and no transaction is half received, the server's WAL end from
-// its keepalives is confirmed, so an idle outbox on a busy database holds
-// no WAL back. Status updates go out every StatusInterval (at most a third
-// of wal_sender_timeout) and whenever the server asks, also while the
-// pipeline's window is full and the stream is not read.
+// out when it is full, or when it ends at a commit and a millisecond passed
+// since the last one (so small transactions arriving together travel
+// together). A batch may span transactions and may end inside one. For
+// each batch the source keeps the end LSN of the last transaction committed
+// within it. Batches are archived in any order, those completed together
+// in one statement (archiver.go); the position confirmed to the server
+// (write = flush = apply) is the ack of the longest archived prefix of the
+// handed-out batches, so the slot never passes an event that was not
+// archived. While nothing is in flight and no transaction is half received,
+// the server's WAL end from its keepalives is confirmed, so an idle outbox
+// on a busy database holds no WAL back. Status updates go out every
+// StatusInterval (at most a third of wal_sender_timeout), whenever the
+// server asks, and at most every 100 ms when the confirmed position moved,
+// also while the pipeline's window is full and the stream is not read.
 //
 // # Memory
 //
 // The open batch is the only buffer between the socket and the pipeline:
 // while it is full the connection is not read, and the server stops
-// sending. Memory is bounded by the pipeline's window plus one batch,
-// whatever the size of a transaction.
-//
+// sending. Batches are handed out only while fewer than 24 batches' worth
+// of rows (and 24 MiB of payload) are unarchived, so memory is bounded by
+// that plus one batch, whatever the size of a transaction.
+
 // # Slot loss and rows older than the slot
 //
 // The outbox table is the durable backlog: rows leave it only once
