@@ -290,7 +290,7 @@ func (st *stream) loop(ctx context.Context) error {
 // confirmed position: an archived position is confirmed within about two
 // of them, so a crash replays little, while a stream of small transactions
 // does not send the server a status update per archive.
-const ackDelay = 100 * time.Millisecond
+const ackDelay = 20 * time.Millisecond
 
 // pending reports whether batches are in flight or an archived position is
 // not confirmed yet: then the loop wakes every ackDelay to confirm.

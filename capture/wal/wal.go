@@ -27,7 +27,7 @@
 // the server's WAL end from its keepalives is confirmed, so an idle outbox
 // on a busy database holds no WAL back. Status updates go out every
 // StatusInterval (at most a third of wal_sender_timeout), whenever the
-// server asks, and at most every 100 ms when the confirmed position moved,
+// server asks, and at most every 20 ms when the confirmed position moved,
 // also while the pipeline's window is full and the stream is not read.
 //
 // # Memory
