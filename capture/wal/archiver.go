@@ -39,7 +39,7 @@ const maxArchivers = 2
 
 // archiveLinger is the least time between the starts of one runner's
 // statements, unless a full group (the limit) is waiting.
-const archiveLinger = 10 * time.Millisecond
+const archiveLinger = 2 * time.Millisecond
 
 type archiveReq struct {
 	ids  []string
