@@ -22,18 +22,6 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// contractDDL is CONTRACT §1's outbox table.
-const contractDDL = `CREATE TABLE outbox (
-  id             uuid        PRIMARY KEY,
-  aggregate_type text        NOT NULL,
-  aggregate_id   text        NOT NULL,
-  event_type     text        NOT NULL,
-  payload        jsonb       NOT NULL,
-  headers        jsonb,
-  created_at     timestamptz NOT NULL DEFAULT now(),
-  seq            bigint      GENERATED ALWAYS AS IDENTITY
-)`
-
 // row is an outbox row read back, payload and headers as text.
 type row struct {
 	ID, AggregateType, AggregateID, EventType, Payload string
@@ -81,7 +69,7 @@ type order struct {
 
 func TestWriteCommits(t *testing.T) {
 	ctx := context.Background()
-	pool, _ := setup(t, contractDDL)
+	pool, _ := setup(t, testenv.ContractOutbox)
 	explicit := uuid.MustParse("0190a5b4-1c2d-7e3f-8a4b-5c6d7e8f9a0b")
 
 	tx, err := pool.Begin(ctx)
@@ -158,7 +146,7 @@ func checkV7Ordered(t *testing.T, ids []string) {
 
 func TestWriteIDsAreTimeOrdered(t *testing.T) {
 	ctx := context.Background()
-	pool, _ := setup(t, contractDDL)
+	pool, _ := setup(t, testenv.ContractOutbox)
 	var ids []string
 	for i := range 200 {
 		e := outbox.Event{AggregateType: "a", AggregateID: "x", EventType: "e", Payload: map[string]int{"i": i}}
@@ -203,7 +191,7 @@ func texts(t *testing.T, pool *pgxpool.Pool, query string) []string {
 
 func TestWriteRollsBack(t *testing.T) {
 	ctx := context.Background()
-	pool, _ := setup(t, contractDDL)
+	pool, _ := setup(t, testenv.ContractOutbox)
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -226,7 +214,7 @@ func TestWriteRollsBack(t *testing.T) {
 // TestWriteManyIsAtomic checks that a failing batch writes no event.
 func TestWriteManyIsAtomic(t *testing.T) {
 	ctx := context.Background()
-	pool, _ := setup(t, contractDDL)
+	pool, _ := setup(t, testenv.ContractOutbox)
 	dup := uuid.Must(uuid.NewV7())
 	_, err := outbox.WriteMany(ctx, pool,
 		outbox.Event{AggregateType: "a", AggregateID: "1", EventType: "e", Payload: []byte(`{}`)},
@@ -294,7 +282,7 @@ func TestPayloadColumnTypes(t *testing.T) {
 		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol}
 	for _, typ := range []string{"jsonb", "json", "text", "bytea"} {
 		t.Run(typ, func(t *testing.T) {
-			pool, dsn := setup(t, strings.Replace(contractDDL, "payload        jsonb", "payload "+typ, 1))
+			pool, dsn := setup(t, strings.Replace(testenv.ContractOutbox, "payload        jsonb", "payload "+typ, 1))
 			tbl, err := outbox.New(outbox.Options{BinaryPayload: typ == "bytea"})
 			if err != nil {
 				t.Fatal(err)
@@ -362,7 +350,7 @@ func openSQL(t *testing.T, dsn string) *sql.DB {
 
 func TestDatabaseSQL(t *testing.T) {
 	ctx := context.Background()
-	pool, dsn := setup(t, contractDDL)
+	pool, dsn := setup(t, testenv.ContractOutbox)
 	db := openSQL(t, dsn)
 	e := outbox.Event{AggregateType: "order", AggregateID: "o-1", EventType: "order.created",
 		Payload: order{ID: "o-1", Total: 7}, Headers: map[string]string{"h": "1"}}

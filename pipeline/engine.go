@@ -132,14 +132,12 @@ func (e *engine) add(b capture.Batch) {
 	e.received++
 	e.p.stats.Captured.Add(int64(len(evs)))
 	e.held += len(evs)
-	for _, ev := range evs {
-		e.bytes += len(ev.Payload)
-	}
 	if len(evs) == 0 {
 		e.done.complete(bs)
 		return
 	}
 	for _, ev := range evs {
+		e.bytes += len(ev.Payload)
 		if e.parkedNow(ev.AggregateID) {
 			e.leave(&item{ev: ev, batch: bs})
 			continue

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -89,13 +88,13 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
+// freePort returns a free loopback port or fails the test.
 func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := testenv.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // TestInitDryRunAndCheck covers `relay init --dry-run` (prints SQL, changes

@@ -25,19 +25,6 @@ import (
 	"github.com/outboxrelay/relay/internal/verify"
 )
 
-// contractOutbox is the outbox table of CONTRACT §1, as an application
-// creates it.
-const contractOutbox = `CREATE TABLE outbox (
-  id             uuid        PRIMARY KEY,
-  aggregate_type text        NOT NULL,
-  aggregate_id   text        NOT NULL,
-  event_type     text        NOT NULL,
-  payload        jsonb       NOT NULL,
-  headers        jsonb,
-  created_at     timestamptz NOT NULL DEFAULT now(),
-  seq            bigint      GENERATED ALWAYS AS IDENTITY
-)`
-
 // slotCounter makes replication slot names unique in the cluster the
 // package's tests share.
 var slotCounter atomic.Int64
@@ -140,7 +127,7 @@ capture:
 		t.Fatal(err)
 	}
 	if o.NoInit {
-		if _, err := s.pool.Exec(context.Background(), contractOutbox); err != nil {
+		if _, err := s.pool.Exec(context.Background(), testenv.ContractOutbox); err != nil {
 			t.Fatal(err)
 		}
 	} else if out, code := runRelay(t, "init", "--config", s.cfgPath); code != 0 {

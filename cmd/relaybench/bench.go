@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/outboxrelay/relay/internal/testenv"
 )
 
 // Results is every figure of one run; it is what -out writes.
@@ -281,16 +283,7 @@ func run1(ctx context.Context, opts Options, res *Results) error {
 
 // plainOutboxDDL is the outbox of CONTRACT §1 with poll's index and no
 // trigger: what the application's commit rate is measured on.
-const plainOutboxDDL = `CREATE TABLE outbox (
-  id             uuid        PRIMARY KEY,
-  aggregate_type text        NOT NULL,
-  aggregate_id   text        NOT NULL,
-  event_type     text        NOT NULL,
-  payload        jsonb       NOT NULL,
-  headers        jsonb,
-  created_at     timestamptz NOT NULL DEFAULT now(),
-  seq            bigint      GENERATED ALWAYS AS IDENTITY
-);
+const plainOutboxDDL = testenv.ContractOutbox + `;
 CREATE INDEX outbox_relay_seq_idx ON outbox (seq)`
 
 // kafkaDrain drains a backlog in mode into kfake, in a database of its

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -203,7 +202,7 @@ func (d *database) slot() string { return "relay_" + d.name }
 // configCopy writes a relay config for d to <dir>/<tag>.yaml with a free
 // http.listen port and returns its path and port.
 func (d *database) configCopy(tag string) (string, int, error) {
-	port, err := freePort()
+	port, err := testenv.FreePort()
 	if err != nil {
 		return "", 0, err
 	}
@@ -755,15 +754,6 @@ func tail(path string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // pgVersion returns the server's version string.

@@ -95,7 +95,7 @@ func (p *Postgres) create(ctx context.Context, opts PostgresOptions) error {
 		return err
 	}
 	for attempt := 0; ; attempt++ {
-		if p.port, err = freePort(); err != nil {
+		if p.port, err = FreePort(); err != nil {
 			return err
 		}
 		if err = p.writeConf(opts.Settings); err != nil {
@@ -459,8 +459,8 @@ func makeOwnedTempDir() (string, error) {
 	return dir, nil
 }
 
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort() (int, error) {
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
@@ -468,6 +468,20 @@ func freePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// ContractOutbox is the outbox table of CONTRACT §1, as an application
+// creates it: tests and the bench use it to check the relay against the
+// contract's own DDL, not against what relay init would create.
+const ContractOutbox = `CREATE TABLE outbox (
+  id             uuid        PRIMARY KEY,
+  aggregate_type text        NOT NULL,
+  aggregate_id   text        NOT NULL,
+  event_type     text        NOT NULL,
+  payload        jsonb       NOT NULL,
+  headers        jsonb,
+  created_at     timestamptz NOT NULL DEFAULT now(),
+  seq            bigint      GENERATED ALWAYS AS IDENTITY
+)`
 
 var (
 	shared struct {

@@ -28,6 +28,7 @@ import (
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/sink/sinktest"
 )
 
 func TestSASL(t *testing.T) {
@@ -89,7 +90,7 @@ func TestTopicAuthorization(t *testing.T) {
 
 	batch := []*event.Event{testEvent(1, "order", "1"), testEvent(2, "invoice", "2"), testEvent(3, "order", "3")}
 	err := s.Publish(context.Background(), batch)
-	if got := classes(err, 3); !slices.Equal(got, []string{"ok", "permanent", "ok"}) {
+	if got := sinktest.Classes(err, 3); !slices.Equal(got, []string{"ok", "permanent", "ok"}) {
 		t.Fatalf("classes %v, want [ok permanent ok] (err %v)", got, err)
 	}
 	msg := sink.Failed(err, 1).Error()

@@ -25,6 +25,7 @@ import (
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/kafka/kafkatest"
+	"github.com/outboxrelay/relay/sink/sinktest"
 )
 
 // newCluster starts an in-process Kafka cluster of one broker that does
@@ -107,18 +108,6 @@ func header(r *kgo.Record, key string) (string, int) {
 		}
 	}
 	return v, n
-}
-
-// classes returns the class of each event's error, or "ok".
-func classes(err error, n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = "ok"
-		if e := sink.Failed(err, i); e != nil {
-			out[i] = sink.ClassOf(e).String()
-		}
-	}
-	return out
 }
 
 // checkAll fails unless every error in err, a Publish result for n events,
@@ -422,7 +411,7 @@ func TestPublishOversizedIsPermanent(t *testing.T) {
 	batch[10].Payload = bytes.Repeat([]byte("x"), 20*1024)
 
 	err := s.Publish(context.Background(), batch)
-	got := classes(err, len(batch))
+	got := sinktest.Classes(err, len(batch))
 	want := slices.Repeat([]string{"ok"}, len(batch))
 	want[10] = "permanent"
 	if !slices.Equal(got, want) {
@@ -451,7 +440,7 @@ func TestPublishOversizedUnknownLimit(t *testing.T) {
 	rand.Read(batch[10].Payload)
 
 	err := s.Publish(context.Background(), batch)
-	got := classes(err, len(batch))
+	got := sinktest.Classes(err, len(batch))
 	t.Logf("classes %v", got)
 	if got[10] != "permanent" {
 		t.Fatalf("oversized event: %v, want permanent", sink.Failed(err, 10))

@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/sink/sinktest"
 )
 
 // describe returns the partition count and replication factor of topic, or
@@ -145,7 +146,7 @@ func TestPublishCreateDenied(t *testing.T) {
 	h := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.CreateTopics}, Err: kerr.TopicAuthorizationFailed, Count: -1})
 	s := newSink(t, c.ListenAddrs(), "ev.{aggregate_type}", Options{})
 	err := s.Publish(context.Background(), testEvents(3, 3))
-	if got := classes(err, 3); !slices.Equal(got, []string{"transient", "transient", "transient"}) {
+	if got := sinktest.Classes(err, 3); !slices.Equal(got, []string{"transient", "transient", "transient"}) {
 		t.Fatalf("classes %v, want transient (err %v)", got, err)
 	}
 	msg := sink.Failed(err, 0).Error()
@@ -168,7 +169,7 @@ func TestPublishInvalidReplicationFactor(t *testing.T) {
 	c := newCluster(t)
 	s := newSinkConfig(t, config.Kafka{Brokers: c.ListenAddrs(), Topic: "ev.{aggregate_type}", ReplicationFactor: 3}, Options{})
 	err := s.Publish(context.Background(), testEvents(1, 1))
-	if got := classes(err, 1); got[0] != "transient" || !strings.Contains(err.Error(), "sink.kafka.replication_factor") {
+	if got := sinktest.Classes(err, 1); got[0] != "transient" || !strings.Contains(err.Error(), "sink.kafka.replication_factor") {
 		t.Fatalf("classes %v, err %v; want transient naming sink.kafka.replication_factor", got, err)
 	}
 	if err := s.Check(context.Background()); err == nil || !strings.Contains(err.Error(), "sink.kafka.replication_factor") {
@@ -250,7 +251,7 @@ func TestPublishRecreatesDeletedTopic(t *testing.T) {
 			break
 		}
 		t.Logf("attempt %d: %v", attempt, sink.Failed(err, 0))
-		if got := classes(err, 3); slices.Contains(got, "permanent") {
+		if got := sinktest.Classes(err, 3); slices.Contains(got, "permanent") {
 			t.Fatalf("classes %v", got)
 		}
 		if attempt == 5 {

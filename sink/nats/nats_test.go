@@ -21,6 +21,7 @@ import (
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/sink/sinktest"
 )
 
 func startServer(t *testing.T, opts testenv.NATSOptions) *testenv.NATS {
@@ -111,18 +112,6 @@ func storedMsgs(t *testing.T, s *Sink) []jetstream.Msg {
 		}
 	}
 	return msgs
-}
-
-// classes returns the class of each event's error, or "ok".
-func classes(err error, n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = "ok"
-		if e := sink.Failed(err, i); e != nil {
-			out[i] = sink.ClassOf(e).String()
-		}
-	}
-	return out
 }
 
 func TestPublishHeadersAndPayload(t *testing.T) {
@@ -360,7 +349,7 @@ func TestPublishOversizedIsPermanent(t *testing.T) {
 	batch[1].Payload = bytes.Repeat([]byte("x"), 100*1024)
 
 	err := s.Publish(context.Background(), batch)
-	if got, want := classes(err, 3), []string{"ok", "permanent", "ok"}; !slices.Equal(got, want) {
+	if got, want := sinktest.Classes(err, 3), []string{"ok", "permanent", "ok"}; !slices.Equal(got, want) {
 		t.Fatalf("classes %v, want %v (err %v)", got, want, err)
 	}
 	if msg := sink.Failed(err, 1).Error(); !strings.Contains(msg, batch[1].ID) || !strings.Contains(msg, "outbox.order") {
@@ -382,7 +371,7 @@ func TestPublishOverStreamMaxMsgSizeIsPermanent(t *testing.T) {
 	batch[0].Payload = bytes.Repeat([]byte("x"), 2048)
 
 	err = s.Publish(context.Background(), batch)
-	if got, want := classes(err, 2), []string{"permanent", "ok"}; !slices.Equal(got, want) {
+	if got, want := sinktest.Classes(err, 2), []string{"permanent", "ok"}; !slices.Equal(got, want) {
 		t.Fatalf("classes %v, want %v (err %v)", got, want, err)
 	}
 }
@@ -394,7 +383,7 @@ func TestPublishBadHeaderNameIsPermanent(t *testing.T) {
 	batch[1].Headers = map[string]string{"bad key:": "v"}
 
 	err := s.Publish(context.Background(), batch)
-	if got, want := classes(err, 2), []string{"ok", "permanent"}; !slices.Equal(got, want) {
+	if got, want := sinktest.Classes(err, 2), []string{"ok", "permanent"}; !slices.Equal(got, want) {
 		t.Fatalf("classes %v, want %v (err %v)", got, want, err)
 	}
 }
@@ -404,7 +393,7 @@ func TestPublishWithoutStreamIsTransient(t *testing.T) {
 	s := newSink(t, srv.URL(), "outbox.{aggregate_type}", Options{})
 
 	err := s.Publish(context.Background(), testEvents(2, 2))
-	if got, want := classes(err, 2), []string{"transient", "transient"}; !slices.Equal(got, want) {
+	if got, want := sinktest.Classes(err, 2), []string{"transient", "transient"}; !slices.Equal(got, want) {
 		t.Fatalf("classes %v, want %v (err %v)", got, want, err)
 	}
 }

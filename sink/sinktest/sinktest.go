@@ -255,3 +255,17 @@ func knownSubtest(name string) bool {
 	}
 	return false
 }
+
+// Classes returns, for each of the n events of a Publish that returned
+// err, the class of its error (sink.Class.String) or "ok": a compact form
+// for a sink's own tests to compare with what they expect.
+func Classes(err error, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = "ok"
+		if e := sink.Failed(err, i); e != nil {
+			out[i] = sink.ClassOf(e).String()
+		}
+	}
+	return out
+}

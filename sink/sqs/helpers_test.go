@@ -26,7 +26,6 @@ import (
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/internal/testenv"
-	"github.com/outboxrelay/relay/sink"
 )
 
 const testRegion = "us-east-1"
@@ -212,18 +211,6 @@ func rowHeaders(t testing.TB, m types.Message) map[string]string {
 		}
 		if !isContract(k) && k != attrBodyEncoding {
 			out[k] = attrValue(v)
-		}
-	}
-	return out
-}
-
-// classes returns the class of each event's error, or "ok".
-func classes(err error, n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = "ok"
-		if e := sink.Failed(err, i); e != nil {
-			out[i] = sink.ClassOf(e).String()
 		}
 	}
 	return out

@@ -25,6 +25,7 @@ import (
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/sink/sinktest"
 )
 
 func TestPublishFIFOMessage(t *testing.T) {
@@ -219,7 +220,7 @@ func TestOversizedEntryAlone(t *testing.T) {
 	batch := []*event.Event{testEvent(1, "order", "o-1"), testEvent(2, "order", "o-2"), testEvent(3, "order", "o-3")}
 	batch[1].Payload = bytes.Repeat([]byte("x"), 2000)
 	err := s.Publish(context.Background(), batch)
-	if got := classes(err, 3); !slices.Equal(got, []string{"ok", "permanent", "ok"}) {
+	if got := sinktest.Classes(err, 3); !slices.Equal(got, []string{"ok", "permanent", "ok"}) {
 		t.Fatalf("classes %v, want [ok permanent ok]: %v", got, err)
 	}
 	if !strings.Contains(sink.Failed(err, 1).Error(), "InvalidParameterValue") {
@@ -282,7 +283,7 @@ func TestEntryFailures(t *testing.T) {
 		batch[i] = testEvent(i+1, "order", fmt.Sprint("o-", i))
 	}
 	err := s.Publish(context.Background(), batch)
-	if got := classes(err, 5); !slices.Equal(got, []string{"ok", "permanent", "transient", "unavailable", "ok"}) {
+	if got := sinktest.Classes(err, 5); !slices.Equal(got, []string{"ok", "permanent", "transient", "unavailable", "ok"}) {
 		t.Fatalf("classes %v, want [ok permanent transient unavailable ok]: %v", got, err)
 	}
 	var retry []*event.Event
@@ -319,7 +320,7 @@ func TestMalformedRequestRetriedAlone(t *testing.T) {
 		batch[i].ContentType = event.ContentTypeText
 	}
 	if err := s.Publish(context.Background(), batch); err != nil {
-		t.Fatalf("%v: %v", classes(err, len(batch)), err)
+		t.Fatalf("%v: %v", sinktest.Classes(err, len(batch)), err)
 	}
 	var entries []int
 	for _, r := range rec.take("SendMessageBatch") {
@@ -364,7 +365,7 @@ func TestQueueTemplate(t *testing.T) {
 	batch := []*event.Event{testEvent(101, "order", "o-1"), testEvent(102, "refund", "r-1")}
 	for range 2 {
 		err := s.Publish(ctx, batch)
-		if got := classes(err, 2); !slices.Equal(got, []string{"ok", "transient"}) {
+		if got := sinktest.Classes(err, 2); !slices.Equal(got, []string{"ok", "transient"}) {
 			t.Fatalf("classes %v, want [ok transient]: %v", got, err)
 		}
 		if !strings.Contains(sink.Failed(err, 1).Error(), "tpl-refund.fifo") {
@@ -388,7 +389,7 @@ func TestQueueTemplate(t *testing.T) {
 	}
 	rec.take("")
 	err := s.Publish(ctx, []*event.Event{testEvent(201, "order", "o-1")})
-	if got := classes(err, 1); got[0] != "transient" {
+	if got := sinktest.Classes(err, 1); got[0] != "transient" {
 		t.Fatalf("publish to a deleted queue: %v, want transient", err)
 	}
 	createQueue(t, c, "tpl-order.fifo", nil)
@@ -401,7 +402,7 @@ func TestQueueTemplate(t *testing.T) {
 
 	// A rendered name over 80 characters can never exist: permanent.
 	err = s.Publish(ctx, []*event.Event{testEvent(301, strings.Repeat("x", 80), "x-1")})
-	if got := classes(err, 1); got[0] != "permanent" {
+	if got := sinktest.Classes(err, 1); got[0] != "permanent" {
 		t.Errorf("queue name over 80 characters: %v, want permanent", err)
 	}
 }
@@ -421,7 +422,7 @@ func TestUnreachableEndpoint(t *testing.T) {
 		s := newTestSink(t, endpoint, cfg, Options{})
 		start := time.Now()
 		err := s.Publish(context.Background(), []*event.Event{testEvent(1, "order", "o-1"), testEvent(2, "order", "o-2")})
-		if got := classes(err, 2); !slices.Equal(got, []string{"unavailable", "unavailable"}) {
+		if got := sinktest.Classes(err, 2); !slices.Equal(got, []string{"unavailable", "unavailable"}) {
 			t.Errorf("%+v: classes %v, want unavailable: %v", cfg, got, err)
 		}
 		if d := time.Since(start); d > 10*time.Second {
@@ -442,7 +443,7 @@ func TestCancelAndClose(t *testing.T) {
 	s := newTestSink(t, srv.Endpoint(), config.SQS{QueueURL: url}, Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if got := classes(s.Publish(ctx, batch), 2); !slices.Equal(got, []string{"unavailable", "unavailable"}) {
+	if got := sinktest.Classes(s.Publish(ctx, batch), 2); !slices.Equal(got, []string{"unavailable", "unavailable"}) {
 		t.Errorf("cancelled context: %v, want unavailable", got)
 	}
 	if err := s.Publish(context.Background(), batch); err != nil {
@@ -463,7 +464,7 @@ func TestCancelAndClose(t *testing.T) {
 	stalled.Close()
 	select {
 	case err := <-done:
-		if got := classes(err, 2); !slices.Equal(got, []string{"unavailable", "unavailable"}) || !errors.Is(sink.Failed(err, 0), errClosed) {
+		if got := sinktest.Classes(err, 2); !slices.Equal(got, []string{"unavailable", "unavailable"}) || !errors.Is(sink.Failed(err, 0), errClosed) {
 			t.Errorf("publish ended by Close: %v (%v), want unavailable, sink closed", err, got)
 		}
 	case <-time.After(5 * time.Second):
@@ -531,7 +532,7 @@ func TestCheck(t *testing.T) {
 		t.Errorf("Check without credentials = %v, want an error naming AWS_ACCESS_KEY_ID", err)
 	}
 	err = s.Publish(ctx, []*event.Event{testEvent(1, "order", "o-1")})
-	if got := classes(err, 1); got[0] != "unavailable" {
+	if got := sinktest.Classes(err, 1); got[0] != "unavailable" {
 		t.Errorf("publish without credentials: %v (%v), want unavailable", err, got)
 	}
 }

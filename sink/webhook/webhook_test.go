@@ -24,6 +24,7 @@ import (
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/sink/sinktest"
 )
 
 // request is one request a test receiver got.
@@ -111,18 +112,6 @@ func testEvents(n int) []*event.Event {
 		batch[i] = testEvent(i, fmt.Sprint("a", i))
 	}
 	return batch
-}
-
-// classes returns the class of each event's error, or "ok".
-func classes(err error, n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = "ok"
-		if e := sink.Failed(err, i); e != nil {
-			out[i] = sink.ClassOf(e).String()
-		}
-	}
-	return out
 }
 
 func TestPublishRequest(t *testing.T) {
@@ -267,7 +256,7 @@ func TestFailThenSucceed(t *testing.T) {
 	batch := testEvents(1)
 
 	err := s.Publish(context.Background(), batch)
-	if got := classes(err, 1); got[0] != "transient" {
+	if got := sinktest.Classes(err, 1); got[0] != "transient" {
 		t.Fatalf("first publish: classes %v (err %v)", got, err)
 	}
 	var se *StatusError
@@ -316,7 +305,7 @@ func TestStatusClasses(t *testing.T) {
 		batch[i] = testEvent(i, strconv.Itoa(c))
 	}
 	err := s.Publish(context.Background(), batch)
-	got := classes(err, len(batch))
+	got := sinktest.Classes(err, len(batch))
 	for i, c := range codes {
 		if got[i] != want[c] {
 			t.Errorf("status %d: class %s, want %s (%v)", c, got[i], want[c], sink.Failed(err, i))
@@ -343,7 +332,7 @@ func TestRetryAfter(t *testing.T) {
 	s := newSink(t, config.Webhook{URL: rc.URL + "/{aggregate_id}"})
 
 	err := s.Publish(context.Background(), testEvents(1))
-	if got := classes(err, 1); got[0] != "transient" {
+	if got := sinktest.Classes(err, 1); got[0] != "transient" {
 		t.Fatalf("classes %v (err %v)", got, err)
 	}
 	var ra interface{ RetryAfter() time.Duration }
@@ -366,7 +355,7 @@ func TestRetryAfter(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	err = s.Publish(ctx, testEvents(1))
-	if got := classes(err, 1); got[0] != "unavailable" || !errors.Is(sink.Failed(err, 0), context.DeadlineExceeded) {
+	if got := sinktest.Classes(err, 1); got[0] != "unavailable" || !errors.Is(sink.Failed(err, 0), context.DeadlineExceeded) {
 		t.Errorf("held publish: classes %v (err %v)", got, err)
 	}
 }
@@ -379,7 +368,7 @@ func TestRetryAfter503(t *testing.T) {
 	s := newSink(t, config.Webhook{URL: rc.URL})
 	err := s.Publish(context.Background(), testEvents(1))
 	var se *StatusError
-	if got := classes(err, 1); got[0] != "unavailable" || !errors.As(sink.Failed(err, 0), &se) || se.Delay < time.Second || se.Delay > 3*time.Second {
+	if got := sinktest.Classes(err, 1); got[0] != "unavailable" || !errors.As(sink.Failed(err, 0), &se) || se.Delay < time.Second || se.Delay > 3*time.Second {
 		t.Fatalf("classes %v, err %v", got, err)
 	}
 }
@@ -445,7 +434,7 @@ func TestTimeout(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Errorf("Publish took %v with a 200ms timeout", d)
 	}
-	for i, c := range classes(err, 20) {
+	for i, c := range sinktest.Classes(err, 20) {
 		if c != "unavailable" {
 			t.Fatalf("event %d: class %s (%v)", i, c, sink.Failed(err, i))
 		}
@@ -468,7 +457,7 @@ func TestCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	err := s.Publish(ctx, testEvents(3))
-	if got := classes(err, 3); !slices.Equal(got, []string{"unavailable", "unavailable", "unavailable"}) || !errors.Is(sink.Failed(err, 2), context.Canceled) {
+	if got := sinktest.Classes(err, 3); !slices.Equal(got, []string{"unavailable", "unavailable", "unavailable"}) || !errors.Is(sink.Failed(err, 2), context.Canceled) {
 		t.Fatalf("cancelled before: classes %v (err %v)", got, err)
 	}
 	if n := len(rc.requests()); n != 0 {
@@ -482,7 +471,7 @@ func TestCancel(t *testing.T) {
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("Publish returned %v after the cancel", d-200*time.Millisecond)
 	}
-	for i, c := range classes(err, 100) {
+	for i, c := range sinktest.Classes(err, 100) {
 		if c != "unavailable" || !errors.Is(sink.Failed(err, i), context.Canceled) {
 			t.Fatalf("event %d: class %s (%v)", i, c, sink.Failed(err, i))
 		}
@@ -498,13 +487,13 @@ func TestClose(t *testing.T) {
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("Publish returned %v after Close", d-200*time.Millisecond)
 	}
-	for i, c := range classes(err, 5) {
+	for i, c := range sinktest.Classes(err, 5) {
 		if c != "unavailable" || !errors.Is(sink.Failed(err, i), errClosed) {
 			t.Errorf("event %d: class %s (%v)", i, c, sink.Failed(err, i))
 		}
 	}
 	err = s.Publish(context.Background(), testEvents(1))
-	if got := classes(err, 1); got[0] != "unavailable" {
+	if got := sinktest.Classes(err, 1); got[0] != "unavailable" {
 		t.Errorf("publish after Close: %v", err)
 	}
 	if err := s.Close(); err != nil {
@@ -598,7 +587,7 @@ func TestUnreachable(t *testing.T) {
 	for _, url := range []string{"http://alice:s3cret@" + addr + "/x?token=s3cret", "http://relay-test.invalid/x"} {
 		s := newSink(t, config.Webhook{URL: url, Timeout: config.Duration(2 * time.Second)})
 		err := s.Publish(context.Background(), testEvents(2))
-		if got := classes(err, 2); !slices.Equal(got, []string{"unavailable", "unavailable"}) {
+		if got := sinktest.Classes(err, 2); !slices.Equal(got, []string{"unavailable", "unavailable"}) {
 			t.Errorf("%s: classes %v (err %v)", url, got, err)
 		}
 		if strings.Contains(err.Error(), "s3cret") || strings.Contains(err.Error(), "alice") {
@@ -640,7 +629,7 @@ func TestOddHeaderValues(t *testing.T) {
 	batch[2].EventType = "a\nb"
 	batch[2].AggregateID = "id\r\n"
 	err := s.Publish(context.Background(), batch)
-	if got, want := classes(err, 3), []string{"ok", "permanent", "ok"}; !slices.Equal(got, want) {
+	if got, want := sinktest.Classes(err, 3), []string{"ok", "permanent", "ok"}; !slices.Equal(got, want) {
 		t.Fatalf("classes %v, want %v (err %v)", got, want, err)
 	}
 	reqs := rc.requests()
