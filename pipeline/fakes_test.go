@@ -601,15 +601,6 @@ func (r *runner) wait(t *testing.T, guard time.Duration) error {
 	}
 }
 
-func (r *runner) returned() bool {
-	select {
-	case <-r.finished:
-		return true
-	default:
-		return false
-	}
-}
-
 // waitFor polls cond until it holds; the timeout only guards against hangs.
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()

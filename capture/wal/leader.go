@@ -125,7 +125,7 @@ func (l *leadership) hold(ctx context.Context, conn *pgx.Conn, standby *bool) {
 	l.set(term)
 	defer func() {
 		cancel()
-		l.set(nil)
+		l.set(term) // ended now: wakes the waiters, which see it is done
 	}()
 	for wait.Sleep(ctx, pingInterval) == nil {
 		pctx, cancel := context.WithTimeout(ctx, pingTimeout)

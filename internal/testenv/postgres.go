@@ -574,9 +574,6 @@ func OnExit(f func()) {
 	exitFuncs = append(exitFuncs, f)
 }
 
-// onExit is OnExit, for the other files of the package.
-func onExit(f func()) { OnExit(f) }
-
 // runExitFuncs runs and forgets the registered functions, last first.
 func runExitFuncs() {
 	exitMu.Lock()
