@@ -208,6 +208,14 @@ func (st *stream) idle(walEnd pglogrepl.LSN) {
 	}
 }
 
+// nothingInFlight reports whether no row is in flight and no transaction
+// is half received; run's only (it reads the decoder).
+func (st *stream) nothingInFlight() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return !st.dec.inTx && st.open.rows() == 0 && len(st.inflight) == 0
+}
+
 func (st *stream) full() bool {
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -236,7 +244,7 @@ func (st *stream) run(ctx context.Context) {
 	if cause := context.Cause(ctx); cause != nil {
 		err = cause
 	}
-	if st.sendStatus() == nil {
+	if st.sendStatus(false) == nil {
 		st.log.Debug("replication stream stopped", "lsn", st.position().String())
 	}
 	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -277,8 +285,9 @@ func (st *stream) loop(ctx context.Context) error {
 		}
 		now := time.Now()
 		moved := st.position() != st.sent && now.Sub(sentAt) >= ackDelay
-		if reply || moved || !now.Before(due) {
-			if err := st.sendStatus(); err != nil {
+		periodic := !now.Before(due)
+		if reply || moved || periodic {
+			if err := st.sendStatus(periodic && st.nothingInFlight()); err != nil {
 				return err
 			}
 			sentAt, due = now, now.Add(st.every)
@@ -391,7 +400,7 @@ func (st *stream) waitTaken(ctx context.Context, due *time.Time) error {
 		select {
 		case <-st.taken:
 		case <-t.C:
-			if err := st.sendStatus(); err != nil {
+			if err := st.sendStatus(false); err != nil {
 				return err
 			}
 			*due = time.Now().Add(st.every)
@@ -404,11 +413,15 @@ func (st *stream) waitTaken(ctx context.Context, due *time.Time) error {
 }
 
 // sendStatus reports the confirmed position as written, flushed and
-// applied.
-func (st *stream) sendStatus() error {
+// applied. With askEnd the server is asked to reply: the loop asks on its
+// periodic update when nothing is in flight, and the keepalive the server
+// answers with carries its WAL end, which idle then confirms. The walsender
+// sends such keepalives by itself only when it catches up, which a database
+// that writes other tables without pause may never let it do.
+func (st *stream) sendStatus(askEnd bool) error {
 	pos := st.position()
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), st.conn, pglogrepl.StandbyStatusUpdate{
-		WALWritePosition: pos, WALFlushPosition: pos, WALApplyPosition: pos})
+		WALWritePosition: pos, WALFlushPosition: pos, WALApplyPosition: pos, ReplyRequested: askEnd})
 	if err != nil {
 		return fmt.Errorf("send standby status: %w", err)
 	}
