@@ -1,5 +1,5 @@
 // Package config loads the relay's YAML configuration file into typed,
-// validated structs. See ../shared/CONTRACT.md §2 and docs/configuration.md.
+// validated structs. See docs/configuration.md.
 package config
 
 import "time"

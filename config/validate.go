@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/textproto"
 	"net/url"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -68,6 +70,10 @@ func (l *loader) validate(c *Config) {
 	l.table("archive.table", c.Archive.Table)
 	l.checkRetry(c.Retry)
 	l.table("dead_letter.table", c.DeadLetter.Table)
+	if c.DeadLetter.ParkAggregate && c.Capture.Mode == "wal" {
+		l.invalid("dead_letter.park_aggregate", "is not offered in wal mode (see docs/configuration.md): use capture.mode: poll or remove the key")
+	}
+	l.hostPort("http.listen", c.HTTP.Listen)
 	l.choice("log.format", c.Log.Format, "text", "json")
 	l.choice("log.level", c.Log.Level, "debug", "info", "warn", "error")
 }
@@ -333,9 +339,42 @@ func (l *loader) checkRetry(r Retry) {
 }
 
 // invalid records a problem with the value of key, on key's line if the key
-// is in the file.
+// is in the file, else on the line of its nearest enclosing section that is.
 func (l *loader) invalid(key, format string, args ...any) {
-	l.errorf(l.lines[key], key, format, args...)
+	l.errorf(l.lineFor(key), key, format, args...)
+}
+
+// lineFor returns the line of key, or of its nearest enclosing section in
+// the file, or 0.
+func (l *loader) lineFor(key string) int {
+	for k := key; k != ""; {
+		if line, ok := l.lines[k]; ok {
+			return line
+		}
+		i := strings.LastIndexAny(k, ".[")
+		if i < 0 {
+			break
+		}
+		k = k[:i]
+	}
+	return 0
+}
+
+// hostPort checks an optional listen address: host:port, the host possibly
+// empty (all interfaces), the port a number from 0 to 65535.
+func (l *loader) hostPort(key, value string) {
+	if value == "" {
+		return
+	}
+	_, port, err := net.SplitHostPort(value)
+	if err == nil {
+		if n, perr := strconv.Atoi(port); perr != nil || n < 0 || n > 65535 {
+			err = errors.New("the port must be a number from 0 to 65535")
+		}
+	}
+	if err != nil {
+		l.invalid(key, "must be host:port, e.g. 127.0.0.1:9090 or :9090, got %q", value)
+	}
 }
 
 // required reports whether value is set, recording an error if not; what,

@@ -65,7 +65,7 @@ func TestWebhookErrors(t *testing.T) {
 		line          int
 		key, msg      string
 	}{
-		{"url missing", "    timeout: 1s\n", 0, "sink.webhook.url", "required"},
+		{"url missing", "    timeout: 1s\n", 7, "sink.webhook.url", "required"},
 		{"url empty", "    url: ${UNSET}\n", 8, "sink.webhook.url", "must not be empty"},
 		{"relative url", "    url: /hook/{aggregate_type}\n", 8, "sink.webhook.url", "must be an absolute http or https URL"},
 		{"scheme", "    url: ftp://h/{aggregate_type}\n", 8, "sink.webhook.url", `the scheme must be http or https, got "ftp"`},

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -45,8 +47,8 @@ func TestBadInput(t *testing.T) {
 			wants: []string{"relay.yaml:10:", "retry.max", "invalid duration"}},
 		{name: "missing required", args: []string{"run"}, yaml: "capture:\n  mode: poll\nsink:\n  type: nats\n", code: 2,
 			wants: []string{"postgres.url", "required"}},
-		{name: "not implemented", args: []string{"run"}, yaml: strings.Replace(base(dsn, "dead_letter:\n  park_aggregate: true\n"), "mode: poll", "mode: wal", 1), code: 2,
-			wants: []string{"dead_letter.park_aggregate", "not implemented yet"}},
+		{name: "park_aggregate in wal mode", args: []string{"run"}, yaml: strings.Replace(base(dsn, "dead_letter:\n  park_aggregate: true\n"), "mode: poll", "mode: wal", 1), code: 2,
+			wants: []string{"relay.yaml:10:", "dead_letter.park_aggregate", "not offered in wal mode"}},
 		{name: "unreachable postgres", args: []string{"run"}, yaml: base(fmt.Sprintf("postgres://app:s3cret@127.0.0.1:%d/app", deadPort), ""), code: 1,
 			wants: []string{"connect to postgres", "xxxxx"}, not: "s3cret"},
 		{name: "unreachable nats", args: []string{"run"},
@@ -167,5 +169,48 @@ sink:
 	}
 	if code := p.stop(t, 15*time.Second); code != 0 {
 		t.Fatalf("exit %d", code)
+	}
+}
+
+// TestInterruptedCommandsFail checks that init, check and dlq interrupted by
+// SIGINT before they finished exit 1, not 0: only run stops on a signal by
+// design. Postgres is a listener that accepts and never answers, so each
+// command is still connecting when the signal arrives.
+func TestInterruptedCommandsFail(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	path := writeConfig(t, fmt.Sprintf("postgres:\n  url: postgres://app@%s/app?connect_timeout=0\ncapture:\n  mode: poll\nsink:\n  type: nats\n", ln.Addr()))
+	for _, args := range [][]string{{"init"}, {"check"}, {"dlq", "list"}} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			p := startProc(t, context.Background(), append(args, "--config", path)...)
+			select {
+			case c := <-accepted:
+				defer c.Close()
+			case <-time.After(30 * time.Second):
+				t.Fatal("the command never connected")
+			}
+			p.cmd.Process.Signal(os.Interrupt)
+			select {
+			case <-p.done:
+			case <-time.After(30 * time.Second):
+				t.Fatal("no exit within 30s of SIGINT")
+			}
+			if code := p.cmd.ProcessState.ExitCode(); code != 1 {
+				t.Errorf("exit %d, want 1\n%s", code, p.logs.String())
+			}
+		})
 	}
 }

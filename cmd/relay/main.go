@@ -1,5 +1,5 @@
 // Command relay publishes the rows an application writes to its outbox
-// table to a message broker. See README.md and ../shared/CONTRACT.md.
+// table to a message broker. See README.md.
 //
 // Exit status: 0 success, 1 runtime failure, 2 bad usage or bad config.
 package main
@@ -61,7 +61,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var err error
-	switch cmd, rest := args[0], args[1:]; cmd {
+	cmd, rest := args[0], args[1:]
+	switch cmd {
 	case "run", "init", "check":
 		err = configCommand(ctx, cmd, rest, stdout, stderr)
 	case "dlq":
@@ -74,7 +75,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	default:
 		err = &app.UsageError{Err: fmt.Errorf("unknown command %q\n%s", cmd, usage)}
 	}
-	return status(err, stderr)
+	return status(cmd, err, stderr)
 }
 
 func configCommand(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) error {
@@ -140,8 +141,11 @@ func dlqCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return app.DLQ(ctx, cfg, action, f, *limit, stdout)
 }
 
-// status prints err and maps it to the exit status of CONTRACT §5.
-func status(err error, stderr io.Writer) int {
+// status prints err and maps it to the exit status: 0 success, 1 runtime
+// failure, 2 bad usage or config. Only the long-running commands (run and
+// demo) stop on SIGINT/SIGTERM by design and exit 0 then; an interrupted
+// init, check or dlq did not finish and exits 1.
+func status(cmd string, err error, stderr io.Writer) int {
 	switch {
 	case err == nil:
 		return 0
@@ -150,8 +154,11 @@ func status(err error, stderr io.Writer) int {
 	case app.IsUsage(err):
 		fmt.Fprintln(stderr, "relay:", err)
 		return 2
-	case errors.Is(err, context.Canceled):
+	case errors.Is(err, context.Canceled) && (cmd == "run" || cmd == "demo"):
 		return 0
+	case errors.Is(err, context.Canceled):
+		fmt.Fprintf(stderr, "relay: %s interrupted before it finished: %v\n", cmd, err)
+		return 1
 	default:
 		fmt.Fprintln(stderr, "relay:", err)
 		return 1

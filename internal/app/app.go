@@ -30,22 +30,6 @@ func IsUsage(err error) bool {
 	return errors.As(err, &u) || errors.As(err, &c)
 }
 
-// supported rejects config choices this build does not implement yet.
-func supported(cfg *config.Config) error {
-	var missing []string
-	if cfg.DeadLetter.ParkAggregate && cfg.Capture.Mode == "wal" {
-		missing = append(missing, "dead_letter.park_aggregate is not implemented yet in wal mode (use poll)")
-	}
-	if len(missing) == 0 {
-		return nil
-	}
-	errs := make([]error, len(missing))
-	for i, m := range missing {
-		errs[i] = errors.New(m)
-	}
-	return &UsageError{Err: errors.Join(errs...)}
-}
-
 // NewLogger returns the logger log.format and log.level ask for, writing to w.
 func NewLogger(cfg config.Log, w io.Writer) *slog.Logger {
 	var lvl slog.Level

@@ -21,9 +21,6 @@ var ErrCheckFailed = errors.New("check failed")
 // the fix for each problem and returns ErrCheckFailed when any failed. log
 // receives the sink's logs.
 func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logger) error {
-	if err := supported(cfg); err != nil {
-		return err
-	}
 	failed := false
 	report := func(what string, err error, fix string) {
 		if err == nil {

@@ -20,9 +20,6 @@ import (
 // statement is idempotent, so Init can run on every deploy. log receives
 // the sink's logs.
 func Init(ctx context.Context, cfg *config.Config, dryRun bool, w io.Writer, log *slog.Logger) error {
-	if err := supported(cfg); err != nil {
-		return err
-	}
 	l := schema.FromConfig(cfg)
 	if dryRun {
 		stmts := initSQL(l, cfg, nil)
