@@ -2,9 +2,11 @@ GO ?= go
 
 .PHONY: test deps demo build vet bench
 
-# test installs missing test dependencies, then runs every test.
+# test installs missing test dependencies, then runs every test: the relay
+# module's and those of the nested helpers module (./... stops at its go.mod).
 test: deps
 	$(GO) test -count=1 -timeout 15m ./...
+	cd helpers && $(GO) test -count=1 -timeout 5m ./...
 
 deps:
 	bash scripts/deps.sh
@@ -24,4 +26,5 @@ build:
 
 vet:
 	$(GO) vet ./...
+	cd helpers && $(GO) vet ./...
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

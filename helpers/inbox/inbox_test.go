@@ -15,11 +15,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/outboxrelay/relay/inbox"
-	"github.com/outboxrelay/relay/internal/testenv"
+	"github.com/outboxrelay/relay/helpers/inbox"
+	"github.com/outboxrelay/relay/helpers/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { pgtest.Main(m) }
 
 var errBoom = errors.New("boom")
 
@@ -33,7 +33,7 @@ type env struct {
 func setup(t *testing.T) env {
 	t.Helper()
 	ctx := context.Background()
-	dsn := testenv.NewDB(t)
+	dsn := pgtest.NewDB(t)
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -129,7 +129,9 @@ func TestConcurrentDuplicates(t *testing.T) {
 			for m := range messages {
 				id := fmt.Sprintf("msg-%d", m)
 				for c := range copies {
-					wg.Go(func() {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
 						<-start
 						ok, err := e.deliver(ctx, id, (m+c)%2 == 0)
 						if err != nil {
@@ -138,7 +140,7 @@ func TestConcurrentDuplicates(t *testing.T) {
 						if ok {
 							processed[m].Add(1)
 						}
-					})
+					}()
 				}
 			}
 			close(start)

@@ -1,4 +1,4 @@
-// Package outbox writes events to the relay's outbox table (CONTRACT §1) in
+// Package outbox writes events to the relay's outbox table in
 // the application's own transaction, so an event is published if and only if
 // the business write it describes commits.
 //
@@ -21,6 +21,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"fmt"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -62,4 +63,30 @@ func Write(ctx context.Context, db Execer, e Event) (string, error) {
 // returns their ids in order. See Table.WriteMany.
 func WriteMany(ctx context.Context, db Execer, events ...Event) ([]string, error) {
 	return std.WriteMany(ctx, db, events...)
+}
+
+// DDL creates the table public.outbox, when missing, with the columns the
+// relay reads, and an index on seq for the relay's poll mode (the index
+// `relay init` creates too).
+const DDL = `CREATE TABLE IF NOT EXISTS public.outbox (
+  id             uuid        PRIMARY KEY,
+  aggregate_type text        NOT NULL,
+  aggregate_id   text        NOT NULL,
+  event_type     text        NOT NULL,
+  payload        jsonb       NOT NULL,
+  headers        jsonb,
+  created_at     timestamptz NOT NULL DEFAULT now(),
+  seq            bigint      GENERATED ALWAYS AS IDENTITY
+);
+CREATE INDEX IF NOT EXISTS outbox_relay_seq_idx ON public.outbox (seq);
+`
+
+// CreateTable runs DDL with db. Run it once, at startup or in a migration:
+// concurrent first runs of CREATE TABLE IF NOT EXISTS can fail in
+// PostgreSQL. A database/sql handle works through SQL.
+func CreateTable(ctx context.Context, db Execer) error {
+	if _, err := db.Exec(ctx, DDL); err != nil {
+		return fmt.Errorf("outbox: create public.outbox: %w", err)
+	}
+	return nil
 }

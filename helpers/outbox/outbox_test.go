@@ -16,11 +16,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/outboxrelay/relay/internal/testenv"
-	"github.com/outboxrelay/relay/outbox"
+	"github.com/outboxrelay/relay/helpers/internal/pgtest"
+	"github.com/outboxrelay/relay/helpers/outbox"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // row is an outbox row read back, payload and headers as text.
 type row struct {
@@ -33,7 +33,7 @@ type row struct {
 // database's DSN.
 func setup(t *testing.T, stmts ...string) (*pgxpool.Pool, string) {
 	t.Helper()
-	dsn := testenv.NewDB(t)
+	dsn := pgtest.NewDB(t)
 	pool, err := pgxpool.New(context.Background(), dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -69,7 +69,7 @@ type order struct {
 
 func TestWriteCommits(t *testing.T) {
 	ctx := context.Background()
-	pool, _ := setup(t, testenv.ContractOutbox)
+	pool, _ := setup(t, outbox.DDL)
 	explicit := uuid.MustParse("0190a5b4-1c2d-7e3f-8a4b-5c6d7e8f9a0b")
 
 	tx, err := pool.Begin(ctx)
@@ -146,7 +146,7 @@ func checkV7Ordered(t *testing.T, ids []string) {
 
 func TestWriteIDsAreTimeOrdered(t *testing.T) {
 	ctx := context.Background()
-	pool, _ := setup(t, testenv.ContractOutbox)
+	pool, _ := setup(t, outbox.DDL)
 	var ids []string
 	for i := range 200 {
 		e := outbox.Event{AggregateType: "a", AggregateID: "x", EventType: "e", Payload: map[string]int{"i": i}}
@@ -191,7 +191,7 @@ func texts(t *testing.T, pool *pgxpool.Pool, query string) []string {
 
 func TestWriteRollsBack(t *testing.T) {
 	ctx := context.Background()
-	pool, _ := setup(t, testenv.ContractOutbox)
+	pool, _ := setup(t, outbox.DDL)
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +214,7 @@ func TestWriteRollsBack(t *testing.T) {
 // TestWriteManyIsAtomic checks that a failing batch writes no event.
 func TestWriteManyIsAtomic(t *testing.T) {
 	ctx := context.Background()
-	pool, _ := setup(t, testenv.ContractOutbox)
+	pool, _ := setup(t, outbox.DDL)
 	dup := uuid.Must(uuid.NewV7())
 	_, err := outbox.WriteMany(ctx, pool,
 		outbox.Event{AggregateType: "a", AggregateID: "1", EventType: "e", Payload: []byte(`{}`)},
@@ -282,7 +282,7 @@ func TestPayloadColumnTypes(t *testing.T) {
 		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol}
 	for _, typ := range []string{"jsonb", "json", "text", "bytea"} {
 		t.Run(typ, func(t *testing.T) {
-			pool, dsn := setup(t, strings.Replace(testenv.ContractOutbox, "payload        jsonb", "payload "+typ, 1))
+			pool, dsn := setup(t, strings.Replace(outbox.DDL, "payload        jsonb", "payload "+typ, 1))
 			tbl, err := outbox.New(outbox.Options{BinaryPayload: typ == "bytea"})
 			if err != nil {
 				t.Fatal(err)
@@ -350,7 +350,7 @@ func openSQL(t *testing.T, dsn string) *sql.DB {
 
 func TestDatabaseSQL(t *testing.T) {
 	ctx := context.Background()
-	pool, dsn := setup(t, testenv.ContractOutbox)
+	pool, dsn := setup(t, outbox.DDL)
 	db := openSQL(t, dsn)
 	e := outbox.Event{AggregateType: "order", AggregateID: "o-1", EventType: "order.created",
 		Payload: order{ID: "o-1", Total: 7}, Headers: map[string]string{"h": "1"}}
