@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 )
 
 // TestEndToEnd runs concurrent producers over 600 aggregates against a
@@ -261,5 +263,55 @@ func TestRunWithoutInit(t *testing.T) {
 				t.Error("relay run did not create the dead-letter table")
 			}
 		})
+	}
+}
+
+// TestDLQDropResequencesParked checks that `relay dlq drop` of a parked
+// aggregate's dead letter (dead_letter.park_aggregate) moves the rows it
+// left in the outbox after every other row, in their order and with their
+// ids, as redrive does: a poller whose cursor passed their old seq would
+// otherwise publish the aggregate's next new event before them. It also
+// checks that redrive and drop without a filter need --all.
+func TestDLQDropResequencesParked(t *testing.T) {
+	s := newStack(t, stackOptions{Extra: "dead_letter:\n  park_aggregate: true\n"})
+	ctx := context.Background()
+	var parked []string
+	for i, agg := range []string{"x", "x", "x", "y", "y", "z"} {
+		id := uuid.NewString()
+		if _, err := s.pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+			VALUES ($1, 'order', $2, 'step', '{}')`, id, agg); err != nil {
+			t.Fatal(err)
+		}
+		if agg == "x" && i > 0 {
+			parked = append(parked, id)
+		}
+	}
+	if _, err := s.pool.Exec(ctx, `WITH dead AS (DELETE FROM outbox WHERE seq = (SELECT min(seq) FROM outbox) RETURNING *)
+		INSERT INTO outbox_dead_letter (id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, seq, error, error_class, attempts)
+		SELECT id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, seq, 'too large', 'permanent', 1 FROM dead`); err != nil {
+		t.Fatal(err)
+	}
+	for _, action := range []string{"redrive", "drop"} {
+		out, code := runRelay(t, "dlq", action, "--config", s.cfgPath)
+		if code != 2 || !strings.Contains(out, "--all") {
+			t.Errorf("dlq %s without a filter: exit %d, want 2 naming --all\n%s", action, code, out)
+		}
+	}
+	if out, code := runRelay(t, "dlq", "list", "--config", s.cfgPath); code != 0 || !strings.Contains(out, "order/x") {
+		t.Fatalf("dlq list: exit %d\n%s", code, out)
+	}
+	if out, code := runRelay(t, "dlq", "drop", "--config", s.cfgPath, "--all"); code != 0 || !strings.Contains(out, "dropped 1") {
+		t.Fatalf("dlq drop --all: exit %d\n%s", code, out)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT id::text FROM outbox ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 5 || !slices.Equal(ids[3:], parked) {
+		t.Fatalf("outbox in seq order %v: want the parked rows %v last, in their order", ids, parked)
 	}
 }

@@ -28,8 +28,9 @@ const usage = `usage:
   relay run    --config FILE                 run the relay until SIGINT/SIGTERM
   relay init   --config FILE [--dry-run]     create the outbox, dead-letter table, trigger and stream
   relay check  --config FILE                 check the config, Postgres and the sink
-  relay dlq    list|redrive|drop --config FILE [--id UUID ...] [--aggregate ID] [--older-than DURATION] [--limit N]
-                                             inspect, re-publish (same ids) or delete dead letters
+  relay dlq    list|redrive|drop --config FILE [--id UUID ...] [--aggregate ID] [--older-than DURATION] [--all] [--limit N]
+                                             inspect, re-publish (same ids) or delete dead letters;
+                                             redrive and drop need a filter or --all
   relay demo                                 run a self-contained demo (needs PostgreSQL server binaries)
 `
 
@@ -128,11 +129,15 @@ func dlqCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&f.Aggregate, "aggregate", "", "only this aggregate_id")
 	fs.DurationVar(&f.OlderThan, "older-than", 0, "only dead letters whose last failure is older than this")
 	limit := fs.Int("limit", 100, "list at most this many")
+	all := fs.Bool("all", false, "redrive or drop every dead letter (required without --id, --aggregate or --older-than)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return &app.UsageError{Err: err}
 	}
 	if *path == "" || fs.NArg() > 0 || *limit <= 0 {
 		return &app.UsageError{Err: fmt.Errorf("relay dlq %s: --config FILE is required, --limit must be positive, and no other arguments are taken", action)}
+	}
+	if action != app.DLQList && f.Empty() && !*all {
+		return &app.UsageError{Err: fmt.Errorf("relay dlq %s: select dead letters with --id, --aggregate or --older-than, or give --all to %s every one", action, action)}
 	}
 	cfg, err := config.Load(*path)
 	if err != nil {

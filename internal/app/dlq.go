@@ -53,7 +53,11 @@ func DLQ(ctx context.Context, cfg *config.Config, action DLQAction, f schema.Dea
 		}
 		fmt.Fprintf(w, "redrove %d dead letters into %s with their original ids\n", n, l.Outbox)
 	case DLQDrop:
-		n, err := l.DropDeadLetters(ctx, pool, f)
+		var n int64
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
+			n, err = l.DropDeadLetters(ctx, tx, f, cfg.DeadLetter.ParkAggregate)
+			return err
+		})
 		if err != nil {
 			return err
 		}

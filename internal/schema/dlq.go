@@ -19,6 +19,11 @@ type DeadLetterFilter struct {
 	OlderThan time.Duration
 }
 
+// Empty reports whether f selects every dead letter.
+func (f DeadLetterFilter) Empty() bool {
+	return len(f.IDs) == 0 && f.Aggregate == "" && f.OlderThan <= 0
+}
+
 // where returns the filter's condition on the dead-letter table and its
 // arguments, numbered from $1.
 func (l Layout) where(f DeadLetterFilter) (string, []any) {
@@ -127,11 +132,30 @@ func (l Layout) insertColumns() string {
 }
 
 // DropDeadLetters deletes the dead letters matching f and returns how many.
-func (l Layout) DropDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter) (int64, error) {
+// With resequence (dead_letter.park_aggregate), the rows their aggregates
+// left parked in the outbox are re-inserted after every other row, keeping
+// their ids and relative order: a poller whose cursor already passed their
+// old seq would otherwise publish the aggregate's next new event before
+// them. q should be a transaction.
+func (l Layout) DropDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter, resequence bool) (int64, error) {
 	cond, args := l.where(f)
-	tag, err := q.Exec(ctx, fmt.Sprintf(`DELETE FROM %s WHERE %s`, l.DeadLetter.Ident(), cond), args...)
+	rows, err := q.Query(ctx, fmt.Sprintf(`DELETE FROM %s WHERE %s RETURNING %s::text, %s`,
+		l.DeadLetter.Ident(), cond, Q(l.Cols.ID), Q(l.Cols.AggregateID)), args...)
 	if err != nil {
 		return 0, fmt.Errorf("drop dead letters from %s: %w", l.DeadLetter, err)
 	}
-	return tag.RowsAffected(), nil
+	var ids, aggs []string
+	var id, agg string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &agg}, func() error {
+		ids, aggs = append(ids, id), append(aggs, agg)
+		return nil
+	}); err != nil {
+		return 0, fmt.Errorf("drop dead letters from %s: %w", l.DeadLetter, err)
+	}
+	if resequence && len(ids) > 0 {
+		if err := l.resequence(ctx, q, ids, aggs); err != nil {
+			return 0, err
+		}
+	}
+	return int64(len(ids)), nil
 }
