@@ -178,8 +178,7 @@ type queries struct {
 func buildQueries(l schema.Layout, mode string, info schema.Info) queries {
 	// The ids go as text[] and are cast in SQL: pgx encodes a []string for
 	// a text[] parameter directly, while for uuid[] it first tries a plan
-	// that fails, building an error per call (6 % of the relay's CPU in a
-	// drain).
+	// that fails, building an error per call.
 	idType := "text[]::" + info.Types[l.Cols.ID]
 	sel, in, alias := make([]string, numFields), make([]string, numFields), make([]string, numFields)
 	for k, c := range l.Cols.List() {

@@ -80,7 +80,7 @@ type stackOptions struct {
 	// stack's server. With another sink, Collect must be set.
 	Sink string
 	// NoInit skips `relay init`: the outbox is created by hand as in
-	// CONTRACT §1, and `relay run` must create everything else itself.
+	// docs/reference.md, and `relay run` must create everything else itself.
 	NoInit bool
 	// Collect returns every delivery the sink's consumer has seen so far,
 	// in delivery order; it replaces the NATS subscriber and stream reader.

@@ -281,7 +281,7 @@ func run1(ctx context.Context, opts Options, res *Results) error {
 	return nil
 }
 
-// plainOutboxDDL is the outbox of CONTRACT §1 with poll's index and no
+// plainOutboxDDL is the outbox of docs/reference.md with poll's index and no
 // trigger: what the application's commit rate is measured on.
 const plainOutboxDDL = testenv.ContractOutbox + `;
 CREATE INDEX outbox_relay_seq_idx ON outbox (seq)`

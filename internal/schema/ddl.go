@@ -6,11 +6,11 @@ import (
 	"strings"
 )
 
-// contractTypes are the outbox column types of CONTRACT §1, in Columns.List
+// contractTypes are the outbox column types of docs/reference.md, in Columns.List
 // order.
 var contractTypes = []string{"uuid", "text", "text", "text", "jsonb", "jsonb", "timestamp with time zone", "bigint"}
 
-// CreateOutbox returns the statement creating the outbox table of CONTRACT §1
+// CreateOutbox returns the statement creating the outbox table of docs/reference.md
 // when it is missing.
 func (l Layout) CreateOutbox() string {
 	c := l.Cols
@@ -64,7 +64,7 @@ func (l Layout) DropNotifyTrigger() []string {
 // when it is missing: the outbox columns with the outbox's types (types maps
 // column name to type; the contract's types are used for missing entries),
 // all nullable so a malformed row can be kept, plus the failure columns of
-// CONTRACT §2.
+// docs/reference.md.
 func (l Layout) CreateDeadLetter(types map[string]string) []string {
 	cols := append(l.typedColumns(types),
 		"  error text", "  error_class text", "  attempts int",

@@ -127,7 +127,7 @@ func Inspect(ctx context.Context, q Querier, l Layout) (Info, error) {
 		return Info{}, fmt.Errorf("inspect outbox table %s: %w", l.Outbox, err)
 	}
 	if !exists {
-		return Info{}, fmt.Errorf("%w: %s (create it with `relay init` or by hand, see CONTRACT §1)", ErrNoOutbox, l.Outbox)
+		return Info{}, fmt.Errorf("%w: %s (create it with `relay init` or by hand, see docs/reference.md)", ErrNoOutbox, l.Outbox)
 	}
 	info := Info{Types: map[string]string{}}
 	rows, err := q.Query(ctx, `SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute

@@ -469,7 +469,7 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// ContractOutbox is the outbox table of CONTRACT §1, as an application
+// ContractOutbox is the outbox table of docs/reference.md, as an application
 // creates it: tests and the bench use it to check the relay against the
 // contract's own DDL, not against what relay init would create.
 const ContractOutbox = `CREATE TABLE outbox (

@@ -440,7 +440,7 @@ func (s *suite) testOutage(t *testing.T) {
 		case f == nil:
 			r.errorf("event %s acknowledged while the broker is down", e.ID)
 		case sink.ClassOf(f) != sink.Unavailable:
-			r.errorf("event %s failed as %v while the broker is down; want unavailable, so that the relay waits for the broker without counting attempts or dead-lettering (CONTRACT §4): %v", e.ID, sink.ClassOf(f), f)
+			r.errorf("event %s failed as %v while the broker is down; want unavailable, so that the relay waits for the broker without counting attempts or dead-lettering: %v", e.ID, sink.ClassOf(f), f)
 		}
 	}
 

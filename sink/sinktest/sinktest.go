@@ -1,5 +1,5 @@
 // Package sinktest is the conformance suite every sink.Sink passes: what
-// the contract (CONTRACT.md §3 and §4) requires of publishing, checked
+// docs/reference.md and docs/guarantees.md require of publishing, checked
 // against a real or embedded broker.
 //
 // A sink's tests describe their broker with a Harness and call Run:
