@@ -42,8 +42,8 @@ const httpPort = "9090"
 // metrics are the metric names deploy/alerts.yaml may use. A rule using a
 // name not listed here fails the test, and so does a listed, exported name
 // the relay's source no longer defines, so renaming a metric breaks this test
-// until the rules follow. pending names are not exported yet (issue 7); their
-// rules never fire until they are. A histogram's rules use its _bucket,
+// until the rules follow. pending names are not exported yet; their rules
+// never fire until they are. A histogram's rules use its _bucket,
 // _sum and _count series.
 var metrics = map[string]struct{ pending, histogram bool }{
 	"relay_events_captured_total":          {},
@@ -57,7 +57,7 @@ var metrics = map[string]struct{ pending, histogram bool }{
 	"relay_capture_ready":                  {},
 	"relay_oldest_unpublished_age_seconds": {},
 	"relay_commit_to_ack_seconds":          {histogram: true},
-	"relay_replication_slot_lag_bytes":     {pending: true},
+	"relay_replication_slot_lag_bytes":     {},
 }
 
 // knownMetric reports whether a series name in an expression is one of
@@ -98,6 +98,9 @@ type composeService struct {
 	} `yaml:"depends_on"`
 	Restart  string   `yaml:"restart"`
 	Profiles []string `yaml:"profiles"`
+	Networks map[string]struct {
+		Aliases []string `yaml:"aliases"`
+	} `yaml:"networks"`
 }
 
 // loadCompose parses compose.yaml, resolving anchors and merge keys.
@@ -194,13 +197,45 @@ func configMount(t *testing.T, name string, s composeService) string {
 	return ""
 }
 
+// sinkProfiles maps each compose profile that runs a relay to the broker
+// service it starts ("" for the webhook, whose receiver compose does not
+// run). The profile's relay services are relay-<profile> and
+// relay-init-<profile>.
+var sinkProfiles = map[string]string{"nats": "nats", "kafka": "kafka", "sqs": "sqs", "webhook": ""}
+
+// relayServices returns the names of the long-running relay services.
+func relayServices() []string {
+	var names []string
+	for _, p := range slices.Sorted(maps.Keys(sinkProfiles)) {
+		names = append(names, "relay-"+p)
+	}
+	return names
+}
+
 func TestCompose(t *testing.T) {
 	c := loadCompose(t)
 	docker := loadDockerfile(t)
 
-	for _, name := range []string{"postgres", "kafka", "nats", "sqs", "relay", "relay-init"} {
+	for _, name := range []string{"postgres", "kafka", "nats", "sqs"} {
 		if _, ok := c.Services[name]; !ok {
 			t.Errorf("compose.yaml: service %q is missing", name)
+		}
+	}
+	for p := range sinkProfiles {
+		for _, name := range []string{"relay-" + p, "relay-init-" + p} {
+			if _, ok := c.Services[name]; !ok {
+				t.Errorf("compose.yaml: service %q is missing", name)
+			}
+		}
+	}
+	// Postgres runs with every profile; a broker only with its own, so that
+	// `docker compose --profile nats up` never waits for Kafka.
+	if pg := c.Services["postgres"]; len(pg.Profiles) > 0 {
+		t.Errorf("postgres: runs only with profiles %q; it should run with every profile", pg.Profiles)
+	}
+	for p, broker := range sinkProfiles {
+		if s, ok := c.Services[broker]; ok && broker != "" && !slices.Equal(s.Profiles, []string{p}) {
+			t.Errorf("%s: profiles %q, want [%s]", broker, s.Profiles, p)
 		}
 	}
 
@@ -213,11 +248,11 @@ func TestCompose(t *testing.T) {
 		// can wait for it. relay-init runs once; the relay image is
 		// distroless, with nothing to run a check with (see the Dockerfile).
 		switch {
-		case name == "relay-init":
+		case strings.HasPrefix(name, "relay-init-"):
 			if s.Restart != "no" {
-				t.Errorf("relay-init is one-shot and needs restart: \"no\", got %q", s.Restart)
+				t.Errorf("%s is one-shot and needs restart: \"no\", got %q", name, s.Restart)
 			}
-		case name == "relay" && s.Healthcheck == nil:
+		case slices.Contains(relayServices(), name) && s.Healthcheck == nil:
 			if !docker.shellless() {
 				t.Errorf("relay: no healthcheck, which is excused only while the image has no shell (distroless or scratch); the final image is %s", docker.finalBase())
 			}
@@ -238,8 +273,8 @@ func TestCompose(t *testing.T) {
 				t.Errorf("%s: depends_on unknown service %q", name, dep)
 			case d.Condition == "service_healthy" && target.Healthcheck == nil:
 				t.Errorf("%s: waits for %s to be healthy, which has no healthcheck", name, dep)
-			case len(target.Profiles) > 0 && len(s.Profiles) == 0:
-				t.Errorf("%s: depends on %s, which only runs with a profile", name, dep)
+			case len(target.Profiles) > 0 && !slices.ContainsFunc(s.Profiles, func(p string) bool { return slices.Contains(target.Profiles, p) }):
+				t.Errorf("%s: depends on %s, which does not run with every profile %s runs with", name, dep, name)
 			}
 		}
 		for _, m := range mounts(s) {
@@ -268,47 +303,63 @@ func TestCompose(t *testing.T) {
 		}
 	}
 
-	brokers := []string{"postgres", "nats", "kafka", "sqs"}
-	for _, name := range []string{"relay", "relay-init"} {
-		s, ok := c.Services[name]
+	for p, broker := range sinkProfiles {
+		relayName, initName := "relay-"+p, "relay-init-"+p
+		for _, name := range []string{relayName, initName} {
+			s, ok := c.Services[name]
+			if !ok {
+				continue
+			}
+			if s.Build == nil {
+				t.Errorf("%s: should be built from the Dockerfile (build: .)", name)
+			}
+			if !slices.Equal(s.Profiles, []string{p}) {
+				t.Errorf("%s: profiles %q, want [%s]", name, s.Profiles, p)
+			}
+			deps := []string{"postgres"}
+			if broker != "" {
+				deps = append(deps, broker)
+			}
+			for _, dep := range deps {
+				if d, ok := s.DependsOn[dep]; !ok || d.Condition != "service_healthy" {
+					t.Errorf("%s: needs depends_on %s with condition service_healthy", name, dep)
+				}
+			}
+			sub := "run"
+			if name == initName {
+				sub = "init"
+			}
+			if cmd, want := words(s.Command), []string{sub, "--config", configPath}; !slices.Equal(cmd, want) {
+				t.Errorf("%s: command %q, want %q", name, cmd, want)
+			}
+			if file := configMount(t, name, s); file != "" {
+				if _, err := os.Stat(filepath.Join(root, file)); err != nil {
+					t.Errorf("%s: mounts %s, which is not an example: %v", name, file, err)
+				} else if prefix, _, _ := strings.Cut(strings.TrimSuffix(filepath.Base(file), ".yaml"), "-"); prefix != p {
+					t.Errorf("%s: mounts %s, an example for another sink (TestExamples checks the names)", name, file)
+				}
+			}
+		}
+		relay, ok := c.Services[relayName]
 		if !ok {
 			continue
 		}
-		if s.Build == nil {
-			t.Errorf("%s: should be built from the Dockerfile (build: .)", name)
-		}
-		for _, dep := range brokers {
-			if d, ok := s.DependsOn[dep]; !ok || d.Condition != "service_healthy" {
-				t.Errorf("%s: needs depends_on %s with condition service_healthy", name, dep)
-			}
-		}
-		sub := "run"
-		if name == "relay-init" {
-			sub = "init"
-		}
-		if cmd, want := words(s.Command), []string{sub, "--config", configPath}; !slices.Equal(cmd, want) {
-			t.Errorf("%s: command %q, want %q", name, cmd, want)
-		}
-		if file := configMount(t, name, s); file != "" {
-			if _, err := os.Stat(filepath.Join(root, file)); err != nil {
-				t.Errorf("%s: mounts %s, which is not an example: %v", name, file, err)
-			}
-		}
-	}
-	if relay, ok := c.Services["relay"]; ok {
-		if d, ok := relay.DependsOn["relay-init"]; !ok || d.Condition != "service_completed_successfully" {
-			t.Error("relay: needs depends_on relay-init with condition service_completed_successfully")
+		if d, ok := relay.DependsOn[initName]; !ok || d.Condition != "service_completed_successfully" {
+			t.Errorf("%s: needs depends_on %s with condition service_completed_successfully", relayName, initName)
 		}
 		if !slices.ContainsFunc(relay.Ports, func(p string) bool { return strings.HasSuffix(p, ":"+httpPort) }) {
-			t.Errorf("relay: publishes %q, want the container's port %s (/metrics, /healthz, /readyz)", relay.Ports, httpPort)
+			t.Errorf("%s: publishes %q, want the container's port %s (/metrics, /healthz, /readyz)", relayName, relay.Ports, httpPort)
 		}
-		if init, ok := c.Services["relay-init"]; ok {
-			if a, b := configMount(t, "relay", relay), configMount(t, "relay-init", init); a != b {
-				t.Errorf("relay mounts %s but relay-init %s: init must prepare what run uses", a, b)
+		if init, ok := c.Services[initName]; ok {
+			if a, b := configMount(t, relayName, relay), configMount(t, initName, init); a != b {
+				t.Errorf("%s mounts %s but %s %s: init must prepare what run uses", relayName, a, initName, b)
 			}
 			if !maps.Equal(environment(relay), environment(init)) {
-				t.Error("relay and relay-init have different environments")
+				t.Errorf("%s and %s have different environments", relayName, initName)
 			}
+		}
+		if !maps.Equal(environment(relay), environment(c.Services[relayServices()[0]])) {
+			t.Errorf("%s and %s have different environments", relayName, relayServices()[0])
 		}
 	}
 	if cmd := docker.cmd(); !slices.Equal(cmd, []string{"run", "--config", configPath}) {
@@ -367,6 +418,11 @@ func TestPrometheusConfig(t *testing.T) {
 	if !found {
 		t.Errorf("prometheus.yml: no job \"relay\" scraping relay:%s, which alerts.yaml's up{job=\"relay\"} expects", httpPort)
 	}
+	for _, name := range relayServices() {
+		if !slices.Contains(c.Services[name].Networks["default"].Aliases, "relay") {
+			t.Errorf("%s: needs the network alias relay on the default network, the host prometheus.yml scrapes", name)
+		}
+	}
 }
 
 // -------------------------------------------------------------- examples
@@ -395,12 +451,12 @@ func stripComments(s string) string {
 // outside the container, and secrets come from the environment.
 func TestExamples(t *testing.T) {
 	c := loadCompose(t)
-	relayEnv := environment(c.Services["relay"])
+	relayEnv := environment(c.Services[relayServices()[0]])
 	hosts := map[string]bool{}
 	for name := range c.Services {
 		hosts[name] = true
 	}
-	for _, h := range c.Services["relay"].ExtraHosts {
+	for _, h := range c.Services[relayServices()[0]].ExtraHosts {
 		name, _, _ := strings.Cut(h, ":")
 		hosts[name] = true
 	}
