@@ -2,69 +2,14 @@
 // outbox table's inserts from a pgoutput replication slot, in commit order,
 // and archives them after the pipeline settled them.
 //
-// # Leadership
-//
-// One relay per outbox table streams; the others stand by. The leader holds
-// a session advisory lock on a dedicated connection, which it checks every
-// second; standby relays try to take it every second. Only the leader
-// creates, drops and streams the slot, so a standby takes over within a few
-// seconds of the leader's death.
-//
-// # Streaming and acknowledgement
-//
-// One goroutine owns the replication connection. It decodes Relation,
-// Begin, Insert and Commit messages (updates, deletes and the rest are
-// ignored) into an open batch of at most BatchSize rows, which Next hands
-// out when it is full, or when it ends at a commit and a millisecond passed
-// since the last one (so small transactions arriving together travel
-// together). A batch may span transactions and may end inside one. For
-// each batch the source keeps the end LSN of the last transaction committed
-// within it. Batches are archived in any order, those completed together
-// in one statement (archiver.go); the position confirmed to the server
-// (write = flush = apply) is the ack of the longest archived prefix of the
-// handed-out batches, so the slot never passes an event that was not
-// archived. While nothing is in flight and no transaction is half received,
-// the server's WAL end from its keepalives is confirmed, so an idle outbox
-// on a busy database holds no WAL back. Status updates go out every
-// StatusInterval (at most a third of wal_sender_timeout), whenever the
-// server asks, and at most every 20 ms when the confirmed position moved,
-// also while the pipeline's window is full and the stream is not read.
-//
-// # Memory
-//
-// The open batch is the only buffer between the socket and the pipeline:
-// while it is full the connection is not read, and the server stops
-// sending. Batches are handed out only while fewer than 24 batches' worth
-// of rows (and 24 MiB of payload) are unarchived, so memory is bounded by
-// that plus one batch, whatever the size of a transaction.
-
-// # Slot loss and rows older than the slot
-//
-// The outbox table is the durable backlog: rows leave it only once
-// published. When the slot is missing (first run, dropped, failover) or
-// lost (wal_status lost), the leader records a pending drain in the drain
-// table (schema.Layout.DrainTable), creates the slot, and sets the drain's
-// bound H to the seq sequence's last value read right after. Before
-// streaming from a slot with a pending drain, the rows with seq ≤ H are
-// published through the poll path (capture/poll with MaxSeq H), whose
-// watermark waits for writers still open; the drain ends once a claim finds
-// nothing and every drained batch settled, and then the stream starts from
-// the slot's creation point. Every row committed before the slot's
-// consistent point has seq ≤ H and is drained; every transaction that
-// commits after it is streamed. The few rows of transactions that were open
-// across the slot's creation are in both and delivered twice: skipping
-// stream rows with seq ≤ H would lose the rows such a transaction inserted
-// and deleted itself. The pending drain is stored, not kept in memory, so a
-// crash during the drain resumes it, and a slot created by `relay init`
-// drains the rows written before it on the first run.
-//
-// # Reconnecting
-//
-// A broken replication connection, a Postgres restart or a failed archive
-// ends the stream; Next returns a retryable error and the next call resumes
-// from the slot's confirmed position. Events after it are streamed again
-// with the same ids, after their first copies in the pipeline's
-// per-aggregate queues.
+// One relay per outbox table streams; others on the same table stand by and
+// take over when its session ends. The slot is confirmed only past archived
+// events. Rows older than the slot (first run, a dropped or lost slot,
+// failover) are published from the table first, in seq order. Memory is
+// bounded whatever the size of a transaction. After a broken connection
+// Next returns a retryable error and the next call resumes from the slot's
+// confirmed position, so events may be delivered again with the same ids.
+// docs/design.md describes how.
 package wal
 
 import (

@@ -5,52 +5,8 @@
 // and the headers message_id, event_type, aggregate_type, aggregate_id and
 // content-type are set, after the row's own headers, which they override.
 // The producer is idempotent and waits for acks from all in-sync replicas
-// (acks=all), so an acknowledged record is on every in-sync replica and a
-// retry inside the client never duplicates or reorders a record.
-//
-// # Ordering
-//
-// Records are keyed by aggregate ID and partitioned by the murmur2 hash of
-// the key, like the Java client's default partitioner, so all events of an
-// aggregate land in one partition, in the order the pipeline publishes them.
-// Adding partitions to a topic later moves keys to other partitions; events
-// published around that moment may be read out of order by consumers of
-// different partitions.
-//
-// The pipeline publishes an aggregate's next event only after its previous
-// one was acknowledged, and retries a failed event later. This keeps the
-// contract's order because of two properties of franz-go's idempotent
-// producer:
-//
-//   - A record whose promise fails was not appended: the client fails a
-//     record only when it knows the outcome (the record was never sent, or
-//     the broker answered with an error). When the outcome is unknown, such
-//     as after a request timeout or a cut connection, the client keeps the
-//     record and resends it with the same producer sequence, which the broker
-//     deduplicates. This package never opts into
-//     AllowIdempotentProduceCancellation, which would break this.
-//   - When the client does fail a record, it fails every record buffered
-//     behind it in the partition too, so no later record of the partition is
-//     appended before the failed one's retry. Those records belong to other
-//     aggregates, fail with the same error and are retried like it.
-//
-// Publish may return before a record's outcome is known: when AckTimeout
-// passes or ctx ends, the unsettled events fail as sink.Unavailable while
-// their records stay in the client. Such a record may still be appended
-// later. The pipeline's retry of that event is buffered behind the original
-// in the same partition, and the aggregate's next event waits for the retry's
-// acknowledgement, so the worst case is a duplicate directly after the
-// original, never a newer event before an older one's first delivery.
-//
-// # Topics
-//
-// The first publish to a topic checks that it exists and creates it with
-// Partitions and ReplicationFactor of the config when it does not, so a
-// template such as outbox.{aggregate_type} works on clusters that do not
-// auto-create topics. It also reads the topic's max.message.bytes, so that
-// an event too large for the topic fails alone as sink.Permanent in the
-// client, instead of the broker rejecting a whole batch of several
-// aggregates' events.
+// (acks=all). The first publish to a missing topic creates it. How order
+// holds through the client's retries and timeouts is in docs/design.md.
 package kafka
 
 import (
@@ -85,7 +41,7 @@ type Options struct {
 	// AckTimeout bounds how long Publish waits for a batch's
 	// acknowledgements, including any wait for room in the client's buffer.
 	// Events not acknowledged by then fail as sink.Unavailable; see the
-	// package documentation for why that keeps per-aggregate order. It is
+	// docs/design.md (Kafka) for why that keeps per-aggregate order. It is
 	// also how long a publish takes to report a broker that cannot be
 	// reached at all. Default 15s, a little over ProduceRequestTimeout's
 	// default.

@@ -24,7 +24,7 @@ import (
 // when all were acknowledged and a *sink.BatchError otherwise.
 //
 // Before the first publish to a topic, Publish makes sure the topic exists
-// (see the package documentation). An event larger than the topic's
+// (see docs/design.md, Kafka). An event larger than the topic's
 // max.message.bytes, one with an invalid record, and one whose topic this
 // principal may not write fail as sink.Permanent; a broker that cannot be
 // reached, a cluster without enough in-sync replicas or leaders, no
@@ -35,7 +35,7 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.AckTimeout)
 	// Cancelling fails the records of this batch that were not sent yet
 	// when Publish gives up, and with them the records queued behind them
-	// in their partitions, which is safe (see the package documentation).
+	// in their partitions, which is safe (see docs/design.md, Kafka).
 	defer cancel()
 
 	topics := make([]string, len(batch))

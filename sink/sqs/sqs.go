@@ -1,79 +1,13 @@
 // Package sqs publishes events to Amazon SQS queues, and to SQS-compatible
 // servers through sink.sqs.endpoint, with SendMessageBatch.
 //
-// # Destination
-//
-// sink.sqs.queue_url names one queue. sink.sqs.queue is instead a queue name
-// template such as "outbox-{aggregate_type}" or "outbox-{aggregate_type}.fifo":
-// each rendered name is resolved to its URL with GetQueueUrl the first time
-// it is used and cached for the life of the sink. A character of a template
-// value that SQS does not allow in a queue name (anything but letters,
-// digits, '-' and '_') is replaced by '_'. A queue whose name ends in ".fifo"
-// is a FIFO queue; every other queue is a standard queue. The sink never
-// creates queues: an event for a queue that does not exist fails as
-// transient, so it is retried (and dead-lettered after retry.max_attempts)
-// until someone creates the queue.
-//
-// # Messages
-//
-// The body is the payload as text when the payload is UTF-8 made only of the
-// characters SQS allows in a message (tab, newline, carriage return, U+0020
-// to U+D7FF, U+E000 to U+FFFD, U+10000 and above) and its content type is
-// not application/octet-stream (a bytea column). Otherwise the body is the
-// payload in standard base64 and the message attribute body_encoding is
-// "base64". SQS cannot carry an empty body, so an empty payload is sent as
-// the body "-" with body_encoding "empty". A consumer decodes the body as
-// body_encoding says and takes it as it is when the attribute is absent.
-//
-// Every message carries the String message attributes message_id,
-// event_type, aggregate_type, aggregate_id and content_type. An attribute
-// whose value is empty is left out, as SQS rejects empty values; a value
-// that is not text SQS can carry (one with control characters other than
-// tab, newline and carriage return, or not UTF-8) is sent as a Binary
-// attribute holding its bytes. The row's headers follow, each as an
-// attribute of its own, when they fit: SQS takes at most 10 attributes per
-// message, so with five or six taken by the contract attributes a row can
-// forward four or five headers that way. When the row has more headers than
-// that, or one whose name SQS does not accept as an attribute name
-// (letters, digits, '_', '-' and '.', at most 256, no leading, trailing or
-// double '.', no "AWS." or "Amazon" prefix), one named body_encoding or
-// headers, or one whose value is empty, all of the row's headers are sent
-// instead as one String attribute "headers" holding a JSON object. Row
-// headers named like a contract attribute are never forwarded: the contract
-// attribute wins.
-//
-// # FIFO queues and order
-//
-// On a FIFO queue MessageGroupId is the aggregate_id and
-// MessageDeduplicationId the message_id, so SQS keeps each aggregate's order
-// and drops a redelivery within its 5 minute deduplication interval. A value
-// SQS does not accept as such an ID (1 to 128 printable ASCII characters,
-// no spaces) is mapped deterministically: its disallowed characters become
-// '_', it is cut to 111 characters and "-" and 16 hex digits of its SHA-256
-// are appended, so distinct aggregates keep distinct groups. The pipeline
-// never puts two events of one aggregate in one Publish call nor has two
-// calls in flight that share an aggregate, so the sink never has two sends of
-// one message group in flight at once and needs no ordering logic of its
-// own; different groups are sent in parallel. Standard queues carry the
-// same attributes but neither ID, and SQS delivers their messages in no
-// particular order and possibly more than once.
-//
-// # Batches and errors
-//
-// One Publish call groups its events by queue and sends them in
-// SendMessageBatch requests of at most 10 entries and at most
-// sink.sqs.max_batch_bytes (default 262144) of bodies and attributes; an
-// event larger than that is sent in a request of its own. A message over
-// SQS's absolute limit of 1 MiB fails as sink.Permanent without being sent.
-// Entries SQS rejects in a batch fail alone, the others are acknowledged:
-// a sender fault (InvalidMessageContents, a message over the queue's
-// MaximumMessageSize, ...) is permanent, a server fault transient. When SQS
-// rejects a whole request of several entries as malformed (BatchRequestTooLong,
-// InvalidParameterValue, ...) each entry is sent again on its own, so a bad
-// event never takes its batch mates to the dead-letter table. Throttling,
-// HTTP 502/503/504, network errors, missing or rejected credentials, an
-// ended context and a closed sink fail as sink.Unavailable; other failures,
-// including a missing queue and AccessDenied, are transient.
+// sink.sqs.queue_url names one queue; sink.sqs.queue is instead a queue name
+// template, each rendered name resolved with GetQueueUrl and cached. The
+// sink never creates queues. On a FIFO queue (a name ending in ".fifo")
+// MessageGroupId is the aggregate_id and MessageDeduplicationId the
+// message_id. The message format (body encoding, attributes) is in
+// docs/reference.md; batching and the mapping of odd values in
+// docs/design.md.
 package sqs
 
 import (
