@@ -353,7 +353,7 @@ func setRatio(d *DrainResult, b map[string]BaselineResult) {
 	}
 }
 
-// Target is one goal of issue 6 with the measured figure.
+// Target is one performance goal the bench checks, with the measured figure.
 type Target struct {
 	Name     string `json:"name"`
 	Goal     string `json:"goal"`

@@ -29,7 +29,7 @@ type scaleVariant struct {
 	events                             int
 }
 
-// scaleVariants are the curves of issue 6: payload size, number of
+// scaleVariants are the scaling curves: payload size, number of
 // aggregates, number of poll relays; the other settings stay at 200-byte
 // payloads, 10,000 aggregates and one relay. One aggregate allows one event
 // in flight at a time, so its backlog is a tenth of the others'.
