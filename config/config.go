@@ -59,11 +59,10 @@ type Poll struct {
 	// Notify makes `relay init` install a statement-level insert trigger
 	// that calls pg_notify, so the poller wakes at once on every insert.
 	// Default false, and init then removes the trigger: PostgreSQL
-	// serializes the commits of notifying transactions, which cut the
-	// application's single-row commit rate about threefold in our
-	// benchmark (docs/benchmarks.md). Without it the poller finds a steady
-	// trickle within milliseconds anyway and an idle outbox within
-	// capture.poll.interval.
+	// serializes the commits of notifying transactions, which lowers the
+	// application's commit rate (docs/benchmarks.md measures by how much).
+	// Without it the poller finds a steady trickle within milliseconds
+	// anyway and an idle outbox within capture.poll.interval.
 	Notify bool `yaml:"notify"`
 }
 

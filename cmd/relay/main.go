@@ -43,9 +43,8 @@ func main() {
 // (GOGC=200) with a soft limit of 256 MiB (GOMEMLIMIT), unless the
 // environment sets either. The relay's live heap is bounded by its windows
 // (tens of MB), so the default GOGC=100 spends CPU collecting a small heap
-// often: in the 1M-event wal drain this cut the relay's CPU by about 12 %
-// for ~17 MB more peak RSS (docs/benchmarks.md). The limit makes the GC
-// work harder instead of growing past it with large payloads.
+// often; a larger heap costs less CPU for a little more memory. The limit
+// makes the GC work harder instead of growing past it with large payloads.
 func tuneGC() {
 	if os.Getenv("GOGC") == "" && os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetGCPercent(200)
