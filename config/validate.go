@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -146,8 +147,7 @@ var webhookReserved = []string{
 func (l *loader) checkWebhook(w Webhook) {
 	if l.required("sink.webhook.url", w.URL, "") {
 		if _, err := sink.NewTemplate(w.URL, nil); err != nil {
-			msg := strings.ReplaceAll(err.Error(), w.URL, redactUserinfo(w.URL))
-			l.invalid("sink.webhook.url", "%s", RedactURL(msg))
+			l.invalid("sink.webhook.url", "%s", redact.String(err.Error()))
 		} else if msg := webhookURLProblem(w.URL); msg != "" {
 			l.invalid("sink.webhook.url", "%s", msg)
 		}
@@ -169,31 +169,6 @@ func (l *loader) checkWebhook(w Webhook) {
 	if w.MaxConcurrency < 0 || w.MaxConcurrency > maxWebhookConcurrency {
 		l.invalid("sink.webhook.max_concurrency", "must be between 1 and %d (0 or unset: 64), got %d", maxWebhookConcurrency, w.MaxConcurrency)
 	}
-}
-
-// redactUserinfo masks the user information of the URL raw: the password
-// when there is one ("user:xxxxx@"), else the whole of it, which may be a
-// token ("xxxxx@").
-func redactUserinfo(raw string) string {
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		return raw
-	}
-	end := strings.IndexAny(rest, "/?#")
-	if end < 0 {
-		end = len(rest)
-	}
-	at := strings.LastIndexByte(rest[:end], '@')
-	if at < 0 {
-		return raw
-	}
-	user, _, hasPassword := strings.Cut(rest[:at], ":")
-	if !hasPassword {
-		user = ""
-	} else {
-		user += ":"
-	}
-	return scheme + "://" + user + redacted + rest[at:]
 }
 
 // headerToken matches an HTTP header name (an RFC 9110 token).
@@ -415,10 +390,10 @@ func (l *loader) table(key, value string) {
 }
 
 // template checks that a destination template uses only known placeholders.
-// The message goes through RedactURL since webhook URLs may carry secrets.
+// The message goes through redact.String since URLs may carry secrets.
 func (l *loader) template(key, value string) {
 	if _, err := sink.NewTemplate(value, nil); err != nil {
-		l.invalid(key, "%s", RedactURL(err.Error()))
+		l.invalid(key, "%s", redact.String(err.Error()))
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/app"
 	"github.com/outboxrelay/relay/internal/demo"
+	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/internal/schema"
 )
 
@@ -156,15 +157,15 @@ func status(cmd string, err error, stderr io.Writer) int {
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case app.IsUsage(err):
-		fmt.Fprintln(stderr, "relay:", err)
+		fmt.Fprintln(stderr, "relay:", redact.String(err.Error()))
 		return 2
 	case errors.Is(err, context.Canceled) && (cmd == "run" || cmd == "demo"):
 		return 0
 	case errors.Is(err, context.Canceled):
-		fmt.Fprintf(stderr, "relay: %s interrupted before it finished: %v\n", cmd, err)
+		fmt.Fprintf(stderr, "relay: %s interrupted before it finished: %s\n", cmd, redact.String(err.Error()))
 		return 1
 	default:
-		fmt.Fprintln(stderr, "relay:", err)
+		fmt.Fprintln(stderr, "relay:", redact.String(err.Error()))
 		return 1
 	}
 }

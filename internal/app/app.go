@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/redact"
 )
 
 // UsageError is a problem with the command line or the config that is found
@@ -30,11 +31,13 @@ func IsUsage(err error) bool {
 	return errors.As(err, &u) || errors.As(err, &c)
 }
 
-// NewLogger returns the logger log.format and log.level ask for, writing to w.
+// NewLogger returns the logger log.format and log.level ask for, writing to
+// w. Every attribute goes through redact.Attr, so no line carries a
+// credential.
 func NewLogger(cfg config.Log, w io.Writer) *slog.Logger {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(cfg.Level))
-	opts := &slog.HandlerOptions{Level: lvl}
+	opts := &slog.HandlerOptions{Level: lvl, ReplaceAttr: redact.Attr}
 	if cfg.Format == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
@@ -50,17 +53,17 @@ const applicationName = "outbox-relay"
 func connect(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, &UsageError{Err: fmt.Errorf("postgres.url %s: cannot parse", config.RedactURL(url))}
+		return nil, &UsageError{Err: fmt.Errorf("postgres.url %s: cannot parse", redact.String(url))}
 	}
 	pcfg.MaxConns = maxConns
 	pcfg.ConnConfig.RuntimeParams["application_name"] = applicationName
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, fmt.Errorf("connect to postgres %s: %w", config.RedactURL(url), err)
+		return nil, fmt.Errorf("connect to postgres %s: %w", redact.String(url), err)
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("connect to postgres %s: %w", config.RedactURL(url), err)
+		return nil, fmt.Errorf("connect to postgres %s: %w", redact.String(url), err)
 	}
 	return pool, nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/internal/schema"
 )
 
@@ -32,7 +33,7 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logge
 	}
 	l := schema.FromConfig(cfg)
 	pool, err := connect(ctx, cfg.Postgres.URL, 2)
-	report("postgres "+config.RedactURL(cfg.Postgres.URL), err, "check postgres.url, that the server runs and accepts this user")
+	report("postgres "+redact.String(cfg.Postgres.URL), err, "check postgres.url, that the server runs and accepts this user")
 	if err == nil {
 		_, err = schema.Inspect(ctx, pool, l)
 		report("outbox table "+l.Outbox.String(), err, "run `relay init`, or fix outbox.table / outbox.columns")

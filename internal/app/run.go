@@ -17,6 +17,7 @@ import (
 	"github.com/outboxrelay/relay/capture/poll"
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/pipeline"
 )
@@ -143,7 +144,7 @@ func RunConfig(ctx context.Context, cfg *config.Config, log *slog.Logger) error 
 	}
 	defer r.Close()
 	log.Info("relay running", "capture", cfg.Capture.Mode, "sink", cfg.Sink.Type,
-		"table", cfg.Outbox.Table, "postgres", config.RedactURL(cfg.Postgres.URL))
+		"table", cfg.Outbox.Table, "postgres", redact.String(cfg.Postgres.URL))
 	if err := r.Run(ctx); err != nil {
 		return err
 	}

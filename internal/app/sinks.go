@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink"
 	kafkasink "github.com/outboxrelay/relay/sink/kafka"
 	natssink "github.com/outboxrelay/relay/sink/nats"
@@ -35,7 +36,7 @@ func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window 
 		if err != nil {
 			return nil, err
 		}
-		return &brokerSink{Sink: s, name: "nats " + config.RedactURL(c.NATS.URL), check: s.Check,
+		return &brokerSink{Sink: s, name: "nats " + redact.String(c.NATS.URL), check: s.Check,
 			prepare: func(ctx context.Context) (string, error) {
 				return "nats: stream " + c.NATS.Stream + " ready", s.EnsureStream(ctx)
 			}}, nil

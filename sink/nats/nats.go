@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -118,7 +119,7 @@ func New(ctx context.Context, cfg config.NATS, opts Options) (*Sink, error) {
 
 func connect(ctx context.Context, url string, log *slog.Logger) (*nats.Conn, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, sink.AsUnavailable(fmt.Errorf("connect to nats %s: %w", redact(url), err))
+		return nil, sink.AsUnavailable(redact.Error(fmt.Errorf("connect to nats %s: %w", redact.String(url), err)))
 	}
 	timeout := connectTimeout
 	if dl, ok := ctx.Deadline(); ok {
@@ -135,37 +136,19 @@ func connect(ctx context.Context, url string, log *slog.Logger) (*nats.Conn, err
 			if err == nil { // a deliberate Close
 				return
 			}
-			log.Warn("nats disconnected", "url", redact(url), "err", err)
+			log.Warn("nats disconnected", "url", redact.String(url), "err", err)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
-			log.Info("nats reconnected", "server", redact(nc.ConnectedUrl()))
+			log.Info("nats reconnected", "server", redact.String(nc.ConnectedUrl()))
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			log.Warn("nats error", "err", err)
 		}),
 	)
 	if err != nil {
-		return nil, sink.AsUnavailable(fmt.Errorf("connect to nats %s: %w", redact(url), err))
+		return nil, sink.AsUnavailable(redact.Error(fmt.Errorf("connect to nats %s: %w", redact.String(url), err)))
 	}
 	return nc, nil
-}
-
-// redact replaces the user information (user, password or token) of every
-// URL in the comma separated urls with "***".
-func redact(urls string) string {
-	parts := strings.Split(urls, ",")
-	for i, u := range parts {
-		at := strings.LastIndexByte(u, '@')
-		if at < 0 {
-			continue
-		}
-		scheme := ""
-		if j := strings.Index(u, "://"); j >= 0 && j < at {
-			scheme = u[:j+3]
-		}
-		parts[i] = scheme + "***" + u[at:]
-	}
-	return strings.Join(parts, ",")
 }
 
 // sanitize maps a rune of a template value that a subject token cannot hold

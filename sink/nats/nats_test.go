@@ -577,15 +577,3 @@ func TestNewBadTemplate(t *testing.T) {
 		}
 	}
 }
-
-func TestRedact(t *testing.T) {
-	for in, want := range map[string]string{
-		"nats://127.0.0.1:4222":                          "nats://127.0.0.1:4222",
-		"nats://u:p@h:4222,nats://tok@h2:4222,nats://h3": "nats://***@h:4222,nats://***@h2:4222,nats://h3",
-		"u:p@w@h": "***@h",
-	} {
-		if got := redact(in); got != want {
-			t.Errorf("redact(%q) = %q, want %q", in, got, want)
-		}
-	}
-}

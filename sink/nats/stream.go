@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxrelay/relay/internal/redact"
 )
 
 // EnsureStream creates the stream cfg.Stream when it is missing, with one
@@ -30,7 +32,7 @@ func (s *Sink) EnsureStream(ctx context.Context) error {
 // covers the subject template. Its errors say what to change.
 func (s *Sink) Check(ctx context.Context) error {
 	if !s.nc.IsConnected() {
-		return fmt.Errorf("nats %s: not connected (%s); check sink.nats.url and that the server is running", redact(s.cfg.URL), s.nc.Status())
+		return fmt.Errorf("nats %s: not connected (%s); check sink.nats.url and that the server is running", redact.String(s.cfg.URL), s.nc.Status())
 	}
 	info, err := s.streamInfo(ctx)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {

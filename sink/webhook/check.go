@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+
+	"github.com/outboxrelay/relay/internal/redact"
 )
 
 // Check verifies that the receiver's host (or the proxy's, when one is
@@ -20,7 +22,7 @@ func (s *Sink) Check(ctx context.Context) error {
 	what, fix := "webhook receiver", "check sink.webhook.url"
 	if s.proxy != nil {
 		if p, err := s.proxy(&http.Request{URL: u}); err != nil {
-			return fmt.Errorf("proxy for %s: %w; check HTTPS_PROXY / HTTP_PROXY", redactURL(u.String()), redactErr(err))
+			return fmt.Errorf("proxy for %s: %w; check HTTPS_PROXY / HTTP_PROXY", redact.String(u.String()), redact.Error(err))
 		} else if p != nil {
 			u, what, fix = p, "proxy", "check HTTPS_PROXY / HTTP_PROXY / NO_PROXY"
 		}
@@ -49,4 +51,4 @@ func (s *Sink) Check(ctx context.Context) error {
 
 // URL returns sink.webhook.url with credentials masked, for logs and
 // `relay check` output.
-func (s *Sink) URL() string { return redactURL(s.url.raw) }
+func (s *Sink) URL() string { return redact.String(s.url.raw) }

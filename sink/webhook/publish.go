@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -119,7 +120,7 @@ func (s *Sink) post(ctx context.Context, e *event.Event) error {
 	defer stop()
 	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, target, bytes.NewReader(e.Payload))
 	if err != nil {
-		return s.wrap(e, target, sink.AsPermanent(redactErr(err)))
+		return s.wrap(e, target, sink.AsPermanent(redact.Error(err)))
 	}
 	req.Header = h
 	if s.secret != nil {
@@ -141,14 +142,14 @@ func (s *Sink) post(ctx context.Context, e *event.Event) error {
 		StatusCode: resp.StatusCode,
 		Status:     resp.Status,
 		Body:       printable(snippet),
-		Location:   redactURL(resp.Header.Get("Location")),
+		Location:   redact.String(resp.Header.Get("Location")),
 	}
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
 		if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok && d > 0 {
 			serr.Delay = min(d, MaxRetryAfter)
 			if s.gate.hold(time.Now().Add(serr.Delay)) {
 				s.log.Warn("webhook receiver asked to slow down; holding requests",
-					"status", resp.StatusCode, "retry_after", serr.Delay, "url", redactURL(s.url.prefix))
+					"status", resp.StatusCode, "retry_after", serr.Delay, "url", redact.String(s.url.prefix))
 			}
 		}
 	}
@@ -168,11 +169,11 @@ func (s *Sink) target(e *event.Event) string {
 func (s *Sink) wrap(e *event.Event, target string, err error) error {
 	switch sink.ClassOf(err) {
 	case sink.Permanent:
-		return sink.AsPermanent(fmt.Errorf("POST %s for event %s: %w", redactURL(target), e.ID, err))
+		return sink.AsPermanent(fmt.Errorf("POST %s for event %s: %w", redact.String(target), e.ID, err))
 	case sink.Unavailable:
-		return sink.AsUnavailable(fmt.Errorf("POST %s for event %s: %w", redactURL(target), e.ID, err))
+		return sink.AsUnavailable(fmt.Errorf("POST %s for event %s: %w", redact.String(target), e.ID, err))
 	}
-	return fmt.Errorf("POST %s for event %s: %w", redactURL(target), e.ID, err)
+	return fmt.Errorf("POST %s for event %s: %w", redact.String(target), e.ID, err)
 }
 
 // header returns the request headers of e: its Headers map (names in
@@ -359,7 +360,7 @@ func (s *Sink) transportError(ctx, reqCtx context.Context, err error) error {
 	if errors.As(err, &ue) {
 		err = ue.Err // without the URL, which wrap adds redacted
 	}
-	err = redactErr(err)
+	err = redact.Error(err)
 	switch {
 	case s.closed.Err() != nil:
 		return sink.AsUnavailable(errClosed)

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -190,11 +191,11 @@ func parseURLTemplate(raw string) (*urlTemplate, error) {
 		return nil, fmt.Errorf("required")
 	}
 	if _, err := sink.NewTemplate(raw, nil); err != nil {
-		return nil, redactErr(err)
+		return nil, redact.Error(err)
 	}
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
-		return nil, fmt.Errorf("%q is not an absolute http or https URL", redactURL(raw))
+		return nil, fmt.Errorf("%q is not an absolute http or https URL", redact.String(raw))
 	}
 	end := strings.IndexAny(rest, "/?#")
 	if end < 0 {
@@ -202,7 +203,7 @@ func parseURLTemplate(raw string) (*urlTemplate, error) {
 	}
 	authority := scheme + "://" + rest[:end]
 	if strings.Contains(authority, "{") {
-		return nil, fmt.Errorf("%q: placeholders are allowed only in the path and query, not in the scheme or host", redactURL(raw))
+		return nil, fmt.Errorf("%q: placeholders are allowed only in the path and query, not in the scheme or host", redact.String(raw))
 	}
 	// Parse a rendering to check the whole URL.
 	probe := raw
@@ -211,19 +212,19 @@ func parseURLTemplate(raw string) (*urlTemplate, error) {
 	}
 	u, err := url.Parse(probe)
 	if err != nil {
-		return nil, redactErr(err)
+		return nil, redact.Error(err)
 	}
 	switch {
 	case u.Scheme != "http" && u.Scheme != "https":
-		return nil, fmt.Errorf("%q: the scheme must be http or https", redactURL(raw))
+		return nil, fmt.Errorf("%q: the scheme must be http or https", redact.String(raw))
 	case u.Host == "" || u.Hostname() == "":
-		return nil, fmt.Errorf("%q: the URL has no host", redactURL(raw))
+		return nil, fmt.Errorf("%q: the URL has no host", redact.String(raw))
 	case u.Fragment != "" || strings.Contains(raw, "#"):
-		return nil, fmt.Errorf("%q: a URL fragment (#...) is never sent; remove it", redactURL(raw))
+		return nil, fmt.Errorf("%q: a URL fragment (#...) is never sent; remove it", redact.String(raw))
 	}
 	base, err := url.Parse(authority)
 	if err != nil {
-		return nil, redactErr(err)
+		return nil, redact.Error(err)
 	}
 
 	t := &urlTemplate{raw: raw, prefix: authority, base: base}

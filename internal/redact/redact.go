@@ -1,0 +1,139 @@
+// Package redact hides credentials in text before it is logged or
+// returned in an error. It is a leaf package: config, the sinks and the
+// commands all use it, so there is one rule for what counts as a secret.
+package redact
+
+import (
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+)
+
+// Mask replaces every hidden value.
+const Mask = "xxxxx"
+
+var (
+	// param matches a key=value pair (a query parameter or a libpq
+	// key=value setting) whose key names a credential, e.g. password,
+	// sslpassword, token, X-Amz-Signature, X-Amz-Credential, api_key,
+	// client_secret, sasl_password. The value may be quoted; an unterminated
+	// quote runs to the end.
+	param = regexp.MustCompile(`(?i)((?:^|[\s?&;,("'])[\w.-]*(?:pass|pwd|secret|token|key|sig|auth|credential|code)[\w.-]*[ \t]*=[ \t]*)('(?:\\.|[^'\n])*'?|"(?:\\.|[^"\n])*"?|[^\s&#"]*)`)
+	// jsonField matches a quoted JSON field whose name names a credential.
+	jsonField = regexp.MustCompile(`(?i)("[\w.-]*(?:pass|pwd|secret|token|key|sig|auth|credential)[\w.-]*"[ \t]*:[ \t]*)("(?:\\.|[^"\n])*"?)`)
+	// secretKey matches a log attribute key that names a credential.
+	secretKey = regexp.MustCompile(`(?i)pass|pwd|secret|token|credential`)
+	// bearer matches the credentials of an HTTP Authorization value.
+	bearer = regexp.MustCompile(`(?i)\b(bearer|basic)[ \t]+[^\s"',;]+`)
+)
+
+// String returns s with every credential it recognises replaced by Mask:
+//   - the user information of each URL (nats://xxxxx@host, whether it is
+//     user:password or a token), except a postgres URL's user name
+//     (postgres://user:xxxxx@host). It runs to the last @ before the next blank,
+//     quote or scheme, so an unescaped @ or / in a password does not end it
+//     early; at worst more than the secret is hidden;
+//   - the value of every key=value pair whose key names a credential
+//     (password, token, secret, key, sig, auth, credential, code, in any
+//     case and as part of a longer name), in query strings and libpq
+//     key=value strings, quoted or not;
+//   - quoted JSON fields named so, and Bearer/Basic credentials.
+//
+// It works on text alone, so it never returns the secret of an input that
+// fails to parse. Secrets in a URL's path cannot be recognised.
+func String(s string) string {
+	if strings.Contains(s, "://") {
+		s = userinfo(s)
+	}
+	s = bearer.ReplaceAllString(s, "${1} "+Mask)
+	s = jsonField.ReplaceAllString(s, `${1}"`+Mask+`"`)
+	return param.ReplaceAllString(s, "${1}"+Mask)
+}
+
+// userinfo masks the user information of every URL in s.
+func userinfo(s string) string {
+	var b strings.Builder
+	for {
+		i := strings.Index(s, "://")
+		if i < 0 {
+			b.WriteString(s)
+			return b.String()
+		}
+		scheme := strings.ToLower(s[strings.LastIndexFunc(s[:i], notSchemeChar)+1 : i])
+		b.WriteString(s[:i+3])
+		s = s[i+3:]
+		end := strings.IndexAny(s, " \t\r\n\"'`<>")
+		if end < 0 {
+			end = len(s)
+		}
+		if next := strings.Index(s[:end], "://"); next >= 0 {
+			end = next
+		}
+		at := strings.LastIndexByte(s[:end], '@')
+		if at < 0 {
+			continue
+		}
+		user, _, hasPassword := strings.Cut(s[:at], ":")
+		if (scheme == "postgres" || scheme == "postgresql") && !strings.ContainsAny(user, "/?#") {
+			b.WriteString(user)
+			if hasPassword {
+				b.WriteString(":" + Mask)
+			}
+		} else {
+			b.WriteString(Mask)
+		}
+		s = s[at:]
+	}
+}
+
+// notSchemeChar reports whether r cannot be part of a URL scheme.
+func notSchemeChar(r rune) bool {
+	return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '+' || r == '-' || r == '.')
+}
+
+// Error returns err with its message passed through String, keeping err
+// in the chain for errors.Is and errors.As; it returns err itself when
+// nothing was hidden, and nil for nil.
+func Error(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	if r := String(msg); r != msg {
+		return &redacted{msg: r, err: err}
+	}
+	return err
+}
+
+// redacted is an error whose message went through String.
+type redacted struct {
+	msg string
+	err error
+}
+
+func (e *redacted) Error() string { return e.msg }
+func (e *redacted) Unwrap() error { return e.err }
+
+// Attr is a slog.HandlerOptions.ReplaceAttr function: it replaces the
+// value of an attribute whose key names a credential by Mask, and passes
+// string, error and fmt.Stringer values through String, so no log line
+// carries a secret the rules of String recognise.
+func Attr(_ []string, a slog.Attr) slog.Attr {
+	if secretKey.MatchString(a.Key) && a.Value.Kind() != slog.KindGroup {
+		a.Value = slog.StringValue(Mask)
+		return a
+	}
+	switch a.Value.Kind() {
+	case slog.KindString:
+		a.Value = slog.StringValue(String(a.Value.String()))
+	case slog.KindAny:
+		switch v := a.Value.Any().(type) {
+		case error:
+			a.Value = slog.StringValue(String(v.Error()))
+		case fmt.Stringer:
+			a.Value = slog.StringValue(String(v.String()))
+		}
+	}
+	return a
+}
