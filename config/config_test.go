@@ -254,6 +254,8 @@ func TestErrors(t *testing.T) {
 		{"http.listen port too big", minimal + "http:\n  listen: 127.0.0.1:70000\n", 8, "http.listen", "must be host:port"},
 		{"park_aggregate in wal mode", strings.Replace(minimal, "mode: poll", "mode: wal", 1) + "dead_letter:\n  park_aggregate: true\n", 8, "dead_letter.park_aggregate", "is not offered in wal mode"},
 		{"missing key in a present section", minimal + "retry:\n  initial: 1m\n", 7, "retry.max", "must be at least retry.initial (1m0s), got 30s"},
+		{"table name too long", minimal + "outbox:\n  table: s." + strings.Repeat("t", 64) + "\n", 8, "outbox.table", "a name is longer than PostgreSQL's 63 bytes"},
+		{"column name too long", minimal + "outbox:\n  columns:\n    seq: " + strings.Repeat("c", 64) + "\n", 9, "outbox.columns.seq", "longer than PostgreSQL's 63 bytes"},
 		{"wal slot too long", minimal + "  wal:\n    slot: " + strings.Repeat("s", 64) + "\n", 8, "capture.wal.slot", "must match"},
 	}
 	for _, tt := range tests {

@@ -24,6 +24,9 @@ const maxBatchSize = 100000
 
 const maxPartitions = 1024
 
+// maxIdentifier is PostgreSQL's limit on a name, in bytes.
+const maxIdentifier = 63
+
 var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 
 // setDefaults replaces zero values with the defaults documented on the
@@ -85,8 +88,8 @@ func (l *loader) checkColumns(cols map[string]string) {
 		key := "outbox.columns." + name
 		if !slices.Contains(columnNames, name) {
 			l.invalid(key, "unknown column (expected one of %s)", strings.Join(columnNames, ", "))
-		} else {
-			l.required(key, cols[name], "the table's column name")
+		} else if l.required(key, cols[name], "the table's column name") && len(cols[name]) > maxIdentifier {
+			l.invalid(key, "longer than PostgreSQL's %d bytes", maxIdentifier)
 		}
 	}
 }
@@ -381,11 +384,14 @@ func (l *loader) choice(key, value string, allowed ...string) bool {
 	return true
 }
 
-// table checks a table name: name or schema.name.
+// table checks a table name: name or schema.name, each at most 63 bytes.
 func (l *loader) table(key, value string) {
 	parts := strings.Split(value, ".")
-	if len(parts) > 2 || slices.Contains(parts, "") {
+	switch {
+	case len(parts) > 2 || slices.Contains(parts, ""):
 		l.invalid(key, `must be "name" or "schema.name", got %q`, value)
+	case slices.ContainsFunc(parts, func(p string) bool { return len(p) > maxIdentifier }):
+		l.invalid(key, "a name is longer than PostgreSQL's %d bytes, got %q", maxIdentifier, value)
 	}
 }
 

@@ -59,16 +59,16 @@ func (l Layout) ArchiveDDL(mode string, types map[string]string) []string {
 		return []string{
 			fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s timestamptz`, l.Outbox.Ident(), Q(PublishedAt)),
 			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s) WHERE %s IS NULL`,
-				Q(truncate(l.Outbox.Name+"_relay_unpublished_idx")), l.Outbox.Ident(), Q(l.Cols.Seq), Q(PublishedAt)),
+				Q(derived(l.Outbox.Name, "_relay_unpublished_idx")), l.Outbox.Ident(), Q(l.Cols.Seq), Q(PublishedAt)),
 			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s) WHERE %s IS NOT NULL`,
-				Q(truncate(l.Outbox.Name+"_relay_published_idx")), l.Outbox.Ident(), Q(PublishedAt), Q(PublishedAt)),
+				Q(derived(l.Outbox.Name, "_relay_published_idx")), l.Outbox.Ident(), Q(PublishedAt), Q(PublishedAt)),
 		}
 	case ArchiveMove:
 		return []string{
 			fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n%s,\n  archived_at timestamptz NOT NULL DEFAULT now()\n)",
 				l.Archive.Ident(), strings.Join(l.typedColumns(types), ",\n")),
 			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (archived_at)`,
-				Q(truncate(l.Archive.Name+"_archived_at_idx")), l.Archive.Ident()),
+				Q(derived(l.Archive.Name, "_archived_at_idx")), l.Archive.Ident()),
 		}
 	}
 	return nil

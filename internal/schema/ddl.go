@@ -31,7 +31,7 @@ func (l Layout) CreateOutbox() string {
 // poll query (WHERE seq <= $1 ORDER BY seq).
 func (l Layout) CreatePollIndex() string {
 	return fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s)`,
-		Q(truncate(l.Outbox.Name+"_relay_seq_idx")), l.Outbox.Ident(), Q(l.Cols.Seq))
+		Q(derived(l.Outbox.Name, "_relay_seq_idx")), l.Outbox.Ident(), Q(l.Cols.Seq))
 }
 
 // CreateNotifyTrigger returns the statements installing a statement-level
@@ -39,15 +39,11 @@ func (l Layout) CreatePollIndex() string {
 // Postgres folds identical notifications of one transaction into one.
 func (l Layout) CreateNotifyTrigger() []string {
 	fn := l.Outbox.sibling("_relay_notify")
+	body := fmt.Sprintf("\nBEGIN\n  PERFORM pg_notify(%s, '');\n  RETURN NULL;\nEND\n", Literal(l.NotifyChannel()))
 	return []string{
-		fmt.Sprintf(`CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $fn$
-BEGIN
-  PERFORM pg_notify(%s, '');
-  RETURN NULL;
-END
-$fn$`, fn, quoteLiteral(l.NotifyChannel())),
+		fmt.Sprintf(`CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS %s`, fn, Literal(body)),
 		fmt.Sprintf(`CREATE OR REPLACE TRIGGER %s AFTER INSERT ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()`,
-			Q(truncate(l.Outbox.Name+"_relay_notify")), l.Outbox.Ident(), fn),
+			Q(derived(l.Outbox.Name, "_relay_notify")), l.Outbox.Ident(), fn),
 	}
 }
 
@@ -55,7 +51,7 @@ $fn$`, fn, quoteLiteral(l.NotifyChannel())),
 // CreateNotifyTrigger.
 func (l Layout) DropNotifyTrigger() []string {
 	return []string{
-		fmt.Sprintf(`DROP TRIGGER IF EXISTS %s ON %s`, Q(truncate(l.Outbox.Name+"_relay_notify")), l.Outbox.Ident()),
+		fmt.Sprintf(`DROP TRIGGER IF EXISTS %s ON %s`, Q(derived(l.Outbox.Name, "_relay_notify")), l.Outbox.Ident()),
 		fmt.Sprintf(`DROP FUNCTION IF EXISTS %s()`, l.Outbox.sibling("_relay_notify")),
 	}
 }
@@ -73,9 +69,9 @@ func (l Layout) CreateDeadLetter(types map[string]string) []string {
 	return []string{
 		fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n%s\n)", l.DeadLetter.Ident(), strings.Join(cols, ",\n")),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s)`,
-			Q(truncate(l.DeadLetter.Name+"_id_idx")), l.DeadLetter.Ident(), Q(l.Cols.ID)),
+			Q(derived(l.DeadLetter.Name, "_id_idx")), l.DeadLetter.Ident(), Q(l.Cols.ID)),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s)`,
-			Q(truncate(l.DeadLetter.Name+"_aggregate_idx")), l.DeadLetter.Ident(), Q(l.Cols.AggregateID)),
+			Q(derived(l.DeadLetter.Name, "_aggregate_idx")), l.DeadLetter.Ident(), Q(l.Cols.AggregateID)),
 	}
 }
 
@@ -104,4 +100,14 @@ func EnsureDeadLetter(ctx context.Context, q Querier, l Layout, info Info) error
 	return nil
 }
 
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+// Literal quotes s as an SQL string literal, like PostgreSQL's
+// quote_literal: quotes doubled, and with a backslash the E” form with
+// backslashes doubled, so the result means s whatever
+// standard_conforming_strings is.
+func Literal(s string) string {
+	q := "'" + strings.ReplaceAll(s, "'", "''") + "'"
+	if strings.Contains(s, `\`) {
+		return "E" + strings.ReplaceAll(q, `\`, `\\`)
+	}
+	return q
+}

@@ -7,7 +7,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -41,14 +43,35 @@ func (t Table) String() string { return t.Schema + "." + t.Name }
 
 // sibling returns a quoted object name in t's schema made of t's name and suffix.
 func (t Table) sibling(suffix string) string {
-	return pgx.Identifier{t.Schema, truncate(t.Name + suffix)}.Sanitize()
+	return pgx.Identifier{t.Schema, derived(t.Name, suffix)}.Sanitize()
 }
 
-func truncate(s string) string {
-	if len(s) > 63 {
-		return s[:63]
+// maxName is PostgreSQL's identifier limit in bytes.
+const maxName = 63
+
+// truncate cuts s to at most n bytes, at a character boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
 	}
-	return s
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// derived returns the name of an object derived from name, name+suffix.
+// When that exceeds maxName, name is cut short and followed by a hash of
+// all of it, so the suffix survives and the objects of two tables, or two
+// objects of one table, never share a name.
+func derived(name, suffix string) string {
+	if len(name)+len(suffix) <= maxName {
+		return name + suffix
+	}
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	tag := fmt.Sprintf("_%08x", h.Sum32())
+	return truncate(name, maxName-len(tag)-len(suffix)) + tag + suffix
 }
 
 // Columns are the outbox's column names after the config's remapping.
@@ -103,7 +126,7 @@ func FromConfig(cfg *config.Config) Layout {
 // NotifyChannel is the channel the insert trigger notifies and poll capture
 // listens on.
 func (l Layout) NotifyChannel() string {
-	return truncate("relay_" + l.Outbox.Schema + "_" + l.Outbox.Name)
+	return derived("relay_"+l.Outbox.Schema+"_"+l.Outbox.Name, "")
 }
 
 // Info is what Inspect learned about an existing outbox table.

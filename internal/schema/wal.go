@@ -7,7 +7,7 @@ import "fmt"
 // the poll path before streaming from it (see capture/wal). It sits next to
 // the outbox: <outbox>_relay_drain.
 func (l Layout) DrainTable() Table {
-	return Table{Schema: l.Outbox.Schema, Name: truncate(l.Outbox.Name + "_relay_drain")}
+	return Table{Schema: l.Outbox.Schema, Name: derived(l.Outbox.Name, "_relay_drain")}
 }
 
 // CreateDrainTable returns the statement creating the drain table when it
@@ -35,8 +35,8 @@ func (l Layout) CreatePublication(pub string) string {
 func (l Layout) CreateSlot(slot string) []string {
 	return []string{
 		fmt.Sprintf(`INSERT INTO %s (slot) VALUES (%s) ON CONFLICT (slot) DO UPDATE SET drain_to = NULL, since = now()`,
-			l.DrainTable().Ident(), quoteLiteral(slot)),
-		fmt.Sprintf(`SELECT pg_create_logical_replication_slot(%s, 'pgoutput')`, quoteLiteral(slot)),
+			l.DrainTable().Ident(), Literal(slot)),
+		fmt.Sprintf(`SELECT pg_create_logical_replication_slot(%s, 'pgoutput')`, Literal(slot)),
 		l.FillDrain(slot),
 	}
 }
@@ -47,5 +47,5 @@ func (l Layout) CreateSlot(slot string) []string {
 func (l Layout) FillDrain(slot string) string {
 	return fmt.Sprintf(`UPDATE %s SET drain_to = coalesce(pg_sequence_last_value(pg_get_serial_sequence(%s, %s)::regclass), 0)
   WHERE slot = %s AND drain_to IS NULL RETURNING drain_to`,
-		l.DrainTable().Ident(), quoteLiteral(l.Outbox.Ident()), quoteLiteral(l.Cols.Seq), quoteLiteral(slot))
+		l.DrainTable().Ident(), Literal(l.Outbox.Ident()), Literal(l.Cols.Seq), Literal(slot))
 }
