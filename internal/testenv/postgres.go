@@ -28,6 +28,10 @@ type PostgresOptions struct {
 	// overriding) the defaults StartPostgres uses. Values are quoted for
 	// the file, so pass them bare: {"work_mem": "8MB"}.
 	Settings map[string]string
+	// Bin is the directory holding the server binaries (initdb, pg_ctl,
+	// postgres), for example PostgresBin(17). Default: the one on PATH,
+	// else the newest /usr/lib/postgresql/*/bin.
+	Bin string
 }
 
 // Postgres is a throwaway PostgreSQL cluster in a temporary directory,
@@ -62,7 +66,28 @@ const (
 // end without Stop (a panic, go test -timeout, SIGKILL), a watchdog process
 // stops the server and removes the directory.
 func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error) {
-	bin, err := findPostgresBin()
+	bin := opts.Bin
+	if bin == "" {
+		var err error
+		if bin, err = findPostgresBin(); err != nil {
+			return nil, err
+		}
+	}
+	return startCluster(ctx, bin, opts, func(p *Postgres) error {
+		err := p.run(ctx, "initdb", "-D", p.dataDir(), "-U", pgUser, "--auth=trust",
+			"-E", "UTF8", "--locale=C", "--no-sync")
+		if err == nil {
+			err = p.includeConf()
+		}
+		return err
+	})
+}
+
+// startCluster makes the directory and the watchdog of a new cluster, lets
+// makeData fill the data directory, then configures and starts it. On
+// failure nothing is left behind.
+func startCluster(ctx context.Context, bin string, opts PostgresOptions, makeData func(*Postgres) error) (*Postgres, error) {
+	bin, err := runnableBin(bin)
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +100,11 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	if err := p.create(ctx, opts); err != nil {
+	err = makeData(p)
+	if err == nil {
+		err = p.configureAndStart(ctx, opts)
+	}
+	if err != nil {
 		err = p.withLog(err)
 		_ = p.Stop()
 		return nil, err
@@ -83,17 +112,10 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 	return p, nil
 }
 
-// create runs initdb, configures the cluster and starts it, retrying with a
-// new port when another process took the chosen one.
-func (p *Postgres) create(ctx context.Context, opts PostgresOptions) error {
-	err := p.run(ctx, "initdb", "-D", p.dataDir(), "-U", pgUser, "--auth=trust",
-		"-E", "UTF8", "--locale=C", "--no-sync")
-	if err != nil {
-		return err
-	}
-	if err := p.includeConf(); err != nil {
-		return err
-	}
+// configureAndStart writes the settings and starts the server, retrying
+// with a new port when another process took the chosen one.
+func (p *Postgres) configureAndStart(ctx context.Context, opts PostgresOptions) error {
+	var err error
 	for attempt := 0; ; attempt++ {
 		if p.port, err = FreePort(); err != nil {
 			return err
