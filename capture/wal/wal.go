@@ -22,6 +22,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -110,6 +111,13 @@ type Source struct {
 	st    *stream
 	drain *drain
 
+	// Used by Next only: the WAL timeline the slot was last seen on, 0
+	// before the slot was first seen.
+	timeline int64
+	// recreated counts slot recreations by reason; its counters are
+	// atomic.
+	recreated map[string]*atomic.Int64
+
 	drainedMu sync.Mutex
 	unsettled map[*drained]bool // drained batches not completed or abandoned
 }
@@ -146,9 +154,12 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 		return nil, err
 	}
 	s := &Source{opts: opts, log: opts.Logger, sql: buildQueries(opts.Layout, opts.ArchiveMode, info), repl: replConfig(opts),
-		unsettled: map[*drained]bool{},
-		lead:      newLeadership(opts.Pool.Config().ConnConfig.Copy(), opts.Layout.Outbox.String(), opts.Logger)}
+		unsettled: map[*drained]bool{}, recreated: map[string]*atomic.Int64{},
+		lead: newLeadership(opts.Pool.Config().ConnConfig.Copy(), opts.Layout.Outbox.String(), opts.Logger)}
 	s.health.lag = -1
+	for _, r := range SlotRecreateReasons {
+		s.recreated[r] = new(atomic.Int64)
+	}
 	bg, stop := context.WithCancel(context.Background())
 	s.stop = stop
 	s.arch = newArchiver(bg, opts.Pool, s.sql.archive, maxUnarchivedBatches*opts.BatchSize)
@@ -247,6 +258,10 @@ func (s *Source) start(ctx, term context.Context) error {
 	if err != nil {
 		return err
 	}
+	timeline, err := currentTimeline(ctx, pool)
+	if err != nil {
+		return err
+	}
 	if slot.lost {
 		s.log.Warn("replication slot lost: the WAL it needs was removed; recreating it and publishing the outbox backlog through the poll path",
 			"slot", name)
@@ -255,17 +270,22 @@ func (s *Source) start(ctx, term context.Context) error {
 		}
 	}
 	if !slot.exists || slot.lost {
+		reason := s.recreateReason(slot, timeline)
 		if err := ensurePublication(ctx, pool, l, s.opts.Publication); err != nil {
 			return err
 		}
 		if err := createSlot(ctx, pool, l, name); err != nil {
 			return err
 		}
-		s.log.Info("replication slot created", "slot", name, "recreated", slot.lost)
+		if reason != "" {
+			s.recreated[reason].Add(1)
+		}
+		s.log.Info("replication slot created", "slot", name, "recreated", reason != "", "reason", reason)
 		if slot, err = inspectSlot(ctx, pool, name); err != nil {
 			return err
 		}
 	}
+	s.timeline = timeline
 	to, pending, err := pendingDrain(ctx, pool, l, name)
 	if err != nil {
 		return err
@@ -353,6 +373,64 @@ func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''
 // not exist they are -1 and "missing". It is safe for concurrent use.
 func (s *Source) SlotHealth() (lagBytes int64, walStatus string, safeWALSize int64) {
 	return s.health.get()
+}
+
+// Reasons the source recreates its slot, the label values of
+// SlotRecreated.
+const (
+	// RecreatedFailover: the slot this source used is missing and the
+	// server's WAL timeline changed: a standby was promoted, and logical
+	// slots are not copied to physical standbys (before PostgreSQL 17's
+	// failover slots).
+	RecreatedFailover = "failover"
+	// RecreatedDropped: the slot this source used is missing on the same
+	// timeline: someone dropped it.
+	RecreatedDropped = "dropped"
+	// RecreatedLost: the server invalidated the slot (wal_status lost).
+	RecreatedLost = "lost"
+)
+
+// SlotRecreateReasons lists the reasons of SlotRecreated.
+var SlotRecreateReasons = []string{RecreatedFailover, RecreatedDropped, RecreatedLost}
+
+// SlotRecreated returns how many times this source recreated its slot for
+// reason (one of SlotRecreateReasons) and drained the rows committed
+// before it from the table. It is safe for concurrent use.
+func (s *Source) SlotRecreated(reason string) int64 {
+	if c, ok := s.recreated[reason]; ok {
+		return c.Load()
+	}
+	return 0
+}
+
+// recreateReason returns why a missing or lost slot is recreated, logging a
+// failover, or "" when this source never used the slot (its first start).
+func (s *Source) recreateReason(slot slotInfo, timeline int64) string {
+	switch {
+	case slot.lost:
+		return RecreatedLost
+	case s.timeline == 0:
+		return ""
+	case timeline != s.timeline:
+		s.log.Warn("replication slot missing on the new primary: failover; recreating it and publishing the outbox rows committed before it from the table",
+			"slot", s.opts.Slot, "timeline", timeline, "previous_timeline", s.timeline)
+		return RecreatedFailover
+	default:
+		s.log.Warn("replication slot dropped; recreating it and publishing the outbox rows committed before it from the table",
+			"slot", s.opts.Slot)
+		return RecreatedDropped
+	}
+}
+
+// currentTimeline returns the server's current WAL timeline, which a
+// promotion increments.
+func currentTimeline(ctx context.Context, q schema.Querier) (int64, error) {
+	var tl int64
+	err := q.QueryRow(ctx, `SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint`).Scan(&tl)
+	if err != nil {
+		return 0, fmt.Errorf("read the server's WAL timeline: %w", err)
+	}
+	return tl, nil
 }
 
 // Leading reports whether this relay is the one streaming (the others

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/pipeline"
 )
@@ -29,6 +30,7 @@ type leader interface{ Leading() bool }
 // slot.
 type slotWatcher interface {
 	SlotHealth() (lagBytes int64, walStatus string, safeWALSize int64)
+	SlotRecreated(reason string) int64
 }
 
 // walStatuses are the values of pg_replication_slots.wal_status.
@@ -65,6 +67,12 @@ func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backl
 			func() float64 { lag, _, _ := w.SlotHealth(); return float64(lag) })
 		gauge("replication_slot_safe_wal_size_bytes", "WAL that can still be written before the slot is lost (pg_replication_slots.safe_wal_size).",
 			func() float64 { _, _, safe := w.SlotHealth(); return float64(safe) })
+		for _, reason := range wal.SlotRecreateReasons {
+			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Name: "replication_slot_recreated_total",
+				Help:        "Replication slots recreated (the rows committed before the new slot are published from the table), by reason: failover (missing on a promoted standby), dropped, lost.",
+				ConstLabels: prometheus.Labels{"reason": reason}},
+				func() float64 { return float64(w.SlotRecreated(reason)) }))
+		}
 		for _, status := range walStatuses {
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Name: "replication_slot_wal_status",
 				Help: "1 for the slot's current wal_status.", ConstLabels: prometheus.Labels{"status": status}},
