@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/internal/verify"
 	"github.com/outboxrelay/relay/sink"
@@ -162,6 +163,34 @@ func TestSlotDroppedWhileStopped(t *testing.T) {
 	t.Logf("%s", r)
 	waitFor(t, 10*time.Second, "the outbox to be archived", func() bool { return count(t, pool, "outbox") == 0 })
 	waitFor(t, 5*time.Second, "the drain to be finished", func() bool { return count(t, pool, "outbox_relay_drain") == 0 })
+}
+
+// TestSlotDroppedWhileStreaming drops the slot of a running source: it
+// recreates the slot, counts it as dropped (the timeline did not change, so
+// not as a failover) and publishes the rows written while it was missing.
+func TestSlotDroppedWhileStreaming(t *testing.T) {
+	pool := setup(t, layout)
+	p := newProducer(pool)
+	o := options(t, pool, layout, 7)
+	o.Logger = testLog(t)
+	snk := &recorder{log: p.log}
+	src := newSource(t, o)
+	run(t, src, snk)
+	p.write(t, 20, 0, 5)
+	p.waitDelivered(t, 20*time.Second)
+	waitFor(t, 10*time.Second, "the slot to be dropped", func() bool {
+		_, err := pool.Exec(context.Background(), `SELECT pg_terminate_backend(active_pid), pg_drop_replication_slot(slot_name)
+			FROM pg_replication_slots WHERE slot_name = $1`, o.Slot)
+		return err == nil
+	})
+	p.write(t, 40, 0, 5) // while the slot is missing, or once it was recreated
+	t.Logf("%s", p.waitDelivered(t, 30*time.Second))
+	if got := src.SlotRecreated(wal.RecreatedDropped); got != 1 {
+		t.Errorf("SlotRecreated(dropped) = %d, want 1", got)
+	}
+	if got := src.SlotRecreated(wal.RecreatedFailover); got != 0 {
+		t.Errorf("SlotRecreated(failover) = %d, want 0", got)
+	}
 }
 
 // TestCrashDuringDrain stops a source in the middle of a drain, with a
@@ -380,6 +409,9 @@ func TestLostSlotRecovered(t *testing.T) {
 	run(t, src, snk)
 	p.write(t, 20, 0, 15)
 	t.Logf("%s", p.waitDelivered(t, 30*time.Second))
+	if got := src.SlotRecreated(wal.RecreatedLost); got != 1 {
+		t.Errorf("SlotRecreated(lost) = %d, want 1", got)
+	}
 	waitFor(t, 5*time.Second, "the slot's health to show it reserved", func() bool {
 		_, status, _ := src.SlotHealth()
 		return status == "reserved"
