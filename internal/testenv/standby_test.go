@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 )
@@ -39,31 +38,5 @@ func TestPostgresStandbyFailover(t *testing.T) {
 	mustExec(t, s, "INSERT INTO t VALUES (101)")
 	if got := queryString(t, s, "SELECT count(*)::text FROM t"); got != "101" {
 		t.Fatalf("rows on the promoted standby: %s, want 101", got)
-	}
-}
-
-// TestPostgresVersionsStart starts a cluster of every supported major
-// version and checks its version and that pgoutput decodes.
-func TestPostgresVersionsStart(t *testing.T) {
-	for _, major := range PostgresMajors {
-		t.Run(fmt.Sprint(major), func(t *testing.T) {
-			bin, err := PostgresBin(major)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			pg, err := StartPostgres(ctx, PostgresOptions{Bin: bin})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pg.Stop()
-			c := connect(t, pg.DSN("postgres"))
-			if got := queryString(t, c, "SHOW server_version_num"); got[:2] != fmt.Sprint(major) {
-				t.Fatalf("server_version_num %s, want %d", got, major)
-			}
-			mustExec(t, c, "SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
-			mustExec(t, c, "SELECT pg_drop_replication_slot('s')")
-		})
 	}
 }
