@@ -8,7 +8,10 @@
 //	})
 //
 // The record is an INSERT … ON CONFLICT DO NOTHING on the table's primary
-// key. One row inserted means the message is new: the handler runs and its
+// key, the consumer's name and the message_id: several consumers of the same
+// messages (a billing and a shipping handler) may share one table, each
+// named with ForConsumer; the package-level functions and New use
+// DefaultConsumer. One row inserted means the message is new: the handler runs and its
 // work commits together with the record, or neither does. No row inserted
 // means an earlier delivery committed: the handler is skipped and nothing
 // commits, so a redelivery is acknowledged without a second effect.
@@ -60,6 +63,10 @@ type SQLExecer interface {
 
 // std is DefaultTable.
 var std, _ = New("")
+
+// ForConsumer returns DefaultTable seen by the consumer named name. See
+// Table.ForConsumer.
+func ForConsumer(name string) *Table { return std.ForConsumer(name) }
 
 // CreateTable creates DefaultTable and its index when missing. See
 // Table.CreateTable.

@@ -300,9 +300,9 @@ func TestClaim(t *testing.T) {
 func TestPrune(t *testing.T) {
 	ctx := context.Background()
 	e := setup(t)
-	if _, err := e.pool.Exec(ctx, `INSERT INTO processed_messages (message_id, processed_at) VALUES
-		('new', now()), ('59m', now() - interval '59 minutes'),
-		('2h', now() - interval '2 hours'), ('3d', now() - interval '3 days')`); err != nil {
+	if _, err := e.pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, processed_at) VALUES
+		('a', 'new', now()), ('b', '59m', now() - interval '59 minutes'),
+		('a', '2h', now() - interval '2 hours'), ('b', '3d', now() - interval '3 days')`); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := inbox.Prune(ctx, e.pool, time.Hour); n != 2 || err != nil {
@@ -360,5 +360,89 @@ func TestCustomTable(t *testing.T) {
 		if _, err := inbox.New(bad); err == nil {
 			t.Errorf("New(%q) succeeded", bad)
 		}
+	}
+}
+
+// TestConsumers delivers the same messages to two consumers sharing the
+// default table, concurrently: each consumer's handler runs once per message.
+func TestConsumers(t *testing.T) {
+	ctx := context.Background()
+	e := setup(t)
+	consumers := []*inbox.Table{inbox.ForConsumer(""), inbox.ForConsumer("billing")}
+	if consumers[0].Consumer() != inbox.DefaultConsumer {
+		t.Errorf("ForConsumer(\"\") is consumer %q, want %q", consumers[0].Consumer(), inbox.DefaultConsumer)
+	}
+	var wg sync.WaitGroup
+	var processed atomic.Int32
+	for c, tbl := range consumers {
+		for copy := range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				effect := fmt.Sprintf("m@%d", c)
+				ok, err := tbl.Handle(ctx, e.pool, "m", handler(effect, 5*time.Millisecond))
+				if err != nil {
+					t.Errorf("consumer %d copy %d: %v", c, copy, err)
+				}
+				if ok {
+					processed.Add(1)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if got := e.effects(t); got["m@0"] != 1 || got["m@1"] != 1 || processed.Load() != 2 {
+		t.Errorf("effects %v, %d deliveries processed; want each consumer's effect once", got, processed.Load())
+	}
+	if n := e.count(t, `SELECT count(*) FROM processed_messages WHERE message_id = 'm'`); n != 2 {
+		t.Errorf("%d records of m, want one per consumer", n)
+	}
+}
+
+// TestOldLayout checks that a table of helpers v0.1 is detected, that
+// MigrationDDL migrates it, and that its records stay the default
+// consumer's.
+func TestOldLayout(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.NewDB(t)
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(ctx, `CREATE TABLE processed_messages (
+		message_id text PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now());
+		INSERT INTO processed_messages (message_id) VALUES ('old');
+		CREATE TABLE effects (message_id text PRIMARY KEY, n int NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	e := env{pool: pool}
+	if err := inbox.CreateTable(ctx, pool); !errors.Is(err, inbox.ErrOldLayout) {
+		t.Fatalf("CreateTable on the old layout: %v, want ErrOldLayout", err)
+	}
+	if _, err := inbox.Handle(ctx, pool, "new", handler("new", 0)); !errors.Is(err, inbox.ErrOldLayout) ||
+		!strings.Contains(err.Error(), "MigrationDDL") {
+		t.Fatalf("Handle on the old layout: %v, want ErrOldLayout naming MigrationDDL", err)
+	}
+	tbl, _ := inbox.New("")
+	for _, stmt := range strings.Split(strings.TrimSpace(tbl.MigrationDDL()), ";\n") {
+		if _, err := pool.Exec(ctx, strings.TrimSuffix(stmt, ";")); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	if err := inbox.CreateTable(ctx, pool); err != nil {
+		t.Fatalf("CreateTable after the migration: %v", err)
+	}
+	for _, d := range []struct {
+		consumer, id string
+		want         bool
+	}{{"", "old", false}, {"billing", "old", true}, {"", "new", true}, {"", "new", false}} {
+		ok, err := inbox.ForConsumer(d.consumer).Handle(ctx, pool, d.id, handler(d.id+"@"+d.consumer, 0))
+		if ok != d.want || err != nil {
+			t.Errorf("consumer %q message %s: %v, %v; want %v", d.consumer, d.id, ok, err, d.want)
+		}
+	}
+	if got := e.effects(t); len(got) != 2 {
+		t.Errorf("effects %v, want old@billing and new@ once", got)
 	}
 }
