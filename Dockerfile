@@ -16,8 +16,10 @@
 FROM --platform=$BUILDPLATFORM golang:1.26 AS builder
 WORKDIR /src
 
-# Modules first, so code changes do not re-download them.
+# Modules first, so code changes do not re-download them. go.mod replaces
+# the helpers module with its directory, whose go.mod must be there too.
 COPY go.mod go.sum ./
+COPY helpers/go.mod helpers/go.sum ./helpers/
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 
 COPY . .
