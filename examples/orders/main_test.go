@@ -80,7 +80,9 @@ func TestRetriedOrderAppliedOnce(t *testing.T) {
 	var logs syncBuffer
 	runCtx, stop := context.WithCancel(ctx)
 	exited := make(chan int, 1)
-	go func() { exited <- run(runCtx, []string{"-listen", addr, "-database", dsn, "-consume", ns.URL()}, &logs) }()
+	go func() {
+		exited <- run(runCtx, []string{"-listen", addr, "-database", dsn, "-consume", ns.URL()}, &logs)
+	}()
 	defer func() {
 		stop()
 		if code := <-exited; code != 0 {
