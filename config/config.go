@@ -25,6 +25,12 @@ type Config struct {
 type Postgres struct {
 	// URL is a libpq connection URL or key=value string. Required.
 	URL string `yaml:"url"`
+	// FatalAfter bounds how long `relay run` keeps retrying a database
+	// failure that will not pass by itself (a missing privilege, table or
+	// column) before it exits with status 1. Meanwhile it reports not
+	// ready and retries with backoff capped at retry.max. Default 5m; at
+	// least 1s.
+	FatalAfter Duration `yaml:"fatal_after"`
 }
 
 // Outbox names the outbox table and its columns.

@@ -35,7 +35,7 @@ func TestLoadFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := &Config{
-		Postgres: Postgres{URL: "postgres://app:secret@127.0.0.1:5432/app?sslmode=disable"},
+		Postgres: Postgres{URL: "postgres://app:secret@127.0.0.1:5432/app?sslmode=disable", FatalAfter: Duration(2 * time.Minute)},
 		Outbox: Outbox{Table: "events.outbox",
 			Columns: map[string]string{"aggregate_id": "order_id", "created_at": "inserted_at"}},
 		Capture: Capture{Mode: "wal",
@@ -68,7 +68,7 @@ func TestDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := &Config{
-		Postgres: Postgres{URL: "postgres://app@localhost/app"},
+		Postgres: Postgres{URL: "postgres://app@localhost/app", FatalAfter: Duration(5 * time.Minute)},
 		Outbox:   Outbox{Table: "public.outbox"},
 		Capture: Capture{Mode: "poll",
 			Poll: Poll{Interval: Duration(200 * time.Millisecond), BatchSize: 500, Partitions: 16},
@@ -256,6 +256,7 @@ func TestErrors(t *testing.T) {
 		{"missing key in a present section", minimal + "retry:\n  initial: 1m\n", 7, "retry.max", "must be at least retry.initial (1m0s), got 30s"},
 		{"table name too long", minimal + "outbox:\n  table: s." + strings.Repeat("t", 64) + "\n", 8, "outbox.table", "a name is longer than PostgreSQL's 63 bytes"},
 		{"column name too long", minimal + "outbox:\n  columns:\n    seq: " + strings.Repeat("c", 64) + "\n", 9, "outbox.columns.seq", "longer than PostgreSQL's 63 bytes"},
+		{"fatal_after too short", "postgres:\n  url: x\n  fatal_after: 10ms\ncapture:\n  mode: poll\nsink:\n  type: nats\n", 3, "postgres.fatal_after", "must be at least 1s, got 10ms"},
 		{"wal slot too long", minimal + "  wal:\n    slot: " + strings.Repeat("s", 64) + "\n", 8, "capture.wal.slot", "must match"},
 	}
 	for _, tt := range tests {
@@ -303,7 +304,7 @@ func TestLoadErrors(t *testing.T) {
 func TestErrorsAreJoined(t *testing.T) {
 	yaml := "postgres:\n  uri: x\ncapture:\n  mode: poll\n  poll:\n    interval: soon\n"
 	_, err := parse("config.yaml", []byte(yaml), env(nil))
-	want := "config.yaml:2: postgres.uri: unknown key (expected one of url)\n" +
+	want := "config.yaml:2: postgres.uri: unknown key (expected one of url, fatal_after)\n" +
 		`config.yaml:6: capture.poll.interval: invalid duration "soon" (use Go durations like 250ms or 10s)`
 	if err == nil || err.Error() != want {
 		t.Errorf("decode errors: got\n%v\nwant\n%s", err, want)

@@ -32,6 +32,7 @@ var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 // setDefaults replaces zero values with the defaults documented on the
 // fields of Config.
 func setDefaults(c *Config) {
+	orDefault(&c.Postgres.FatalAfter, Duration(5*time.Minute))
 	orDefault(&c.Outbox.Table, "public.outbox")
 	orDefault(&c.Capture.Poll.Interval, Duration(200*time.Millisecond))
 	orDefault(&c.Capture.Poll.BatchSize, 500)
@@ -66,6 +67,9 @@ func orDefault[T comparable](v *T, def T) {
 // already rejected while decoding, and zero ones replaced by defaults.
 func (l *loader) validate(c *Config) {
 	l.required("postgres.url", c.Postgres.URL, "")
+	if c.Postgres.FatalAfter.D() < time.Second {
+		l.invalid("postgres.fatal_after", "must be at least 1s, got %s", c.Postgres.FatalAfter.D())
+	}
 	l.table("outbox.table", c.Outbox.Table)
 	l.checkColumns(c.Outbox.Columns)
 	l.checkCapture(c.Capture)

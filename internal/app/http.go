@@ -5,6 +5,8 @@ import (
 	"net/http/pprof"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/outboxrelay/relay/internal/redact"
 )
 
 // handler serves /healthz (the process is alive), /readyz (capture works
@@ -16,6 +18,10 @@ func (r *Relay) handler() http.Handler {
 		w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := r.guard.failing(); err != nil {
+			http.Error(w, "database refuses the relay: "+redact.String(err.Error()), http.StatusServiceUnavailable)
+			return
+		}
 		switch st := r.Stats(); {
 		case !st.Capturing.Load():
 			http.Error(w, "capture failing (is Postgres reachable?)", http.StatusServiceUnavailable)

@@ -29,6 +29,7 @@ type Relay struct {
 	pipeline *pipeline.Pipeline
 	pool     *pgxpool.Pool
 	reg      *prometheus.Registry
+	guard    *dbGuard
 	backlog  *backlogAge
 	ln       net.Listener
 	closers  []func()
@@ -82,7 +83,10 @@ func (r *Relay) open(ctx context.Context) error {
 
 	r.reg = newRegistry()
 	r.backlog = newBacklogAge(schema.FromConfig(cfg), cfg.Archive.Mode)
-	r.pipeline = pipeline.New(src, snk, pipeline.Options{
+	r.guard = &dbGuard{Source: src, log: log, layout: schema.FromConfig(cfg), cfg: cfg,
+		role: pool.Config().ConnConfig.User, initial: cfg.Retry.Initial.D(), max: cfg.Retry.Max.D(),
+		fatalAfter: cfg.Postgres.FatalAfter.D()}
+	r.pipeline = pipeline.New(r.guard, snk, pipeline.Options{
 		Logger:  log,
 		Metrics: pipeline.NewMetrics(r.reg, cfg.Sink.Type),
 		Retry: pipeline.Retry{Initial: cfg.Retry.Initial.D(), Max: cfg.Retry.Max.D(),

@@ -1,0 +1,184 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/outboxrelay/relay/capture"
+	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/pgerr"
+	"github.com/outboxrelay/relay/internal/schema"
+	"github.com/outboxrelay/relay/internal/wait"
+	"github.com/outboxrelay/relay/sink"
+)
+
+// dbGuard wraps the capture source to handle database failures that will
+// not pass by themselves (pgerr.Lasting: a missing grant, table or column),
+// whether a claim or a batch's archive or dead-letter insert failed. It logs
+// one line naming the object and the statement that fixes it, reports not
+// ready, lets at most one capture through per backoff (initial doubling to
+// max), so an archive that keeps failing does not republish the same
+// events in a loop, and after fatalAfter of failing makes Next return a
+// permanent error, which stops the relay with exit status 1. A successful
+// claim or archive ends the failure. Next is called from one goroutine;
+// batches complete on others.
+type dbGuard struct {
+	capture.Source
+	log          *slog.Logger
+	layout       schema.Layout
+	cfg          *config.Config
+	role         string
+	initial, max time.Duration
+	fatalAfter   time.Duration
+
+	mu       sync.Mutex
+	failure  error     // the lasting failure, nil when none
+	archive  bool      // failure came from an archive, which only an archive ends
+	since    time.Time // when failure began
+	failures int       // failures since then, for the backoff
+}
+
+// Next waits out the backoff while a lasting failure persists, then
+// captures; it gives up with a permanent error after fatalAfter.
+func (g *dbGuard) Next(ctx context.Context) (capture.Batch, error) {
+	for {
+		if err := g.hold(ctx); err != nil {
+			return nil, err
+		}
+		b, err := g.Source.Next(ctx)
+		switch {
+		case err != nil && pgerr.Lasting(err):
+			g.fail(err, false)
+		case err != nil:
+			return nil, err
+		default:
+			g.recover(false)
+			return &guardedBatch{Batch: b, g: g}, nil
+		}
+	}
+}
+
+// hold sleeps the backoff of a persisting failure, or returns the
+// permanent error once fatalAfter has passed.
+func (g *dbGuard) hold(ctx context.Context) error {
+	g.mu.Lock()
+	err, since, n := g.failure, g.since, g.failures
+	g.mu.Unlock()
+	if err == nil {
+		return nil
+	}
+	left := g.fatalAfter - time.Since(since)
+	if left <= 0 {
+		return sink.AsPermanent(fmt.Errorf("database failure for %s (postgres.fatal_after); fix: %s: %w",
+			g.fatalAfter, g.fix(err), err))
+	}
+	delay := g.initial << min(n-1, 20)
+	return wait.Sleep(ctx, min(delay, g.max, left))
+}
+
+// fail records a lasting failure of a claim or, with archive, of an
+// archive, logging it when it begins.
+func (g *dbGuard) fail(err error, archive bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.failures++
+	g.archive = g.archive || archive
+	if g.failure != nil {
+		g.failure = err
+		g.log.Debug("database failure persists", "err", err)
+		return
+	}
+	g.failure, g.since = err, time.Now()
+	g.log.Error("the database refuses the relay's statements; this will not pass by itself",
+		"err", err, "fix", g.fix(err), "exit_in", g.fatalAfter)
+}
+
+// recover ends a failure after a successful archive, or a claim failure
+// after a successful claim (archive false).
+func (g *dbGuard) recover(archive bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.failure == nil || (g.archive && !archive) {
+		return
+	}
+	g.log.Info("database failure resolved", "after", time.Since(g.since).Round(time.Millisecond))
+	g.failure, g.archive, g.failures = nil, false, 0
+}
+
+// failing returns the lasting failure in progress, or nil.
+func (g *dbGuard) failing() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.failure
+}
+
+// fix names the statement or action that ends err.
+func (g *dbGuard) fix(err error) string {
+	pe := pgerr.Of(err)
+	switch {
+	case pe == nil:
+		return "run `relay check`"
+	case pe.Code == "42501":
+		kind, name, _ := strings.Cut(strings.TrimPrefix(pe.Message, "permission denied for "), " ")
+		switch kind {
+		case "table":
+			if privs := g.tablePrivileges(name); privs != "" {
+				return fmt.Sprintf("GRANT %s TO %s", privs, schema.Q(g.role))
+			}
+		case "sequence":
+			return fmt.Sprintf("GRANT SELECT ON SEQUENCE %s TO %s", schema.Q(name), schema.Q(g.role))
+		case "schema":
+			return fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s", schema.Q(name), schema.Q(g.role))
+		}
+		return "grant what `relay check` lists to " + g.role
+	case strings.HasPrefix(pe.Code, "28"):
+		return "check the user and password of postgres.url"
+	}
+	return "run `relay init` to create what is missing, or fix outbox.table / outbox.columns"
+}
+
+// tablePrivileges returns "PRIVILEGES ON table" for the relay's table of
+// that (unqualified) name, or "".
+func (g *dbGuard) tablePrivileges(name string) string {
+	l := g.layout
+	switch name {
+	case l.Outbox.Name:
+		privs := "SELECT, DELETE"
+		switch {
+		case g.cfg.Archive.Mode == "mark":
+			privs += ", UPDATE"
+		case g.cfg.Capture.Mode == "poll":
+			privs += ", UPDATE (" + schema.Q(l.Cols.ID) + ")"
+		}
+		return privs + " ON " + l.Outbox.Ident()
+	case l.DeadLetter.Name:
+		return "SELECT, INSERT, DELETE ON " + l.DeadLetter.Ident()
+	case l.Archive.Name:
+		return "INSERT ON " + l.Archive.Ident()
+	case l.DrainTable().Name:
+		return "SELECT, INSERT, UPDATE, DELETE ON " + l.DrainTable().Ident()
+	}
+	return ""
+}
+
+// guardedBatch reports its archive's lasting failures and successes to the
+// guard.
+type guardedBatch struct {
+	capture.Batch
+	g *dbGuard
+}
+
+func (b *guardedBatch) Complete(ctx context.Context, o capture.Outcome) error {
+	err := b.Batch.Complete(ctx, o)
+	switch {
+	case err == nil:
+		b.g.recover(true)
+	case pgerr.Lasting(err):
+		b.g.fail(err, true)
+	}
+	return err
+}

@@ -1,0 +1,34 @@
+// Package pgerr tells PostgreSQL failures that pass by themselves (a lost
+// connection, a restart, a timeout, a serialization failure) from those that
+// do not: a missing privilege, table, column or schema, which need an
+// operator to run a GRANT or `relay init`.
+package pgerr
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Lasting reports whether err carries a PostgreSQL error that retrying will
+// not fix: SQLSTATE class 42 (insufficient_privilege 42501, undefined_table
+// 42P01, undefined_column 42703, undefined_function 42883, …), 3F000
+// invalid_schema_name and class 28 (invalid authorization). Connection
+// failures, timeouts and every other class count as passing.
+func Lasting(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pgconn.Timeout(err) {
+		return false
+	}
+	return strings.HasPrefix(pe.Code, "42") || strings.HasPrefix(pe.Code, "28") || pe.Code == "3F000"
+}
+
+// Of returns the PostgreSQL error in err's chain, or nil.
+func Of(err error) *pgconn.PgError {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe
+	}
+	return nil
+}

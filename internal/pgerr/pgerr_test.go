@@ -1,0 +1,25 @@
+package pgerr
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+func TestLasting(t *testing.T) {
+	for code, want := range map[string]bool{
+		"42501": true, "42P01": true, "42703": true, "42883": true, "3F000": true, "28P01": true,
+		"40001": false, "57P01": false, "08006": false, "53300": false, "23505": false,
+	} {
+		err := fmt.Errorf("claim: %w", &pgconn.PgError{Code: code})
+		if got := Lasting(err); got != want {
+			t.Errorf("Lasting(%s) = %v, want %v", code, got, want)
+		}
+	}
+	if Lasting(context.DeadlineExceeded) || Lasting(errors.New("connection refused")) {
+		t.Error("a timeout or a connection failure counts as lasting")
+	}
+}
