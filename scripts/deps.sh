@@ -41,7 +41,7 @@ else
 fi
 
 # The SQS emulator (npm package local-aws-sqs) for sink/sqs's tests, installed
-# into the cache internal/testenv runs it from (testenv.SQSCacheDir; keep the
+# into the cache internal/testenv runs it from (internal/embedded.CacheDir; keep the
 # version in step with testenv.SQSEmulatorVersion). Needs Node.js and npm.
 SQS_EMULATOR_VERSION=2.0.2
 SQS_EMULATOR=local-aws-sqs@$SQS_EMULATOR_VERSION

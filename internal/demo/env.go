@@ -12,7 +12,7 @@ import (
 
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/app"
-	"github.com/outboxrelay/relay/internal/testenv"
+	"github.com/outboxrelay/relay/internal/embedded"
 )
 
 // Names of what the demo creates.
@@ -25,9 +25,9 @@ const (
 // env holds everything the demo started, with the functions that stop it.
 type env struct {
 	opts    Options
-	pg      *testenv.Postgres
+	pg      *embedded.Postgres
 	dsn     string
-	nats    *testenv.NATS
+	nats    *embedded.NATS
 	cfg     *config.Config
 	cons    *consumer
 	rel     *relay
@@ -47,7 +47,7 @@ func (e *env) close() {
 // starts the NATS server.
 func (e *env) startServers(ctx context.Context) error {
 	begin := time.Now()
-	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
+	pg, err := embedded.StartPostgres(ctx, embedded.PostgresOptions{})
 	if err != nil {
 		return fmt.Errorf("start PostgreSQL: %w", err)
 	}
@@ -56,7 +56,7 @@ func (e *env) startServers(ctx context.Context) error {
 	if e.dsn, err = pg.CreateDatabase(ctx, database); err != nil {
 		return err
 	}
-	if e.nats, err = testenv.StartNATS(testenv.NATSOptions{}); err != nil {
+	if e.nats, err = embedded.StartNATS(embedded.NATSOptions{}); err != nil {
 		return fmt.Errorf("start NATS: %w", err)
 	}
 	e.closers = append(e.closers, e.nats.Shutdown)

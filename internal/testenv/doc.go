@@ -1,8 +1,6 @@
-// Package testenv starts the real servers the tests, the demo and the bench
-// command need: a throwaway PostgreSQL cluster (initdb with wal_level=logical
-// on a free loopback port, run as user postgres when the process is root; any
-// supported major version through PostgresBin; a synchronous physical standby
-// to promote, for failover tests) and an embedded NATS JetStream server.
-// Every server it starts is stopped and its files removed by the matching
-// Stop method.
+// Package testenv gives tests the servers they need: the PostgreSQL cluster
+// and NATS server of internal/embedded (re-exported here), a database per
+// test in one shared cluster (NewDB, with Main in TestMain), the SQS
+// emulator and a TCP proxy that cuts or stalls connections. It imports
+// package testing; code outside tests uses internal/embedded instead.
 package testenv

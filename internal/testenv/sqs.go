@@ -18,21 +18,20 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/outboxrelay/relay/internal/embedded"
 )
 
 // The SQS emulator: the npm package local-aws-sqs, a Node.js SQS server
 // speaking both the JSON and the Query protocol, with FIFO queues, message
 // deduplication, message attributes and batches. scripts/deps.sh installs
-// it into SQSCacheDir; StartSQS installs it there too when it is missing.
+// it into embedded.CacheDir; StartSQS installs it there too when it is missing.
 const (
 	// SQSEmulatorPackage is the npm package of the emulator.
 	SQSEmulatorPackage = "local-aws-sqs"
 	// SQSEmulatorVersion is the version StartSQS installs and runs; keep it
 	// in step with scripts/deps.sh.
 	SQSEmulatorVersion = "2.0.2"
-	// SQSCacheEnv names the environment variable that overrides the
-	// directory the emulator is installed in.
-	SQSCacheEnv = "RELAY_TEST_CACHE"
 	// SQSLogEnv names the environment variable that, set to 1, passes the
 	// emulator's stderr through to the test's stderr.
 	SQSLogEnv = "RELAY_TEST_SQS_LOG"
@@ -453,22 +452,8 @@ func sqsCall(endpoint, action string, in any, out any) error {
 	return json.Unmarshal(b, out)
 }
 
-// SQSCacheDir returns the directory the emulator is installed in with npm
-// install --prefix: $RELAY_TEST_CACHE, else relay-test in the user's cache
-// directory ($XDG_CACHE_HOME or ~/.cache).
-func SQSCacheDir() (string, error) {
-	if dir := os.Getenv(SQSCacheEnv); dir != "" {
-		return dir, nil
-	}
-	base, err := os.UserCacheDir()
-	if err != nil {
-		return "", fmt.Errorf("testenv: no cache directory for the sqs emulator (set %s): %w", SQSCacheEnv, err)
-	}
-	return filepath.Join(base, "relay-test"), nil
-}
-
 // EnsureSQSEmulator returns the package directory of the emulator, first
-// installing SQSEmulatorVersion into SQSCacheDir with npm when it is missing
+// installing SQSEmulatorVersion into embedded.CacheDir with npm when it is missing
 // or another version. Concurrent test binaries serialise the install with a
 // lock file. It fails with the reason, never silently, when Node.js or npm
 // are missing or the install fails.
@@ -476,7 +461,7 @@ func EnsureSQSEmulator() (string, error) {
 	if _, err := exec.LookPath("node"); err != nil {
 		return "", errNoNode
 	}
-	cache, err := SQSCacheDir()
+	cache, err := embedded.CacheDir()
 	if err != nil {
 		return "", err
 	}

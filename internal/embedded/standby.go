@@ -1,4 +1,4 @@
-package testenv
+package embedded
 
 import (
 	"context"
@@ -40,17 +40,17 @@ func (p *Postgres) StartStandby(ctx context.Context, opts PostgresOptions) (*Pos
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("testenv: start standby: %w", err)
+		return nil, fmt.Errorf("embedded: start standby: %w", err)
 	}
 	if err := p.makeSynchronous(ctx, name); err != nil {
 		_ = s.Stop()
-		return nil, p.withLog(fmt.Errorf("testenv: make %s synchronous: %w", name, err))
+		return nil, p.withLog(fmt.Errorf("embedded: make %s synchronous: %w", name, err))
 	}
 	return s, nil
 }
 
 // includeConfOf points the include line that the base backup copied from
-// primary's postgresql.conf at this cluster's own testenv.conf.
+// primary's postgresql.conf at this cluster's own embedded.conf.
 func (p *Postgres) includeConfOf(primary *Postgres) error {
 	path := filepath.Join(p.dataDir(), "postgresql.conf")
 	b, err := os.ReadFile(path)
@@ -59,7 +59,7 @@ func (p *Postgres) includeConfOf(primary *Postgres) error {
 	}
 	from, to := confQuote(primary.confFile()), confQuote(p.confFile())
 	if !strings.Contains(string(b), from) {
-		return fmt.Errorf("testenv: %s does not include %s", path, from)
+		return fmt.Errorf("embedded: %s does not include %s", path, from)
 	}
 	return os.WriteFile(path, []byte(strings.Replace(string(b), from, to, 1)), 0o600)
 }
