@@ -12,10 +12,12 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"os/signal"
 	"os/user"
 	"path/filepath"
 	"sort"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -24,26 +26,45 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// cluster is the running server, set by Main.
+// The cluster, set by start.
 var (
-	dir   string // temporary directory: data/, server.log, the unix socket
-	port  int
-	dbSeq atomic.Int64
+	mu     sync.Mutex    // guards the cluster against a stop during start
+	dir    string        // temporary directory: data/, server.log, the unix socket
+	port   int           // the server's TCP port
+	srv    *exec.Cmd     // the running postgres
+	exited chan struct{} // closed when srv exited
+	dbSeq  atomic.Int64
 )
 
-// Main starts the cluster, runs the tests and stops it. A cluster that
-// cannot start fails the run with the reason; no test is skipped.
+// Main starts the cluster, runs the tests and stops it, also when the test
+// binary is interrupted (SIGINT, SIGTERM). A cluster that cannot start fails
+// the run with the reason; no test is skipped.
 func Main(m *testing.M) {
-	srv, err := start()
-	if err != nil {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() { <-sig; stop(); os.Exit(1) }()
+	if err := start(); err != nil {
 		fmt.Fprintln(os.Stderr, "pgtest: start PostgreSQL:", err)
+		stop()
 		os.Exit(1)
 	}
 	code := m.Run()
-	_ = srv.Process.Signal(syscall.SIGQUIT) // immediate shutdown
-	_ = srv.Wait()
-	os.RemoveAll(dir)
+	stop()
 	os.Exit(code)
+}
+
+// stop stops the server, if it runs, and removes the directory.
+func stop() {
+	mu.Lock()
+	defer mu.Unlock()
+	if srv != nil {
+		_ = srv.Process.Signal(syscall.SIGQUIT) // immediate shutdown
+		<-exited
+		srv = nil
+	}
+	if dir != "" {
+		os.RemoveAll(dir)
+	}
 }
 
 // DSN returns the URL of database db on the cluster, as user postgres.
@@ -83,13 +104,15 @@ func exec1(ctx context.Context, sql string) error {
 
 // start creates the cluster and starts postgres as a child process that the
 // kernel kills should this process die first.
-func start() (*exec.Cmd, error) {
+func start() error {
+	mu.Lock()
+	defer mu.Unlock()
 	bin, err := binDir()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if dir, err = os.MkdirTemp("", "pgtest-"); err != nil {
-		return nil, err
+		return err
 	}
 	cred, err := credential()
 	if err == nil && cred != nil {
@@ -100,55 +123,55 @@ func start() (*exec.Cmd, error) {
 			"-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync").Run()
 	}
 	for attempt := 0; err == nil; attempt++ {
-		var srv *exec.Cmd
-		if srv, err = serve(bin, cred); err == nil || attempt == 2 {
-			return srv, err
+		if err = serve(bin, cred); err == nil || attempt == 2 {
+			return err
 		}
 		err = nil // another process took the port: try another one
 	}
-	os.RemoveAll(dir)
-	return nil, err
+	return err
 }
 
 // serve starts postgres on a free port and waits until it accepts
 // connections.
-func serve(bin string, cred *syscall.Credential) (*exec.Cmd, error) {
+func serve(bin string, cred *syscall.Credential) error {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	port = l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	log, err := os.Create(filepath.Join(dir, "server.log"))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer log.Close()
-	srv := command(cred, filepath.Join(bin, "postgres"), "-D", filepath.Join(dir, "data"),
+	cmd := command(cred, filepath.Join(bin, "postgres"), "-D", filepath.Join(dir, "data"),
 		"-p", strconv.Itoa(port), "-k", dir, "-c", "listen_addresses=127.0.0.1",
 		"-c", "fsync=off", "-c", "full_page_writes=off", "-c", "max_connections=200")
-	srv.Stdout, srv.Stderr = log, log
-	if err := srv.Start(); err != nil {
-		return nil, err
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		return err
 	}
-	exited := make(chan struct{})
-	go func() { _ = srv.Wait(); close(exited) }()
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		conn, err := pgx.Connect(context.Background(), DSN("postgres"))
 		if err == nil {
 			conn.Close(context.Background())
-			return srv, nil
+			srv, exited = cmd, done
+			return nil
 		}
 		select {
-		case <-exited:
+		case <-done:
 			b, _ := os.ReadFile(log.Name())
-			return nil, fmt.Errorf("postgres exited: %s", b)
+			return fmt.Errorf("postgres exited: %s", b)
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			_ = srv.Process.Kill()
-			return nil, fmt.Errorf("postgres not ready after 60s: %w", err)
+			_ = cmd.Process.Kill()
+			<-done
+			return fmt.Errorf("postgres not ready after 60s: %w", err)
 		}
 	}
 }
