@@ -18,6 +18,8 @@ type item struct {
 	attempts    int
 	firstFailed time.Time
 	lastErr     error
+	dest        *destState
+	streakGen   int // see destLevel
 }
 
 // batchState tracks how many events of a captured batch are unsettled.
@@ -36,6 +38,8 @@ type aggQueue struct {
 	busy    bool      // the head is being published
 	retryAt time.Time // the head waits for a retry until then
 	queued  bool      // in the ready list
+	held    bool      // held by its destination's open breaker
+	probe   bool      // its head is sent as its destination's probe
 	heapIdx int
 }
 
@@ -56,24 +60,35 @@ type engine struct {
 	bytes    int // their payload bytes
 	inFlight int
 	results  chan result
-	pause    time.Time // no publishes before this while the sink is unreachable
-	outages  int       // consecutive unavailable results
 	done     completer
 	timer    *time.Timer
 	parked   map[string]*park // see park.go
 	received int              // batches received from the source
+
+	router    sink.Destinations // nil when the sink names no destinations
+	dests     map[string]*destState
+	broken    int // destinations whose breaker is open
+	probes    chan probeResult
+	probesOut int       // idle probes running
+	nextIdle  time.Time // when idle destinations are probed next
 }
 
 func newEngine(p *Pipeline, ctx context.Context) *engine {
-	return &engine{
-		p:       p,
-		ctx:     ctx,
-		queues:  make(map[string]*aggQueue),
-		parked:  make(map[string]*park),
-		results: make(chan result, p.opts.Concurrency),
-		done:    completer{ctx: ctx, log: p.log, st: &p.stats},
-		timer:   time.NewTimer(time.Hour),
+	e := &engine{
+		p:        p,
+		ctx:      ctx,
+		queues:   make(map[string]*aggQueue),
+		parked:   make(map[string]*park),
+		results:  make(chan result, p.opts.Concurrency),
+		done:     completer{ctx: ctx, log: p.log, st: &p.stats},
+		timer:    time.NewTimer(time.Hour),
+		dests:    make(map[string]*destState),
+		probes:   make(chan probeResult),
+		nextIdle: time.Now(),
 	}
+	e.router, _ = p.snk.(sink.Destinations)
+	e.publishStatus()
+	return e
 }
 
 // loop runs until the drain after ctx's end finishes or the source fails.
@@ -95,6 +110,8 @@ func (e *engine) loop(ctx context.Context, batches <-chan capture.Batch, readDon
 			e.add(b)
 		case r := <-e.results:
 			e.settle(r)
+		case r := <-e.probes:
+			e.probed(r, time.Now())
 		case <-e.timer.C:
 			e.wake(time.Now())
 		case <-readDone:
@@ -119,9 +136,13 @@ func (e *engine) loop(ctx context.Context, batches <-chan capture.Batch, readDon
 
 // wait blocks until in-flight publishes and completions have returned.
 func (e *engine) wait() {
-	for e.inFlight > 0 {
-		<-e.results
-		e.inFlight--
+	for e.inFlight > 0 || e.probesOut > 0 {
+		select {
+		case <-e.results:
+			e.inFlight--
+		case <-e.probes:
+			e.probesOut--
+		}
 	}
 	e.done.wg.Wait()
 }
@@ -136,10 +157,13 @@ func (e *engine) add(b capture.Batch) {
 		e.done.complete(bs)
 		return
 	}
+	now := time.Now()
 	for _, ev := range evs {
 		e.bytes += len(ev.Payload)
+		d := e.route(ev, now)
+		d.events++
 		if e.parkedNow(ev.AggregateID) {
-			e.leave(&item{ev: ev, batch: bs})
+			e.leave(&item{ev: ev, batch: bs, dest: d})
 			continue
 		}
 		q := e.queues[ev.AggregateID]
@@ -147,14 +171,14 @@ func (e *engine) add(b capture.Batch) {
 			q = &aggQueue{id: ev.AggregateID, heapIdx: -1}
 			e.queues[ev.AggregateID] = q
 		}
-		q.items = append(q.items, &item{ev: ev, batch: bs})
+		q.items = append(q.items, &item{ev: ev, batch: bs, dest: d})
 		e.markReady(q)
 	}
 	e.p.stats.InFlight.Store(int64(e.held))
 }
 
 func (e *engine) markReady(q *aggQueue) {
-	if q.queued || q.busy || q.heapIdx >= 0 || len(q.items) == 0 {
+	if q.queued || q.busy || q.held || q.heapIdx >= 0 || len(q.items) == 0 {
 		return
 	}
 	q.queued = true
@@ -162,18 +186,28 @@ func (e *engine) markReady(q *aggQueue) {
 }
 
 // dispatch starts Publish calls while there is capacity and ready heads.
+// A head whose destination is broken is held, unless it is the probe.
 func (e *engine) dispatch() {
-	if time.Now().Before(e.pause) {
-		return
-	}
+	e.dueProbes(time.Now())
 	for e.inFlight < e.p.opts.Concurrency && len(e.ready) > 0 {
-		n := min(len(e.ready), e.p.opts.BatchSize)
-		qs := make([]*aggQueue, n)
-		copy(qs, e.ready)
-		e.ready = e.ready[n:]
-		batch := make([]*event.Event, n)
+		qs := make([]*aggQueue, 0, min(len(e.ready), e.p.opts.BatchSize))
+		for len(e.ready) > 0 && len(qs) < e.p.opts.BatchSize {
+			q := e.ready[0]
+			e.ready[0] = nil
+			e.ready = e.ready[1:]
+			q.queued = false
+			if d := q.items[0].dest; d.open && !q.probe {
+				e.hold(d, q)
+				continue
+			}
+			q.busy = true
+			qs = append(qs, q)
+		}
+		if len(qs) == 0 {
+			continue
+		}
+		batch := make([]*event.Event, len(qs))
 		for i, q := range qs {
-			q.queued, q.busy = false, true
 			batch[i] = q.items[0].ev
 		}
 		e.inFlight++
@@ -189,32 +223,45 @@ func (e *engine) dispatch() {
 	}
 }
 
-// settle applies the result of one Publish call.
+// settle applies the result of one Publish call. A failure of the
+// destination holds the aggregate without counting an attempt; a failure of
+// the event counts one and retries or dead-letters it.
 func (e *engine) settle(r result) {
 	e.inFlight--
 	if e.ctx.Err() != nil {
 		return // the drain timed out: loop abandons every unsettled batch
 	}
 	now := time.Now()
-	anyOK, anyDown := false, false
+	okIn := make(map[*destState]bool)
 	for i, q := range r.queues {
-		q.busy = false
+		if err := sink.Failed(r.err, i); err == nil {
+			okIn[q.items[0].dest] = true
+		} else if sink.IsSuspect(err) {
+			e.suspected(q.items[0])
+		}
+	}
+	for i, q := range r.queues {
+		it := q.items[0]
+		d, probe := it.dest, q.probe
+		q.busy, q.probe = false, false
+		if probe {
+			d.probing = false
+		}
+		d.lastUsed = now
 		err := sink.Failed(r.err, i)
 		if err == nil {
-			anyOK = true
-			e.p.opts.Metrics.acked(q.items[0].ev, now)
+			e.ok(d, now)
+			e.p.opts.Metrics.acked(it.ev, now)
 			e.pop(q, nil, now)
 			continue
 		}
-		it := q.items[0]
 		it.lastErr = err
 		class := sink.ClassOf(err)
 		e.p.opts.Metrics.failed(class)
 		switch {
-		case class == sink.Unavailable:
-			anyDown = true
-			q.retryAt = now.Add(e.p.opts.Retry.unavailableDelay(e.outages + 1))
-			heap.Push(&e.retries, q)
+		case e.destLevel(d, it, err, okIn[d]):
+			e.trip(d, err, probe, now)
+			e.hold(d, q)
 		case e.failed(it, class, now):
 			e.pop(q, it, now)
 		default:
@@ -223,7 +270,6 @@ func (e *engine) settle(r result) {
 			heap.Push(&e.retries, q)
 		}
 	}
-	e.noteAvailability(anyOK, anyDown, r.err, now)
 }
 
 // failed counts a failed attempt of it and reports whether it is dead.
@@ -240,23 +286,6 @@ func (e *engine) failed(it *item, class sink.Class, now time.Time) bool {
 	lvl("publish failed", "message_id", it.ev.ID, "aggregate_id", it.ev.AggregateID,
 		"attempt", it.attempts, "class", class.String(), "dead_letter", dead, "err", it.lastErr)
 	return dead
-}
-
-func (e *engine) noteAvailability(anyOK, anyDown bool, err error, now time.Time) {
-	switch {
-	case anyDown && !anyOK:
-		e.outages++
-		wait := e.p.opts.Retry.unavailableDelay(e.outages)
-		e.pause = now.Add(wait)
-		if e.p.stats.Ready.Swap(false) || e.outages%10 == 0 {
-			e.p.log.Warn("sink unreachable, waiting", "err", err, "retry_in", wait)
-		}
-	case anyOK:
-		if !e.p.stats.Ready.Swap(true) {
-			e.p.log.Info("sink reachable again")
-		}
-		e.outages = 0
-	}
 }
 
 // pop settles the head of q: published when dead is nil, dead-lettered
@@ -292,27 +321,32 @@ func (e *engine) pop(q *aggQueue, dead *item, now time.Time) {
 
 // release counts it out of the window.
 func (e *engine) release(it *item) {
+	it.dest.events--
 	e.held--
 	e.bytes -= len(it.ev.Payload)
 	e.p.stats.InFlight.Store(int64(e.held))
 }
 
-// wake moves aggregates whose retry is due back to the ready list.
+// wake moves aggregates whose retry is due back to the ready list, and
+// starts the idle probes when due.
 func (e *engine) wake(now time.Time) {
+	if !now.Before(e.nextIdle) {
+		e.idleProbes(now)
+	}
 	for e.retries.Len() > 0 && !e.retries[0].retryAt.After(now) {
 		q := heap.Pop(&e.retries).(*aggQueue)
 		e.markReady(q)
 	}
 }
 
-// armTimer sets the timer to the next retry or the end of the pause.
+// armTimer sets the timer to the next retry, probe or idle probe.
 func (e *engine) armTimer() {
-	next := time.Time{}
-	if e.retries.Len() > 0 {
+	next := e.nextProbe()
+	if e.retries.Len() > 0 && (next.IsZero() || e.retries[0].retryAt.Before(next)) {
 		next = e.retries[0].retryAt
 	}
-	if time.Now().Before(e.pause) && len(e.ready) > 0 && (next.IsZero() || e.pause.Before(next)) {
-		next = e.pause
+	if e.router != nil && (next.IsZero() || e.nextIdle.Before(next)) {
+		next = e.nextIdle
 	}
 	d := time.Hour
 	if !next.IsZero() {
@@ -333,6 +367,9 @@ func (e *engine) abandonAll() {
 		}
 	}
 	e.queues = map[string]*aggQueue{}
+	for _, d := range e.dests {
+		d.waiting, d.events = nil, 0
+	}
 	e.ready, e.retries = nil, nil
 	e.held, e.bytes = 0, 0
 	e.p.stats.InFlight.Store(0)

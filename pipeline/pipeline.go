@@ -44,6 +44,10 @@ type Options struct {
 	ParkAggregate bool
 	// Metrics records histograms and labelled counters; nil records none.
 	Metrics *Metrics
+	// ProbeInterval is how often destinations without events are checked
+	// with the sink's Probe, when the sink implements sink.Destinations;
+	// it also bounds one probe. Default 5s.
+	ProbeInterval time.Duration
 	// ShutdownTimeout bounds the drain after the Run context is cancelled:
 	// in-flight events keep being published and archived until it expires,
 	// then what is left is abandoned to be captured again. Default 15s.
@@ -67,6 +71,9 @@ func (o *Options) setDefaults() {
 	if o.Concurrency <= 0 {
 		o.Concurrency = 8
 	}
+	if o.ProbeInterval <= 0 {
+		o.ProbeInterval = 5 * time.Second
+	}
 	if o.ShutdownTimeout <= 0 {
 		o.ShutdownTimeout = 15 * time.Second
 	}
@@ -80,7 +87,7 @@ type Stats struct {
 	Retries      atomic.Int64 // failed publish attempts that will be retried
 	Archived     atomic.Int64 // events whose batch was archived
 	InFlight     atomic.Int64 // events captured and not yet settled
-	Ready        atomic.Bool  // false while the sink is unreachable
+	Ready        atomic.Bool  // false while a destination is broken (see Pipeline.Destinations)
 	Capturing    atomic.Bool  // false while the source fails (e.g. Postgres unreachable)
 }
 
@@ -91,6 +98,8 @@ type Pipeline struct {
 	opts  Options
 	log   *slog.Logger
 	stats Stats
+	// broken lists the broken destinations; the engine replaces it.
+	broken atomic.Pointer[[]DestinationStatus]
 }
 
 // New returns a pipeline from src to snk.
@@ -104,6 +113,15 @@ func New(src capture.Source, snk sink.Sink, opts Options) *Pipeline {
 
 // Stats returns the pipeline's live counters.
 func (p *Pipeline) Stats() *Stats { return &p.stats }
+
+// Destinations returns the destinations whose breaker is open, longest
+// broken first, at most 32 of them. Safe for concurrent use.
+func (p *Pipeline) Destinations() []DestinationStatus {
+	if l := p.broken.Load(); l != nil {
+		return *l
+	}
+	return nil
+}
 
 // Run captures, publishes and archives until ctx is cancelled, then drains
 // in-flight events for at most Options.ShutdownTimeout and returns nil. It

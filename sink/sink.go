@@ -68,8 +68,12 @@ const (
 	// the event; after retry.max_attempts the event is dead-lettered. An
 	// error that declares no class is transient.
 	Transient Class = iota
-	// Unavailable failures mean the broker could not be reached. They are
-	// retried for as long as it takes and never count as attempts.
+	// Unavailable failures are failures of the destination rather than of
+	// the event: the broker or receiver cannot be reached, refuses the
+	// relay's credentials or permissions, or has no such topic, subject,
+	// queue, stream or route. They never count as attempts and never
+	// dead-letter: the pipeline stops publishing to that destination and
+	// probes it with backoff, for as long as it takes.
 	Unavailable
 	// Permanent failures can never succeed (an oversized message, an invalid
 	// destination); the event is dead-lettered at once.
@@ -105,8 +109,9 @@ func ClassOf(err error) Class {
 }
 
 type classified struct {
-	err   error
-	class Class
+	err     error
+	class   Class
+	suspect bool
 }
 
 func (e *classified) Error() string     { return e.err.Error() }
@@ -117,8 +122,47 @@ func (e *classified) Unavailable() bool { return e.class == Unavailable }
 // AsPermanent marks err as a failure that can never succeed.
 func AsPermanent(err error) error { return &classified{err: err, class: Permanent} }
 
-// AsUnavailable marks err as the broker being unreachable.
+// AsUnavailable marks err as a failure of the destination (see
+// Unavailable).
 func AsUnavailable(err error) error { return &classified{err: err, class: Unavailable} }
+
+func (e *classified) Suspect() bool { return e.suspect }
+
+// AsSuspect marks err, keeping its class, as an event-level failure that a
+// destination refusing every event would also produce, such as an HTTP 400
+// or 500: the pipeline counts it against the event only while other events
+// to the same destination succeed, and treats it as a failure of the
+// destination otherwise.
+func AsSuspect(err error) error { return &classified{err: err, class: ClassOf(err), suspect: true} }
+
+// IsSuspect reports whether err was marked with AsSuspect.
+func IsSuspect(err error) bool {
+	var s interface{ Suspect() bool }
+	return errors.As(err, &s) && s.Suspect()
+}
+
+// Destinations is implemented by sinks that publish to more than one
+// destination or can check one without publishing. The pipeline keeps one
+// circuit breaker per destination name; with a sink that does not
+// implement Destinations, all events share one.
+type Destinations interface {
+	// DestinationOf returns where e is published: the resolved topic,
+	// subject, queue or URL, without credentials.
+	DestinationOf(e *event.Event) string
+	// Probe checks cheaply and without publishing that dest, a value
+	// DestinationOf returned or Broker, can be published to. It returns
+	// nil when it can, an error when not, and ErrNoProbe when the sink has
+	// no such check for dest.
+	Probe(ctx context.Context, dest string) error
+}
+
+// Broker is the destination name Probe takes for the broker as a whole
+// (the connection, the credentials, the cluster).
+const Broker = "(broker)"
+
+// ErrNoProbe is returned by Probe for a destination the sink cannot check
+// without publishing.
+var ErrNoProbe = errors.New("no probe for this destination")
 
 // Template is a destination template such as "outbox.{aggregate_type}".
 // The placeholders {aggregate_type}, {event_type} and {aggregate_id} are
