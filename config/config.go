@@ -194,6 +194,11 @@ type Webhook struct {
 	// MaxConcurrency caps the requests in flight at once. 0 means 64,
 	// applied by the sink.
 	MaxConcurrency int `yaml:"max_concurrency"`
+	// HealthURL, when set, is an absolute http or https URL without
+	// placeholders that the relay GETs, with the static headers, to check
+	// the receiver while no events flow; a 2xx answer means ready. Default
+	// empty: an idle receiver is not checked.
+	HealthURL string `yaml:"health_url"`
 }
 
 // Archive says what happens to a row once its publish was acknowledged.

@@ -173,6 +173,13 @@ func (l *loader) checkWebhook(w Webhook) {
 			l.invalid(key, "the value has a control character")
 		}
 	}
+	if _, set := l.lines["sink.webhook.health_url"]; set && l.required("sink.webhook.health_url", w.HealthURL, "remove the key to leave an idle receiver unchecked") {
+		if strings.Contains(w.HealthURL, "{") {
+			l.invalid("sink.webhook.health_url", "placeholders are not allowed: the health URL is one fixed URL")
+		} else if msg := webhookURLProblem(w.HealthURL); msg != "" {
+			l.invalid("sink.webhook.health_url", "%s", msg)
+		}
+	}
 	if w.MaxConcurrency < 0 || w.MaxConcurrency > maxWebhookConcurrency {
 		l.invalid("sink.webhook.max_concurrency", "must be between 1 and %d (0 or unset: 64), got %d", maxWebhookConcurrency, w.MaxConcurrency)
 	}

@@ -84,7 +84,10 @@ func TestWebhookErrors(t *testing.T) {
 		{"headers not a map", "    url: http://h/\n    headers: [a]\n", 9, "sink.webhook.headers", "expected a mapping, got a list"},
 		{"concurrency negative", "    url: http://h/\n    max_concurrency: -1\n", 9, "sink.webhook.max_concurrency", "must be between 1 and 10000 (0 or unset: 64), got -1"},
 		{"concurrency huge", "    url: http://h/\n    max_concurrency: 10001\n", 9, "sink.webhook.max_concurrency", "must be between 1 and 10000"},
-		{"unknown key", "    url: http://h/\n    secrets: x\n", 9, "sink.webhook.secrets", "unknown key (expected one of url, timeout, secret, headers, max_concurrency)"},
+		{"unknown key", "    url: http://h/\n    secrets: x\n", 9, "sink.webhook.secrets", "unknown key (expected one of url, timeout, secret, headers, max_concurrency, health_url)"},
+		{"health url placeholder", "    url: http://h/\n    health_url: http://h/{aggregate_type}\n", 9, "sink.webhook.health_url", "placeholders are not allowed"},
+		{"health url scheme", "    url: http://h/\n    health_url: ftp://h/health\n", 9, "sink.webhook.health_url", "the scheme must be http or https"},
+		{"health url empty", "    url: http://h/\n    health_url: \"\"\n", 9, "sink.webhook.health_url", "must not be empty"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

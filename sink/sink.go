@@ -126,7 +126,7 @@ func AsPermanent(err error) error { return &classified{err: err, class: Permanen
 // Unavailable).
 func AsUnavailable(err error) error { return &classified{err: err, class: Unavailable} }
 
-func (e *classified) Suspect() bool { return e.suspect }
+func (e *classified) Suspect() bool { return e.suspect || IsSuspect(e.err) }
 
 // AsSuspect marks err, keeping its class, as an event-level failure that a
 // destination refusing every event would also produce, such as an HTTP 400

@@ -70,7 +70,8 @@ func TestSASL(t *testing.T) {
 }
 
 // TestTopicAuthorization lets the principal write one topic only: events
-// for another topic fail as permanent, naming the missing grant.
+// for another topic fail as a failure of that destination (held, never
+// dead-lettered), naming the missing grant, and Probe reports the topic.
 func TestTopicAuthorization(t *testing.T) {
 	allow := func(res kmsg.ACLResourceType, name string, ops ...kmsg.ACLOperation) []kfake.ACL {
 		var acls []kfake.ACL
@@ -90,8 +91,19 @@ func TestTopicAuthorization(t *testing.T) {
 
 	batch := []*event.Event{testEvent(1, "order", "1"), testEvent(2, "invoice", "2"), testEvent(3, "order", "3")}
 	err := s.Publish(context.Background(), batch)
-	if got := sinktest.Classes(err, 3); !slices.Equal(got, []string{"ok", "permanent", "ok"}) {
-		t.Fatalf("classes %v, want [ok permanent ok] (err %v)", got, err)
+	if got := sinktest.Classes(err, 3); !slices.Equal(got, []string{"ok", "unavailable", "ok"}) {
+		t.Fatalf("classes %v, want [ok unavailable ok] (err %v)", got, err)
+	}
+	if s.DestinationOf(batch[1]) != "ev.invoice" {
+		t.Errorf("DestinationOf = %q, want ev.invoice", s.DestinationOf(batch[1]))
+	}
+	if err := s.Probe(context.Background(), "ev.invoice"); sink.ClassOf(err) != sink.Unavailable {
+		t.Errorf("Probe(ev.invoice) = %v, want a failure of the destination", err)
+	}
+	for _, dest := range []string{"ev.order", sink.Broker} {
+		if err := s.Probe(context.Background(), dest); err != nil {
+			t.Errorf("Probe(%s) = %v", dest, err)
+		}
 	}
 	msg := sink.Failed(err, 1).Error()
 	if !strings.Contains(msg, "TOPIC_AUTHORIZATION_FAILED") || !strings.Contains(msg, "ev.invoice") {

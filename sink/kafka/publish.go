@@ -24,13 +24,8 @@ import (
 // when all were acknowledged and a *sink.BatchError otherwise.
 //
 // Before the first publish to a topic, Publish makes sure the topic exists
-// (see docs/design.md, Kafka). An event larger than the topic's
-// max.message.bytes, one with an invalid record, and one whose topic this
-// principal may not write fail as sink.Permanent; a broker that cannot be
-// reached, a cluster without enough in-sync replicas or leaders, no
-// acknowledgement within AckTimeout, ctx ending and Close fail as
-// sink.Unavailable; anything else, such as a topic that does not exist and
-// cannot be created, is transient. Publish is safe for concurrent use.
+// (see docs/design.md, Kafka). Errors are classified by classify.
+// Publish is safe for concurrent use.
 func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.AckTimeout)
 	// Cancelling fails the records of this batch that were not sent yet
@@ -164,14 +159,14 @@ func recordSize(e *event.Event) int {
 // classify marks err with its sink.Class.
 //
 // Errors that say the event itself can never be accepted are permanent: too
-// large for the topic, an invalid record or topic, and no permission to
-// write the topic, which with a template may differ per event. Errors that
-// say the cluster cannot take any record right now are unavailable:
-// unreachable or restarting brokers, leader elections, too few in-sync
-// replicas, no acknowledgement in time, a closed sink, and failed
-// authentication, which no event can fix. Everything else, including a
-// topic that does not exist and the other retriable Kafka errors, is
-// transient.
+// large for the topic, an invalid record, an invalid topic name. Errors
+// that say the topic or the cluster cannot take any record right now are
+// failures of the destination (unavailable): unreachable or restarting
+// brokers, leader elections, too few in-sync replicas, no acknowledgement
+// in time, a closed sink, failed authentication, no permission to write
+// the topic, and a topic that does not exist. Everything else is
+// transient and suspect (sink.AsSuspect): it counts against the event
+// only while other events to the topic succeed.
 //
 // An error that already carries a class, such as one from preparing a
 // topic, keeps it.
@@ -183,8 +178,7 @@ func classify(err error) error {
 	case errors.Is(err, kerr.MessageTooLarge),
 		errors.Is(err, kerr.RecordListTooLarge),
 		errors.Is(err, kerr.InvalidTopicException),
-		errors.Is(err, kerr.InvalidRecord),
-		errors.Is(err, kerr.TopicAuthorizationFailed):
+		errors.Is(err, kerr.InvalidRecord):
 		return sink.AsPermanent(err)
 	case errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, context.Canceled),
@@ -202,11 +196,14 @@ func classify(err error) error {
 		errors.Is(err, kerr.KafkaStorageError),
 		errors.Is(err, kerr.PreferredLeaderNotAvailable),
 		errors.Is(err, kerr.ClusterAuthorizationFailed),
+		errors.Is(err, kerr.TopicAuthorizationFailed),
+		errors.Is(err, kerr.UnknownTopicOrPartition),
+		errors.Is(err, kerr.UnknownTopicID),
 		errors.Is(err, io.EOF),
 		errors.Is(err, io.ErrUnexpectedEOF),
 		errors.As(err, new(net.Error)),
 		isAuthError(err):
 		return sink.AsUnavailable(err)
 	}
-	return err
+	return sink.AsSuspect(err)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -227,14 +228,15 @@ func (s *Sink) requestError(what string, err error) error {
 func (s *Sink) topicError(topic string, err error) error {
 	err = fmt.Errorf("topic %s: %w", topic, err)
 	if errors.Is(err, kerr.TopicAuthorizationFailed) {
-		return sink.AsPermanent(fmt.Errorf("%w; grant this principal DESCRIBE and WRITE on the topic", err))
+		return sink.AsUnavailable(fmt.Errorf("%w; grant this principal DESCRIBE and WRITE on the topic", err))
 	}
 	return classify(err)
 }
 
-// createError explains a failed topic creation. The event is not at fault,
-// so the error is transient (or unavailable for a broker problem): the
-// event is retried until the topic exists or its attempts run out.
+// createError explains a failed topic creation. The event is not at fault:
+// the topic is missing, so the error is sink.Unavailable and the events are
+// held until the topic exists. Only an invalid topic name, which can never
+// exist, is permanent.
 func (s *Sink) createError(topic string, err error, detail string) error {
 	partitions, replication := s.creation()
 	what := fmt.Sprintf("topic %s does not exist and creating it (partitions %s, replication factor %s) failed: %v",
@@ -257,9 +259,9 @@ func (s *Sink) createError(topic string, err error, detail string) error {
 	case errors.Is(err, kerr.InvalidTopicException):
 		return sink.AsPermanent(errors.New(what))
 	default:
-		return classify(fmt.Errorf("%s: %w", what, err))
+		return sink.AsUnavailable(fmt.Errorf("%s: %w", what, err))
 	}
-	return fmt.Errorf("%s; %s", what, fix)
+	return sink.AsUnavailable(fmt.Errorf("%s; %s", what, fix))
 }
 
 func orBrokerDefault(n int32) string {
@@ -336,3 +338,27 @@ func createFix(err error) string {
 	}
 	return "check sink.kafka.partitions and sink.kafka.replication_factor against the cluster's topic policy"
 }
+
+// DestinationOf returns the topic of e.
+func (s *Sink) DestinationOf(e *event.Event) string { return s.topicOf(e) }
+
+// Probe sends a metadata request: for sink.Broker, of no topic (a broker
+// answers and accepts the credentials); for a topic, of that topic, which
+// must exist and be visible to this principal. Its errors are classified
+// like Publish's.
+func (s *Sink) Probe(ctx context.Context, dest string) error {
+	topic := dest
+	if dest == sink.Broker {
+		topic = ""
+	}
+	code, err := s.metadata(ctx, topic)
+	if err != nil {
+		return s.requestError("metadata", err)
+	}
+	if err := kerr.ErrorForCode(code); err != nil {
+		return s.topicError(topic, err)
+	}
+	return nil
+}
+
+var _ sink.Destinations = (*Sink)(nil)

@@ -139,15 +139,16 @@ func TestPublishCreatesTopics(t *testing.T) {
 	}
 }
 
-// TestPublishCreateDenied denies topic creation: the events fail as
-// transient with the fix, and succeed once the topic exists.
+// TestPublishCreateDenied denies topic creation: the events fail as a
+// failure of the destination with the fix, and succeed once the topic
+// exists.
 func TestPublishCreateDenied(t *testing.T) {
 	c := newCluster(t)
 	h := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.CreateTopics}, Err: kerr.TopicAuthorizationFailed, Count: -1})
 	s := newSink(t, c.ListenAddrs(), "ev.{aggregate_type}", Options{})
 	err := s.Publish(context.Background(), testEvents(3, 3))
-	if got := sinktest.Classes(err, 3); !slices.Equal(got, []string{"transient", "transient", "transient"}) {
-		t.Fatalf("classes %v, want transient (err %v)", got, err)
+	if got := sinktest.Classes(err, 3); !slices.Equal(got, []string{"unavailable", "unavailable", "unavailable"}) {
+		t.Fatalf("classes %v, want unavailable (err %v)", got, err)
 	}
 	msg := sink.Failed(err, 0).Error()
 	for _, want := range []string{"ev.order does not exist", "TOPIC_AUTHORIZATION_FAILED", "grant this principal CREATE"} {
@@ -169,8 +170,8 @@ func TestPublishInvalidReplicationFactor(t *testing.T) {
 	c := newCluster(t)
 	s := newSinkConfig(t, config.Kafka{Brokers: c.ListenAddrs(), Topic: "ev.{aggregate_type}", ReplicationFactor: 3}, Options{})
 	err := s.Publish(context.Background(), testEvents(1, 1))
-	if got := sinktest.Classes(err, 1); got[0] != "transient" || !strings.Contains(err.Error(), "sink.kafka.replication_factor") {
-		t.Fatalf("classes %v, err %v; want transient naming sink.kafka.replication_factor", got, err)
+	if got := sinktest.Classes(err, 1); got[0] != "unavailable" || !strings.Contains(err.Error(), "sink.kafka.replication_factor") {
+		t.Fatalf("classes %v, err %v; want unavailable naming sink.kafka.replication_factor", got, err)
 	}
 	if err := s.Check(context.Background()); err == nil || !strings.Contains(err.Error(), "sink.kafka.replication_factor") {
 		t.Errorf("Check = %v, want it to name sink.kafka.replication_factor", err)

@@ -257,14 +257,18 @@ func knownSubtest(name string) bool {
 }
 
 // Classes returns, for each of the n events of a Publish that returned
-// err, the class of its error (sink.Class.String) or "ok": a compact form
-// for a sink's own tests to compare with what they expect.
+// err, the class of its error (sink.Class.String, prefixed with "suspect-"
+// for an error marked with sink.AsSuspect) or "ok": a compact form for a
+// sink's own tests to compare with what they expect.
 func Classes(err error, n int) []string {
 	out := make([]string, n)
 	for i := range out {
 		out[i] = "ok"
 		if e := sink.Failed(err, i); e != nil {
 			out[i] = sink.ClassOf(e).String()
+			if sink.IsSuspect(e) {
+				out[i] = "suspect-" + out[i]
+			}
 		}
 	}
 	return out

@@ -3,10 +3,13 @@ package webhook
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 
+	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/internal/redact"
+	"github.com/outboxrelay/relay/sink"
 )
 
 // Check verifies that the receiver's host (or the proxy's, when one is
@@ -52,3 +55,35 @@ func (s *Sink) Check(ctx context.Context) error {
 // URL returns sink.webhook.url with credentials masked, for logs and
 // `relay check` output.
 func (s *Sink) URL() string { return redact.String(s.url.raw) }
+
+// DestinationOf returns the URL e is POSTed to, credentials masked.
+func (s *Sink) DestinationOf(e *event.Event) string { return redact.String(s.target(e)) }
+
+// Probe checks the receiver while no events flow: for sink.Broker, with
+// sink.webhook.health_url set, it GETs that URL with the static headers and
+// wants a 2xx answer within sink.webhook.timeout. Any other destination,
+// or no health_url, gives sink.ErrNoProbe: a receiver's URL is only ever
+// POSTed events.
+func (s *Sink) Probe(ctx context.Context, dest string) error {
+	if dest != sink.Broker || s.health == "" {
+		return sink.ErrNoProbe
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.health, nil)
+	if err != nil {
+		return fmt.Errorf("sink.webhook.health_url: %w", redact.Error(err))
+	}
+	req.Header = s.headers.Clone()
+	req.Header.Set("User-Agent", userAgent)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", redact.String(s.health), s.transportError(ctx, ctx, err))
+	}
+	defer resp.Body.Close()
+	_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return sink.AsUnavailable(fmt.Errorf("GET %s: %s", redact.String(s.health), resp.Status))
+	}
+	return nil
+}

@@ -49,17 +49,18 @@ const (
 // *sink.BatchError otherwise. Control characters in header values (row
 // headers, event_type, aggregate_type, aggregate_id) are sent as spaces.
 //
-// Failures are classified as follows. 408, 429, 500 and the other 5xx
-// statuses except 502, 503 and 504 are transient: the event's attempt
-// counts. 502, 503 and 504 (a gateway reporting that the receiver is down),
-// connection failures, DNS failures, TLS failures, the per-request timeout,
-// ctx ending and Close are sink.Unavailable: retried without counting
-// attempts, however long the outage lasts. Other 4xx statuses, 3xx (redirects
-// are not followed), and a row header whose name HTTP cannot carry are
-// sink.Permanent. After a 429 or 503 with a Retry-After header the sink sends
+// Failures are classified by scope. The receiver is at fault, whatever the
+// event, for connection, DNS and TLS failures, the per-request timeout,
+// ctx ending, Close, a redirect (3xx, not followed: the URL is wrong),
+// 401, 403, 404, 405, 407, 408, 410 and 429, and every 5xx but 500: these
+// are sink.Unavailable, never counted as attempts. 400, 413 and 422 are
+// sink.Permanent and 500 and the other 4xx transient, all marked
+// sink.AsSuspect: they count against the event only while other events to
+// the same URL succeed. A row header whose name HTTP cannot carry is
+// permanent. After a 429 or 503 with a Retry-After header the sink sends
 // no request until that time has passed (at most MaxRetryAfter), and the
-// error's RetryAfter method returns the delay. Publish is safe for concurrent
-// use.
+// error's RetryAfter method returns the delay. Publish is safe for
+// concurrent use.
 func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	errs := make([]error, len(batch))
 	var wg sync.WaitGroup
@@ -339,18 +340,26 @@ func (e *StatusError) Error() string {
 // { RetryAfter() time.Duration }.
 func (e *StatusError) RetryAfter() time.Duration { return e.Delay }
 
-// classifyStatus marks a non-2xx response with its sink.Class.
+// classifyStatus marks a non-2xx response with its sink.Class and scope
+// (see Publish).
 func classifyStatus(e *StatusError) error {
-	c := e.StatusCode
-	switch {
-	case c == http.StatusBadGateway, c == http.StatusServiceUnavailable, c == http.StatusGatewayTimeout:
+	switch c := e.StatusCode; {
+	case c == http.StatusBadRequest, c == http.StatusRequestEntityTooLarge, c == http.StatusUnprocessableEntity:
+		return sink.AsSuspect(sink.AsPermanent(e))
+	case c >= 300 && c < 400, receiverDown[c], c > 500:
 		return sink.AsUnavailable(e)
-	case c == http.StatusRequestTimeout, c == http.StatusTooManyRequests, c >= 500:
-		return e
-	case c >= 300 && c < 500:
-		return sink.AsPermanent(e)
+	case c >= 400:
+		return sink.AsSuspect(e)
 	}
 	return e // 1xx that net/http did not handle
+}
+
+// receiverDown are the 4xx statuses that say the receiver, not the event,
+// is at fault: credentials, permissions, a missing route, rate limits.
+var receiverDown = map[int]bool{
+	http.StatusUnauthorized: true, http.StatusForbidden: true, http.StatusNotFound: true,
+	http.StatusMethodNotAllowed: true, http.StatusProxyAuthRequired: true,
+	http.StatusRequestTimeout: true, http.StatusGone: true, http.StatusTooManyRequests: true,
 }
 
 // transportError classifies a failed round trip. Every failure to reach the

@@ -62,6 +62,7 @@ type Sink struct {
 	timeout time.Duration
 	headers http.Header // static headers from sink.webhook.headers
 	secret  []byte      // nil: requests are not signed
+	health  string      // sink.webhook.health_url; empty: none
 	client  *http.Client
 	proxy   func(*http.Request) (*url.URL, error) // nil when Options.Transport was given
 
@@ -74,7 +75,10 @@ type Sink struct {
 	close     context.CancelFunc
 }
 
-var _ sink.Sink = (*Sink)(nil)
+var (
+	_ sink.Sink         = (*Sink)(nil)
+	_ sink.Destinations = (*Sink)(nil)
+)
 
 // New returns a sink that POSTs to URLs rendered from cfg.URL. It fails on a
 // URL template that is not an absolute http or https URL, that has a
@@ -120,6 +124,7 @@ func New(cfg config.Webhook, opts Options) (*Sink, error) {
 		timeout: timeout,
 		headers: headers,
 		sem:     make(chan struct{}, n),
+		health:  cfg.HealthURL,
 	}
 	if cfg.Secret != "" {
 		s.secret = []byte(cfg.Secret)

@@ -256,7 +256,7 @@ func TestFailThenSucceed(t *testing.T) {
 	batch := testEvents(1)
 
 	err := s.Publish(context.Background(), batch)
-	if got := sinktest.Classes(err, 1); got[0] != "transient" {
+	if got := sinktest.Classes(err, 1); got[0] != "suspect-transient" {
 		t.Fatalf("first publish: classes %v (err %v)", got, err)
 	}
 	var se *StatusError
@@ -294,10 +294,12 @@ func TestStatusClasses(t *testing.T) {
 	s := newSink(t, config.Webhook{URL: rc.URL + "/{aggregate_id}"})
 	want := map[int]string{
 		200: "ok", 201: "ok", 202: "ok", 204: "ok",
-		301: "permanent", 302: "permanent", 303: "permanent", 307: "permanent", 308: "permanent",
-		400: "permanent", 401: "permanent", 403: "permanent", 404: "permanent", 409: "permanent", 413: "permanent", 422: "permanent",
-		408: "transient", 429: "transient", 500: "transient", 501: "transient", 505: "transient",
-		502: "unavailable", 503: "unavailable", 504: "unavailable",
+		301: "unavailable", 302: "unavailable", 303: "unavailable", 307: "unavailable", 308: "unavailable",
+		400: "suspect-permanent", 413: "suspect-permanent", 422: "suspect-permanent",
+		409: "suspect-transient", 415: "suspect-transient", 500: "suspect-transient",
+		401: "unavailable", 403: "unavailable", 404: "unavailable", 405: "unavailable", 407: "unavailable",
+		408: "unavailable", 410: "unavailable", 429: "unavailable",
+		501: "unavailable", 502: "unavailable", 503: "unavailable", 504: "unavailable", 505: "unavailable",
 	}
 	codes := slices.Sorted(maps.Keys(want))
 	batch := make([]*event.Event, len(codes))
@@ -332,7 +334,7 @@ func TestRetryAfter(t *testing.T) {
 	s := newSink(t, config.Webhook{URL: rc.URL + "/{aggregate_id}"})
 
 	err := s.Publish(context.Background(), testEvents(1))
-	if got := sinktest.Classes(err, 1); got[0] != "transient" {
+	if got := sinktest.Classes(err, 1); got[0] != "unavailable" {
 		t.Fatalf("classes %v (err %v)", got, err)
 	}
 	var ra interface{ RetryAfter() time.Duration }
