@@ -388,13 +388,33 @@ func TestPublishBadHeaderNameIsPermanent(t *testing.T) {
 	}
 }
 
-func TestPublishWithoutStreamIsTransient(t *testing.T) {
+// TestPublishWithoutStream: a subject no stream covers (no responders) is a
+// failure of the destination, never counted against the event, and Probe
+// reports it while the broker itself is fine.
+func TestPublishWithoutStream(t *testing.T) {
 	srv := startServer(t, testenv.NATSOptions{})
 	s := newSink(t, srv.URL(), "outbox.{aggregate_type}", Options{})
 
-	err := s.Publish(context.Background(), testEvents(2, 2))
-	if got, want := sinktest.Classes(err, 2), []string{"transient", "transient"}; !slices.Equal(got, want) {
+	batch := testEvents(2, 2)
+	err := s.Publish(context.Background(), batch)
+	if got, want := sinktest.Classes(err, 2), []string{"unavailable", "unavailable"}; !slices.Equal(got, want) {
 		t.Fatalf("classes %v, want %v (err %v)", got, want, err)
+	}
+	dest := s.DestinationOf(batch[0])
+	if dest != "outbox.order" {
+		t.Errorf("DestinationOf = %q, want outbox.order", dest)
+	}
+	if err := s.Probe(context.Background(), dest); sink.ClassOf(err) != sink.Unavailable {
+		t.Errorf("Probe(%s) = %v, want unavailable", dest, err)
+	}
+	if err := s.Probe(context.Background(), sink.Broker); err != nil {
+		t.Errorf("Probe(broker) = %v", err)
+	}
+	if err := s.EnsureStream(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Probe(context.Background(), dest); err != nil {
+		t.Errorf("Probe(%s) with the stream = %v", dest, err)
 	}
 }
 

@@ -17,11 +17,7 @@ import (
 // Publish sends every event of batch without waiting in between, then waits
 // for each PubAck. It returns nil when all were acknowledged, including as
 // duplicates of an earlier delivery, and a *sink.BatchError otherwise.
-// A message over the server's max_payload or the stream's max message size,
-// or with a header name NATS cannot carry, fails as sink.Permanent; a lost
-// or closed connection, an ack timeout and ctx ending fail as
-// sink.Unavailable; anything else, such as a subject no stream listens on,
-// is transient. Publish is safe for concurrent use.
+// Errors are classified by classify. Publish is safe for concurrent use.
 func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	subjects := make([]string, len(batch))
 	futures := make([]jetstream.PubAckFuture, len(batch))
@@ -100,9 +96,14 @@ func (s *Sink) await(ctx context.Context, f jetstream.PubAckFuture) error {
 	}
 }
 
-// classify marks err with its sink.Class. Errors not listed here, such as
-// jetstream.ErrNoStreamResponse for a subject no stream covers, stay
-// transient: the stream may yet be created or fixed.
+// classify marks err with its sink.Class. A message over the server's
+// max_payload or the stream's max message size, or with a header name NATS
+// cannot carry, is permanent. A failure of the destination is
+// unavailable: a lost or closed connection, an ack timeout, ctx ending,
+// failed authentication or authorization, a missing stream, and no
+// responders (no stream covers the subject). Anything else is transient and
+// suspect (sink.AsSuspect): it counts against the event only while other
+// events to the subject succeed.
 func classify(err error) error {
 	switch {
 	case errors.Is(err, nats.ErrMaxPayload),
@@ -124,8 +125,39 @@ func classify(err error) error {
 		errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, context.Canceled),
 		errors.Is(err, errClosed),
+		errors.Is(err, nats.ErrNoResponders),
+		errors.Is(err, jetstream.ErrNoStreamResponse),
+		errors.Is(err, jetstream.ErrStreamNotFound),
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled),
+		errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount),
+		errors.Is(err, nats.ErrAuthorization),
+		errors.Is(err, nats.ErrAuthExpired),
+		errors.Is(err, nats.ErrAuthRevoked),
+		errors.Is(err, nats.ErrPermissionViolation),
 		errors.As(err, new(net.Error)):
 		return sink.AsUnavailable(err)
 	}
-	return err
+	return sink.AsSuspect(err)
 }
+
+// DestinationOf returns the subject of e.
+func (s *Sink) DestinationOf(e *event.Event) string { return s.subject.Render(e) }
+
+// Probe asks JetStream, without publishing: for sink.Broker, the account
+// information (the server answers and JetStream is enabled for this
+// account); for a subject, which stream covers it. Its errors are
+// classified like Publish's.
+func (s *Sink) Probe(ctx context.Context, dest string) error {
+	if dest == sink.Broker {
+		if _, err := s.js.AccountInfo(ctx); err != nil {
+			return fmt.Errorf("nats account info: %w", classify(err))
+		}
+		return nil
+	}
+	if _, err := s.js.StreamNameBySubject(ctx, dest); err != nil {
+		return fmt.Errorf("nats: no stream for subject %s: %w", dest, classify(err))
+	}
+	return nil
+}
+
+var _ sink.Destinations = (*Sink)(nil)

@@ -202,19 +202,20 @@ var (
 		"InvalidBatchEntryId", "AWS.SimpleQueueService.InvalidBatchEntryId",
 		"BatchEntryIdsNotDistinct", "AWS.SimpleQueueService.BatchEntryIdsNotDistinct",
 		"TooManyEntriesInBatchRequest", "AWS.SimpleQueueService.TooManyEntriesInBatchRequest")
-	// noQueue codes say the queue does not exist (yet): transient.
+	// noQueue codes say the queue does not exist (yet).
 	noQueue = codes("QueueDoesNotExist", "AWS.SimpleQueueService.NonExistentQueue")
-	// unavailable codes say SQS cannot serve this client now, whatever the
-	// event: throttling, and credentials SQS does not accept.
+	// unavailable codes are failures of the queue or of SQS, whatever the
+	// event: throttling, credentials SQS does not accept, a policy or KMS
+	// key that does not let this client send, a missing queue, a server
+	// error.
 	unavailable = codes("RequestThrottled", "ThrottlingException", "Throttling", "ThrottledException",
 		"TooManyRequestsException", "RequestLimitExceeded", "KmsThrottled", "SlowDown",
 		"ServiceUnavailable", "InvalidClientTokenId", "UnrecognizedClientException",
 		"SignatureDoesNotMatch", "ExpiredToken", "ExpiredTokenException", "MissingAuthenticationToken",
-		"IncompleteSignature", "InvalidSecurity", "RequestExpired", "AuthFailure")
-	// transient codes need a change outside the relay (a policy, a KMS
-	// key) but nothing wrong with the event: retried, counted as attempts.
-	transient = codes("AccessDenied", "AccessDeniedException", "KmsAccessDenied", "KmsDisabled",
-		"KmsNotFound", "KmsInvalidState", "KmsInvalidKeyUsage", "KmsOptInRequired", "InternalError", "InternalFailure")
+		"IncompleteSignature", "InvalidSecurity", "RequestExpired", "AuthFailure",
+		"AccessDenied", "AccessDeniedException", "KmsAccessDenied", "KmsDisabled",
+		"KmsNotFound", "KmsInvalidState", "KmsInvalidKeyUsage", "KmsOptInRequired", "InternalError", "InternalFailure",
+		"QueueDoesNotExist", "AWS.SimpleQueueService.NonExistentQueue")
 )
 
 func codes(cs ...string) map[string]bool {
@@ -248,20 +249,18 @@ func (e *entryFailure) Error() string {
 	return fmt.Sprintf("sqs rejected the message: %s: %s (%s)", e.code, e.msg, fault)
 }
 
-// entryError classifies a failed entry: throttling is unavailable, a
-// sender fault permanent unless its code says otherwise, a server fault
-// transient.
+// entryError classifies a failed entry: a code of the queue or of SQS is
+// unavailable, a sender fault permanent and any other fault transient,
+// both suspect (sink.AsSuspect).
 func entryError(f types.BatchResultErrorEntry) error {
 	err := &entryFailure{code: aws.ToString(f.Code), msg: aws.ToString(f.Message), senderFault: f.SenderFault}
 	switch {
 	case unavailable[err.code]:
 		return sink.AsUnavailable(err)
-	case transient[err.code], noQueue[err.code]:
-		return err
 	case malformed[err.code], err.senderFault:
-		return sink.AsPermanent(err)
+		return sink.AsSuspect(sink.AsPermanent(err))
 	}
-	return err
+	return sink.AsSuspect(err)
 }
 
 // classify marks a request error with its sink.Class; ctx is the Publish
@@ -283,18 +282,14 @@ func (s *Sink) classify(ctx context.Context, err error) error {
 	switch {
 	case errors.As(err, &credErr):
 		return sink.AsUnavailable(fmt.Errorf("%w; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, a web identity or an instance role", err))
-	case unavailable[code]:
+	case unavailable[code], status >= 500, status == 401, status == 403:
 		return sink.AsUnavailable(err)
 	case malformed[code]:
-		return sink.AsPermanent(err)
-	case noQueue[code], transient[code]:
-		return err
-	case status == 502 || status == 503 || status == 504:
-		return sink.AsUnavailable(err)
+		return sink.AsSuspect(sink.AsPermanent(err))
 	case code == "" && isNetwork(err):
 		return sink.AsUnavailable(err)
 	}
-	return err
+	return sink.AsSuspect(err)
 }
 
 // isNetwork reports whether err is a failure to reach SQS or to get its

@@ -148,12 +148,12 @@ func (s *Sink) checkTemplate(ctx context.Context) error {
 	}
 	out, err := s.client.ListQueues(ctx, in)
 	switch {
-	case err != nil && transient[apiCode(err)]:
+	case err != nil && strings.Contains(apiCode(err), "AccessDenied"):
 		return nil // SQS answered and knows the credentials; they may not list queues.
 	case err != nil:
 		return s.explain(fmt.Errorf("ListQueues: %w", err), "")
 	case len(out.QueueUrls) == 0 && prefix != "":
-		return fmt.Errorf("no sqs queue name starts with %q (from sink.sqs.queue %q); create the queues the template names (the relay never creates queues), or fix sink.sqs.queue; events for a missing queue are retried, then dead-lettered",
+		return fmt.Errorf("no sqs queue name starts with %q (from sink.sqs.queue %q); create the queues the template names (the relay never creates queues), or fix sink.sqs.queue; events for a missing queue are held (never dead-lettered) until it exists",
 			prefix, s.cfg.Queue)
 	}
 	return nil
@@ -170,7 +170,7 @@ func (s *Sink) explain(err error, queue string) error {
 			create += " --attributes FifoQueue=true"
 		}
 		return fmt.Errorf("sqs queue %s does not exist: %w; create it (%s) or fix sink.sqs.queue / sink.sqs.queue_url", queue, err, create)
-	case transient[code] && strings.Contains(code, "AccessDenied"):
+	case strings.Contains(code, "AccessDenied"):
 		return fmt.Errorf("%w; grant these credentials sqs:GetQueueUrl, sqs:GetQueueAttributes and sqs:SendMessage on the queue", err)
 	case errors.As(err, &credErr), unavailable[code]:
 		return fmt.Errorf("%w; check the AWS credentials and sink.sqs.region", err)
@@ -179,3 +179,44 @@ func (s *Sink) explain(err error, queue string) error {
 	}
 	return err
 }
+
+// DestinationOf returns the name of e's queue.
+func (s *Sink) DestinationOf(e *event.Event) string {
+	if name, err := s.queueName(e); err == nil {
+		return name
+	}
+	return s.tmpl.Render(e)
+}
+
+// Probe checks without sending: for sink.Broker, that SQS answers and
+// accepts the credentials (GetQueueAttributes of the fixed queue, or
+// ListQueues for a template); for a queue name, that the queue exists and
+// its attributes can be read. Its errors are classified like Publish's.
+func (s *Sink) Probe(ctx context.Context, dest string) error {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.RequestTimeout)
+	defer cancel()
+	if dest == sink.Broker && s.fixed.url == "" {
+		if _, err := s.client.ListQueues(ctx, &sqs.ListQueuesInput{MaxResults: aws.Int32(1)}); err != nil {
+			return fmt.Errorf("sqs ListQueues: %w", s.classify(ctx, err))
+		}
+		return nil
+	}
+	q := s.fixed
+	if dest != sink.Broker {
+		var err error
+		if q, err = s.resolve(ctx, dest); err != nil {
+			return err
+		}
+	}
+	_, err := s.client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(q.url),
+		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameQueueArn}})
+	if err != nil {
+		if noQueue[apiCode(err)] {
+			s.forget(q.name)
+		}
+		return fmt.Errorf("sqs GetQueueAttributes %s: %w", q.name, s.classify(ctx, err))
+	}
+	return nil
+}
+
+var _ sink.Destinations = (*Sink)(nil)

@@ -7,7 +7,8 @@
 // MessageGroupId is the aggregate_id and MessageDeduplicationId the
 // message_id. The message format (body encoding, attributes) is in
 // docs/reference.md; batching and the mapping of odd values in
-// docs/design.md.
+// docs/design.md. Failures are classified by scope: see classify and
+// entryError.
 package sqs
 
 import (

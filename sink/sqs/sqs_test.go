@@ -220,8 +220,8 @@ func TestOversizedEntryAlone(t *testing.T) {
 	batch := []*event.Event{testEvent(1, "order", "o-1"), testEvent(2, "order", "o-2"), testEvent(3, "order", "o-3")}
 	batch[1].Payload = bytes.Repeat([]byte("x"), 2000)
 	err := s.Publish(context.Background(), batch)
-	if got := sinktest.Classes(err, 3); !slices.Equal(got, []string{"ok", "permanent", "ok"}) {
-		t.Fatalf("classes %v, want [ok permanent ok]: %v", got, err)
+	if got := sinktest.Classes(err, 3); !slices.Equal(got, []string{"ok", "suspect-permanent", "ok"}) {
+		t.Fatalf("classes %v, want [ok suspect-permanent ok]: %v", got, err)
 	}
 	if !strings.Contains(sink.Failed(err, 1).Error(), "InvalidParameterValue") {
 		t.Errorf("error of the oversized entry: %v", sink.Failed(err, 1))
@@ -234,8 +234,8 @@ func TestOversizedEntryAlone(t *testing.T) {
 
 // TestEntryFailures checks the handling of a SendMessageBatch answer that
 // accepts some entries and rejects others, from a server that answers like
-// SQS: a sender fault is permanent, a server fault transient, throttling
-// unavailable, and only the failed events are published again.
+// SQS: a sender fault is permanent (suspect), an internal error and
+// throttling unavailable, and only the failed events are published again.
 func TestEntryFailures(t *testing.T) {
 	var mu sync.Mutex
 	failing := map[string]string{ // message_id -> code to fail with, once
@@ -283,8 +283,8 @@ func TestEntryFailures(t *testing.T) {
 		batch[i] = testEvent(i+1, "order", fmt.Sprint("o-", i))
 	}
 	err := s.Publish(context.Background(), batch)
-	if got := sinktest.Classes(err, 5); !slices.Equal(got, []string{"ok", "permanent", "transient", "unavailable", "ok"}) {
-		t.Fatalf("classes %v, want [ok permanent transient unavailable ok]: %v", got, err)
+	if got := sinktest.Classes(err, 5); !slices.Equal(got, []string{"ok", "suspect-permanent", "unavailable", "unavailable", "ok"}) {
+		t.Fatalf("classes %v, want [ok suspect-permanent unavailable unavailable ok]: %v", got, err)
 	}
 	var retry []*event.Event
 	for i, e := range batch {
@@ -353,26 +353,46 @@ func TestQueueTemplate(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := len(rec.take("GetQueueUrl")); n != 2 {
+	if err := s.Probe(ctx, "tpl-refund.fifo"); sink.ClassOf(err) != sink.Unavailable {
+		t.Errorf("Probe of a missing queue = %v, want unavailable", err)
+	}
+	for _, dest := range []string{"tpl-order.fifo", sink.Broker} {
+		if err := s.Probe(ctx, dest); err != nil {
+			t.Errorf("Probe(%s) = %v", dest, err)
+		}
+	}
+	if n := len(rec.take("GetQueueUrl")); n != 3 {
 		t.Errorf("%d GetQueueUrl requests for 2 queues over 3 publishes, want 2 (cached)", n)
 	}
 	if o, i := len(receiveAll(t, c, orders)), len(receiveAll(t, c, invoices)); o != 6 || i != 3 {
 		t.Errorf("received %d orders and %d invoices, want 6 and 3", o, i)
 	}
 
-	// A missing queue fails its events only, as transient, and is looked up
-	// again on the next publish.
+	// A missing queue fails its events only, as a failure of that
+	// destination, and is looked up again on the next publish; Probe
+	// reports it.
 	batch := []*event.Event{testEvent(101, "order", "o-1"), testEvent(102, "refund", "r-1")}
 	for range 2 {
 		err := s.Publish(ctx, batch)
-		if got := sinktest.Classes(err, 2); !slices.Equal(got, []string{"ok", "transient"}) {
-			t.Fatalf("classes %v, want [ok transient]: %v", got, err)
+		if got := sinktest.Classes(err, 2); !slices.Equal(got, []string{"ok", "unavailable"}) {
+			t.Fatalf("classes %v, want [ok unavailable]: %v", got, err)
+		}
+		if d := s.DestinationOf(batch[1]); d != "tpl-refund.fifo" {
+			t.Errorf("DestinationOf = %q", d)
 		}
 		if !strings.Contains(sink.Failed(err, 1).Error(), "tpl-refund.fifo") {
 			t.Errorf("error does not name the queue: %v", sink.Failed(err, 1))
 		}
 	}
-	if n := len(rec.take("GetQueueUrl")); n != 2 {
+	if err := s.Probe(ctx, "tpl-refund.fifo"); sink.ClassOf(err) != sink.Unavailable {
+		t.Errorf("Probe of a missing queue = %v, want unavailable", err)
+	}
+	for _, dest := range []string{"tpl-order.fifo", sink.Broker} {
+		if err := s.Probe(ctx, dest); err != nil {
+			t.Errorf("Probe(%s) = %v", dest, err)
+		}
+	}
+	if n := len(rec.take("GetQueueUrl")); n != 3 {
 		t.Errorf("%d GetQueueUrl requests for a missing queue over 2 publishes, want 2 (failures not cached)", n)
 	}
 	refunds := createQueue(t, c, "tpl-refund.fifo", nil)
@@ -383,14 +403,14 @@ func TestQueueTemplate(t *testing.T) {
 		t.Errorf("received %d refunds, want 1", n)
 	}
 
-	// A queue deleted after it was resolved: transient, and forgotten.
+	// A queue deleted after it was resolved: unavailable, and forgotten.
 	if _, err := c.DeleteQueue(ctx, &awssqs.DeleteQueueInput{QueueUrl: aws.String(orders)}); err != nil {
 		t.Fatal(err)
 	}
 	rec.take("")
 	err := s.Publish(ctx, []*event.Event{testEvent(201, "order", "o-1")})
-	if got := sinktest.Classes(err, 1); got[0] != "transient" {
-		t.Fatalf("publish to a deleted queue: %v, want transient", err)
+	if got := sinktest.Classes(err, 1); got[0] != "unavailable" {
+		t.Fatalf("publish to a deleted queue: %v, want unavailable", err)
 	}
 	createQueue(t, c, "tpl-order.fifo", nil)
 	if err := s.Publish(ctx, []*event.Event{testEvent(201, "order", "o-1")}); err != nil {

@@ -701,3 +701,41 @@ func TestReservedMatchesConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestProbe: without health_url, or for an event's URL, there is nothing
+// to probe; with health_url, a GET carrying the static headers decides,
+// and a non-2xx answer is a failure of the destination.
+func TestProbe(t *testing.T) {
+	var healthy atomic.Bool
+	healthy.Store(true)
+	rc := newReceiver(t, func(w http.ResponseWriter, r *http.Request, _ int) {
+		if r.Method != http.MethodGet || r.URL.Path != "/health" || r.Header.Get("Authorization") != "Bearer t" {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		if !healthy.Load() {
+			w.WriteHeader(http.StatusUnauthorized)
+		}
+	})
+	ctx := context.Background()
+	plain := newSink(t, config.Webhook{URL: rc.URL + "/{aggregate_id}"})
+	if err := plain.Probe(ctx, sink.Broker); !errors.Is(err, sink.ErrNoProbe) {
+		t.Errorf("Probe without health_url = %v, want ErrNoProbe", err)
+	}
+	s := newSink(t, config.Webhook{URL: "http://user:pw@" + strings.TrimPrefix(rc.URL, "http://") + "/{aggregate_id}",
+		HealthURL: rc.URL + "/health", Headers: map[string]string{"Authorization": "Bearer t"}})
+	dest := s.DestinationOf(testEvent(1, "a1"))
+	if strings.Contains(dest, "pw") || !strings.HasSuffix(dest, "/a1") {
+		t.Errorf("DestinationOf = %q, want the URL with its password masked", dest)
+	}
+	if err := s.Probe(ctx, dest); !errors.Is(err, sink.ErrNoProbe) {
+		t.Errorf("Probe(%s) = %v, want ErrNoProbe", dest, err)
+	}
+	if err := s.Probe(ctx, sink.Broker); err != nil {
+		t.Errorf("Probe = %v", err)
+	}
+	healthy.Store(false)
+	if err := s.Probe(ctx, sink.Broker); sink.ClassOf(err) != sink.Unavailable || !strings.Contains(err.Error(), "401") {
+		t.Errorf("Probe of an unhealthy receiver = %v, want unavailable naming 401", err)
+	}
+}
