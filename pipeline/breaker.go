@@ -129,11 +129,12 @@ func (e *engine) trip(d *destState, err error, probe bool, now time.Time) {
 }
 
 // ok notes that d acknowledged an event or passed a probe, and closes its
-// breaker.
-func (e *engine) ok(d *destState, now time.Time) {
+// breaker when probe is set: an event sent before the breaker opened and
+// acknowledged after does not close it.
+func (e *engine) ok(d *destState, probe bool, now time.Time) {
 	d.lastOK, d.streak = now, 0
 	d.gen++
-	if !d.open {
+	if !d.open || !probe {
 		return
 	}
 	d.open = false
@@ -235,7 +236,7 @@ func (e *engine) probed(r probeResult, now time.Time) {
 	case errors.Is(r.err, sink.ErrNoProbe):
 	case r.err == nil:
 		if len(d.waiting) == 0 && !d.probing {
-			e.ok(d, now)
+			e.ok(d, true, now)
 		}
 	case d.events == 0:
 		e.trip(d, r.err, false, now)
@@ -245,6 +246,7 @@ func (e *engine) probed(r probeResult, now time.Time) {
 // publishStatus updates what Ready and Destinations report.
 func (e *engine) publishStatus() {
 	e.p.stats.Ready.Store(e.broken == 0)
+	e.p.stats.Broken.Store(int64(e.broken))
 	var list []DestinationStatus
 	for _, d := range e.dests {
 		if d.open {

@@ -250,7 +250,7 @@ func (e *engine) settle(r result) {
 		d.lastUsed = now
 		err := sink.Failed(r.err, i)
 		if err == nil {
-			e.ok(d, now)
+			e.ok(d, probe, now)
 			e.p.opts.Metrics.acked(it.ev, now)
 			e.pop(q, nil, now)
 			continue

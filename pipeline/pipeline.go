@@ -88,6 +88,7 @@ type Stats struct {
 	Archived     atomic.Int64 // events whose batch was archived
 	InFlight     atomic.Int64 // events captured and not yet settled
 	Ready        atomic.Bool  // false while a destination is broken (see Pipeline.Destinations)
+	Broken       atomic.Int64 // destinations whose breaker is open
 	Capturing    atomic.Bool  // false while the source fails (e.g. Postgres unreachable)
 }
 

@@ -1,8 +1,11 @@
 package app
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/pprof"
+	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -10,8 +13,9 @@ import (
 )
 
 // handler serves /healthz (the process is alive), /readyz (capture works
-// and the sink is reachable), /metrics, and with http.pprof the runtime
-// profiles under /debug/pprof/.
+// and no destination is broken; otherwise 503 naming each broken
+// destination, since when and why), /metrics, and with http.pprof the
+// runtime profiles under /debug/pprof/.
 func (r *Relay) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -27,7 +31,12 @@ func (r *Relay) handler() http.Handler {
 			http.Error(w, "capture failing (is Postgres reachable?)", http.StatusServiceUnavailable)
 			return
 		case !st.Ready.Load():
-			http.Error(w, "sink unreachable", http.StatusServiceUnavailable)
+			var b strings.Builder
+			fmt.Fprintf(&b, "%d destination(s) broken; their events are held, none is dead-lettered\n", st.Broken.Load())
+			for _, d := range r.pipeline.Destinations() {
+				fmt.Fprintf(&b, "destination %s broken since %s: %s\n", d.Name, d.Since.UTC().Format(time.RFC3339), d.Err)
+			}
+			http.Error(w, strings.TrimSuffix(b.String(), "\n"), http.StatusServiceUnavailable)
 			return
 		}
 		w.Write([]byte("ready\n"))

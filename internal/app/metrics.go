@@ -59,7 +59,9 @@ func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backl
 	counter("publish_retries_total", "Failed publish attempts that were retried.", st.Retries.Load)
 	counter("events_archived_total", "Events archived after publishing.", st.Archived.Load)
 	gauge("events_in_flight", "Events captured and not yet settled.", func() float64 { return float64(st.InFlight.Load()) })
-	gauge("sink_ready", "1 when the sink is reachable.", func() float64 { return boolFloat(st.Ready.Load()) })
+	gauge("sink_ready", "1 when no destination is broken.", func() float64 { return boolFloat(st.Ready.Load()) })
+	gauge("destinations_broken", "Destinations the relay holds events for because they fail (auth, ACL, missing topic/queue/stream/route, unreachable).",
+		func() float64 { return float64(st.Broken.Load()) })
 	gauge("capture_ready", "1 while capture works.", func() float64 { return boolFloat(st.Capturing.Load()) })
 	gauge("oldest_unpublished_age_seconds", "Age of the oldest row still in the outbox (by seq), 0 when empty.", backlog.load)
 	if w, ok := src.(slotWatcher); ok {
@@ -85,6 +87,37 @@ func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backl
 	if p, ok := src.(partitioned); ok {
 		gauge("partitions_held", "Poll partitions this relay leases.", func() float64 { h, _ := p.Partitions(); return float64(h) })
 		gauge("partitions_total", "Poll partitions of the outbox.", func() float64 { _, t := p.Partitions(); return float64(t) })
+	}
+}
+
+// destinationCollector exposes the broken destinations, at most 32 of
+// them (the longest broken), one series each: a working destination has
+// none, which bounds the label values.
+type destinationCollector struct {
+	list          func() []pipeline.DestinationStatus
+	ready, broken *prometheus.Desc
+}
+
+func newDestinationCollector(list func() []pipeline.DestinationStatus) *destinationCollector {
+	return &destinationCollector{
+		list: list,
+		ready: prometheus.NewDesc("relay_destination_ready",
+			"0 for a destination whose breaker is open (at most 32 series; a working destination has none).", []string{"destination"}, nil),
+		broken: prometheus.NewDesc("relay_destination_broken_seconds",
+			"How long a broken destination has failed (at most 32 series; a working destination has none).", []string{"destination"}, nil),
+	}
+}
+
+func (c *destinationCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.ready
+	ch <- c.broken
+}
+
+func (c *destinationCollector) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
+	for _, d := range c.list() {
+		ch <- prometheus.MustNewConstMetric(c.ready, prometheus.GaugeValue, 0, d.Name)
+		ch <- prometheus.MustNewConstMetric(c.broken, prometheus.GaugeValue, now.Sub(d.Since).Seconds(), d.Name)
 	}
 }
 

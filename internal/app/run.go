@@ -97,6 +97,7 @@ func (r *Relay) open(ctx context.Context) error {
 		ShutdownTimeout: cfg.ShutdownTimeout.D(),
 	})
 	registerStats(r.reg, r.pipeline.Stats(), src, r.backlog)
+	r.reg.MustRegister(newDestinationCollector(r.pipeline.Destinations))
 	return nil
 }
 

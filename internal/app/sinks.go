@@ -15,9 +15,16 @@ import (
 	"github.com/outboxrelay/relay/sink/webhook"
 )
 
+// routedSink is a sink that names each event's destination and probes
+// destinations while idle; every broker sink is one.
+type routedSink interface {
+	sink.Sink
+	sink.Destinations
+}
+
 // brokerSink is a sink with what init, run and check need of it.
 type brokerSink struct {
-	sink.Sink
+	routedSink
 	// name says which broker, without credentials, for messages.
 	name string
 	// prepare creates what the sink needs and is missing (NATS stream, a
@@ -36,7 +43,7 @@ func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window 
 		if err != nil {
 			return nil, err
 		}
-		return &brokerSink{Sink: s, name: "nats " + redact.String(c.NATS.URL), check: s.Check,
+		return &brokerSink{routedSink: s, name: "nats " + redact.String(c.NATS.URL), check: s.Check,
 			prepare: func(ctx context.Context) (string, error) {
 				return "nats: stream " + c.NATS.Stream + " ready", s.EnsureStream(ctx)
 			}}, nil
@@ -45,14 +52,14 @@ func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window 
 		if err != nil {
 			return nil, err
 		}
-		return &brokerSink{Sink: s, name: "kafka " + strings.Join(c.Kafka.Brokers, ","), check: s.Check,
+		return &brokerSink{routedSink: s, name: "kafka " + strings.Join(c.Kafka.Brokers, ","), check: s.Check,
 			prepare: func(ctx context.Context) (string, error) { return kafkaTopics(ctx, s, c.Kafka.Topic) }}, nil
 	case "sqs":
 		s, err := sqssink.New(ctx, c.SQS, sqssink.Options{Logger: log})
 		if err != nil {
 			return nil, err
 		}
-		return &brokerSink{Sink: s, name: "sqs " + s.Destination(), check: s.Check,
+		return &brokerSink{routedSink: s, name: "sqs " + s.Destination(), check: s.Check,
 			prepare: func(context.Context) (string, error) {
 				return "sqs: the relay creates no queues; create " + s.Destination() + " if missing", nil
 			}}, nil
@@ -61,7 +68,7 @@ func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window 
 		if err != nil {
 			return nil, err
 		}
-		return &brokerSink{Sink: s, name: "webhook " + s.URL(), check: s.Check,
+		return &brokerSink{routedSink: s, name: "webhook " + s.URL(), check: s.Check,
 			prepare: func(context.Context) (string, error) { return "webhook: nothing to create", nil }}, nil
 	}
 	return nil, &UsageError{Err: fmt.Errorf("sink.type %q is not supported", cfg.Sink.Type)}

@@ -1,0 +1,231 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outboxrelay/relay/internal/verify"
+)
+
+// refusingReceiver is a webhook receiver that records deliveries and can be
+// told to refuse requests with a status.
+type refusingReceiver struct {
+	*httptest.Server
+	mu        sync.Mutex
+	ds        []verify.Delivery
+	refusals  atomic.Int64
+	status    atomic.Int64 // 0: accept
+	refuseFor func(aggregateID string) bool
+}
+
+func startRefusingReceiver(t *testing.T, refuseFor func(string) bool) *refusingReceiver {
+	rc := &refusingReceiver{refuseFor: refuseFor}
+	rc.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		agg := r.Header.Get("aggregate_id")
+		if code := int(rc.status.Load()); code != 0 && (rc.refuseFor == nil || rc.refuseFor(agg)) {
+			rc.refusals.Add(1)
+			http.Error(w, "refused", code)
+			return
+		}
+		rc.mu.Lock()
+		rc.ds = append(rc.ds, payloadDelivery(r.Header.Get("message_id"), agg, body))
+		rc.mu.Unlock()
+	}))
+	t.Cleanup(rc.Close)
+	return rc
+}
+
+func (rc *refusingReceiver) deliveries() []verify.Delivery {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return append([]verify.Delivery(nil), rc.ds...)
+}
+
+// readyzBody returns the status and body of /readyz.
+func readyzBody(addr string) (int, string) {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return 0, ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// deadLetters counts the dead-letter table's rows.
+func (s *stack) deadLetters() int {
+	var n int
+	if err := s.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_dead_letter`).Scan(&n); err != nil {
+		s.t.Fatal(err)
+	}
+	return n
+}
+
+// refusalWindow is how long TestReceiverRefusesMidStream's receiver refuses
+// every request; RELAY_REFUSAL_WINDOW (a Go duration) lengthens it for a
+// measurement by hand, e.g. 60s.
+func refusalWindow(t *testing.T) time.Duration {
+	if v := os.Getenv("RELAY_REFUSAL_WINDOW"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("RELAY_REFUSAL_WINDOW: %v", err)
+		}
+		return d
+	}
+	return 3 * time.Second
+}
+
+// TestReceiverRefusesMidStream: the webhook receiver answers 401, then 403,
+// then 404 to every request for a while in the middle of a stream, with
+// retry.max_attempts 1 so that any counted attempt would dead-letter. The
+// relay reports not ready naming the URL, dead-letters nothing, and
+// delivers everything in order once the receiver accepts again. Both
+// capture modes.
+func TestReceiverRefusesMidStream(t *testing.T) {
+	for _, mode := range []string{"poll", "wal"} {
+		t.Run(mode, func(t *testing.T) { receiverRefuses(t, mode) })
+	}
+}
+
+func receiverRefuses(t *testing.T, mode string) {
+	window := refusalWindow(t)
+	rc := startRefusingReceiver(t, nil)
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	s := newStack(t, stackOptions{Mode: mode, Collect: rc.deliveries,
+		Sink:  fmt.Sprintf("sink:\n  type: webhook\n  webhook:\n    url: %s/events/{aggregate_type}\n", rc.URL),
+		Extra: "http:\n  listen: " + addr + "\nretry:\n  max_attempts: 1\n"})
+	relay := s.start()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const events = 4000
+	produced := make(chan struct{})
+	go func() { s.produce(ctx, events, 200, 4); close(produced) }()
+	waitFor(t, func() bool { return len(rc.deliveries()) >= 300 })
+
+	start := time.Now()
+	for i, code := range []int{401, 403, 404} {
+		rc.status.Store(int64(code))
+		if i == 0 {
+			waitFor(t, func() bool {
+				code, body := readyzBody(addr)
+				return code == http.StatusServiceUnavailable && strings.Contains(body, rc.URL+"/events/order") &&
+					strings.Contains(scrape(t, addr), `relay_destination_broken_seconds{destination="`+rc.URL+`/events/order"}`)
+			})
+		}
+		time.Sleep(time.Until(start.Add(window * time.Duration(i+1) / 3)))
+	}
+	during := len(rc.deliveries())
+	rc.status.Store(0)
+	waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
+	<-produced
+	s.waitDrained(120 * time.Second)
+	if code := relay.stop(t, 15*time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	wire, _ := s.verify()
+	if n := s.deadLetters(); n != 0 {
+		t.Fatalf("%d events dead-lettered while the receiver refused every request", n)
+	}
+	if n := strings.Count(relay.logs.String(), "destination unreachable"); n != 1 {
+		t.Errorf("%d 'destination unreachable' log lines for one outage, want 1", n)
+	}
+	t.Logf("%s: receiver refused %d requests over %s (401, 403, 404); %d of %d events delivered before it accepted again; dead letters 0; %s",
+		mode, rc.refusals.Load(), window, during, events, wire)
+}
+
+// TestOneBrokenURLDoesNotStopOthers: with a URL per aggregate, the receiver
+// refuses the URLs of a few aggregates with 401. The other aggregates are
+// all delivered while those are held; readiness names the broken URLs; once
+// they are accepted, everything is delivered in order and nothing is
+// dead-lettered.
+func TestOneBrokenURLDoesNotStopOthers(t *testing.T) {
+	broken := map[string]bool{"order-0": true, "order-1": true, "order-2": true}
+	rc := startRefusingReceiver(t, func(agg string) bool { return broken[agg] })
+	rc.status.Store(http.StatusUnauthorized)
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	s := newStack(t, stackOptions{Collect: rc.deliveries,
+		Sink:  fmt.Sprintf("sink:\n  type: webhook\n  webhook:\n    url: %s/events/{aggregate_id}\n", rc.URL),
+		Extra: "http:\n  listen: " + addr + "\nretry:\n  max_attempts: 1\n"})
+	const events = 1000
+	s.produce(context.Background(), events, 40, 4)
+	var held int
+	s.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE aggregate_id IN ('order-0', 'order-1', 'order-2')`).Scan(&held)
+	relay := s.start()
+	waitFor(t, func() bool { return len(rc.deliveries()) >= events-held })
+	code, body := readyzBody(addr)
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, rc.URL+"/events/order-0") || strings.Contains(body, "order-3") {
+		t.Errorf("readyz %d %q, want 503 naming the broken URLs only", code, body)
+	}
+	rc.status.Store(0)
+	s.waitDrained(60 * time.Second)
+	waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
+	if code := relay.stop(t, 15*time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	s.verify()
+	if n := s.deadLetters(); n != 0 {
+		t.Fatalf("%d events dead-lettered", n)
+	}
+	t.Logf("%d events of 3 aggregates held behind their broken URLs while %d others were delivered", held, events-held)
+}
+
+// TestIdleReadiness: with an idle outbox, the relay reports not ready when
+// the broker dies (JetStream account info fails) and ready again when it is
+// back, without publishing anything.
+func TestIdleReadiness(t *testing.T) {
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	s := newStack(t, stackOptions{Extra: "http:\n  listen: " + addr + "\n"})
+	relay := s.start()
+	defer relay.stop(t, 15*time.Second)
+	waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
+	s.nats.Stop()
+	waitFor(t, func() bool {
+		code, body := readyzBody(addr)
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "(broker)")
+	})
+	if m := scrape(t, addr); !strings.Contains(m, "relay_sink_ready 0") || !strings.Contains(m, "relay_destinations_broken 1") {
+		t.Errorf("metrics while the broker is down:\n%s", relayLines(m))
+	}
+	if err := s.nats.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
+}
+
+// TestIdleReadinessHealthURL: an idle webhook receiver is checked through
+// sink.webhook.health_url.
+func TestIdleReadinessHealthURL(t *testing.T) {
+	var healthy atomic.Bool
+	healthy.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" && !healthy.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	}))
+	defer srv.Close()
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	s := newStack(t, stackOptions{Collect: func() []verify.Delivery { return nil },
+		Sink:  fmt.Sprintf("sink:\n  type: webhook\n  webhook:\n    url: %s/events\n    health_url: %s/health\n", srv.URL, srv.URL),
+		Extra: "http:\n  listen: " + addr + "\n"})
+	relay := s.start()
+	defer relay.stop(t, 15*time.Second)
+	waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
+	healthy.Store(false)
+	waitFor(t, func() bool {
+		code, body := readyzBody(addr)
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "503")
+	})
+	healthy.Store(true)
+	waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
+}
