@@ -58,6 +58,8 @@ var metrics = map[string]struct{ pending, histogram bool }{
 	"relay_oldest_unpublished_age_seconds": {},
 	"relay_commit_to_ack_seconds":          {histogram: true},
 	"relay_replication_slot_lag_bytes":     {},
+	"relay_destinations_broken":            {},
+	"relay_destination_broken_seconds":     {},
 }
 
 // knownMetric reports whether a series name in an expression is one of
@@ -717,7 +719,10 @@ func TestAlerts(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"relay_events_dead_lettered_total", "relay_oldest_unpublished_age_seconds", "relay_replication_slot_lag_bytes", "relay_sink_ready", "up", "relay_publish_retries_total"} {
+	if !alerts["RelayDestinationBroken"] {
+		t.Error("no RelayDestinationBroken alert: a destination failing for long must page someone")
+	}
+	for _, want := range []string{"relay_events_dead_lettered_total", "relay_oldest_unpublished_age_seconds", "relay_replication_slot_lag_bytes", "relay_sink_ready", "up", "relay_publish_retries_total", "relay_destination_broken_seconds"} {
 		if !used[want] {
 			t.Errorf("no alert uses %s", want)
 		}
