@@ -34,7 +34,7 @@ func (r *Relay) handler() http.Handler {
 			var b strings.Builder
 			fmt.Fprintf(&b, "%d destination(s) broken; their events are held, none is dead-lettered\n", st.Broken.Load())
 			for _, d := range r.pipeline.Destinations() {
-				fmt.Fprintf(&b, "destination %s broken since %s: %s\n", d.Name, d.Since.UTC().Format(time.RFC3339), d.Err)
+				fmt.Fprintf(&b, "destination %s broken since %s: %s\n", d.Name, d.Since.UTC().Format(time.RFC3339), redact.String(d.Err))
 			}
 			http.Error(w, strings.TrimSuffix(b.String(), "\n"), http.StatusServiceUnavailable)
 			return
