@@ -230,6 +230,12 @@ func (s *Source) connect(ctx context.Context) error {
 		conn.Close(ctx)
 		return fmt.Errorf("listen: %w", err)
 	}
+	if s.opts.MaxSeq == 0 { // a bounded source is a wal relay's drain: the wal relay joined
+		if err := schema.JoinMode(ctx, conn, s.opts.Layout.Outbox.String(), s.opts.Partitions); err != nil {
+			conn.Close(ctx)
+			return err
+		}
+	}
 	if err := s.lease.join(ctx, conn); err != nil {
 		conn.Close(ctx)
 		return err

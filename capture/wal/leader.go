@@ -2,6 +2,7 @@ package wal
 
 import (
 	"context"
+	"errors"
 	"hash/fnv"
 	"log/slog"
 	"sync"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/internal/wait"
 )
 
@@ -33,6 +35,7 @@ type leadership struct {
 	log   *slog.Logger
 
 	mu      sync.Mutex
+	err     error           // a conflict that ends capture, see schema.JoinMode
 	term    context.Context // ends when the lock is lost; nil while standing by
 	changed chan struct{}   // closed and replaced whenever term changes
 }
@@ -48,8 +51,11 @@ func newLeadership(cfg *pgx.ConnConfig, table string, log *slog.Logger) *leaders
 func (l *leadership) wait(ctx context.Context) (context.Context, error) {
 	for {
 		l.mu.Lock()
-		term, changed := l.term, l.changed
+		term, changed, err := l.term, l.changed, l.err
 		l.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
 		if term != nil && term.Err() == nil {
 			return term, nil
 		}
@@ -87,6 +93,22 @@ func (l *leadership) run(ctx context.Context) {
 			if ctx.Err() == nil {
 				l.log.Warn("cannot connect to take the wal capture lock; retrying", "err", err)
 			}
+			wait.Sleep(ctx, standbyInterval)
+			continue
+		}
+		if err := schema.JoinMode(ctx, conn, l.table, 0); err != nil {
+			var conflict *schema.ModeConflict
+			if errors.As(err, &conflict) {
+				l.mu.Lock()
+				l.err = err
+				close(l.changed)
+				l.changed = make(chan struct{})
+				l.mu.Unlock()
+				conn.Close(context.WithoutCancel(ctx))
+				return
+			}
+			l.log.Warn("cannot take the capture mode lock; retrying", "err", err)
+			conn.Close(context.WithoutCancel(ctx))
 			wait.Sleep(ctx, standbyInterval)
 			continue
 		}

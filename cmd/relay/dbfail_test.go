@@ -88,3 +88,55 @@ func TestLastingDatabaseFailure(t *testing.T) {
 		})
 	}
 }
+
+// TestMixedRelaysRefused starts a relay and then one with another capture
+// configuration on the same outbox: poll with other partitions, or wal
+// beside poll (and poll beside wal). The second must exit 1 naming both
+// configurations, while the first keeps running; one with the same
+// configuration joins.
+func TestMixedRelaysRefused(t *testing.T) {
+	for _, tc := range []struct{ first, second, want string }{
+		{"poll", "poll8", "capture.mode poll and capture.poll.partitions 16, this one with capture.mode poll and capture.poll.partitions 8"},
+		{"poll", "wal", "capture.mode poll and capture.poll.partitions 16, this one with capture.mode wal"},
+		{"wal", "poll", "capture.mode wal, this one with capture.mode poll and capture.poll.partitions 16"},
+	} {
+		t.Run(tc.first+"_then_"+tc.second, func(t *testing.T) {
+			s := newStack(t, stackOptions{Mode: tc.first})
+			first := s.start()
+			s.produce(context.Background(), 5, 1, 1)
+			s.waitDrained(30 * time.Second) // the first relay captures, so it joined
+			out, code := runRelay(t, "run", "--config", modeConfig(t, s.cfgPath, tc.first, tc.second))
+			if code != 1 || !strings.Contains(out, "another relay runs on outbox public.outbox with "+tc.want) {
+				t.Fatalf("second relay: exit %d, want 1 naming both configurations\n%s", code, out)
+			}
+			same := s.start()
+			waitFor(t, func() bool { return strings.Contains(same.logs.String(), "relay running") })
+			s.produce(context.Background(), 20, 4, 1)
+			s.waitDrained(30 * time.Second)
+			for _, p := range []*relayProc{first, same} {
+				if code := p.stop(t, 15*time.Second); code != 0 {
+					t.Errorf("a relay with the first configuration exited %d\n%s", code, p.logs.String())
+				}
+			}
+			s.verify()
+		})
+	}
+}
+
+// modeConfig writes a copy of the config at path with capture mode second
+// ("poll8": poll with 8 partitions) instead of first.
+func modeConfig(t *testing.T, path, first, second string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := string(b)
+	switch second {
+	case "poll8":
+		cfg = strings.Replace(cfg, "    interval: 50ms\n", "    interval: 50ms\n    partitions: 8\n", 1)
+	default:
+		cfg = strings.Replace(cfg, "  mode: "+first+"\n", "  mode: "+second+"\n", 1)
+	}
+	return writeConfig(t, cfg)
+}
