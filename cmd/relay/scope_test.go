@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -73,17 +74,26 @@ func (s *stack) deadLetters() int {
 }
 
 // refusalWindow is how long TestReceiverRefusesMidStream's receiver refuses
-// every request; RELAY_REFUSAL_WINDOW (a Go duration) lengthens it for a
-// measurement by hand, e.g. 60s.
-func refusalWindow(t *testing.T) time.Duration {
+// every request, and how many events it streams; RELAY_REFUSAL_WINDOW (a Go
+// duration) and RELAY_REFUSAL_EVENTS change them for a measurement by hand,
+// e.g. 60s and 20000.
+func refusalWindow(t *testing.T) (time.Duration, int) {
+	window, events := 3*time.Second, 4000
 	if v := os.Getenv("RELAY_REFUSAL_WINDOW"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil {
 			t.Fatalf("RELAY_REFUSAL_WINDOW: %v", err)
 		}
-		return d
+		window = d
 	}
-	return 3 * time.Second
+	if v := os.Getenv("RELAY_REFUSAL_EVENTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("RELAY_REFUSAL_EVENTS: %v", err)
+		}
+		events = n
+	}
+	return window, events
 }
 
 // TestReceiverRefusesMidStream: the webhook receiver answers 401, then 403,
@@ -99,7 +109,7 @@ func TestReceiverRefusesMidStream(t *testing.T) {
 }
 
 func receiverRefuses(t *testing.T, mode string) {
-	window := refusalWindow(t)
+	window, events := refusalWindow(t)
 	rc := startRefusingReceiver(t, nil)
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	s := newStack(t, stackOptions{Mode: mode, Collect: rc.deliveries,
@@ -108,7 +118,6 @@ func receiverRefuses(t *testing.T, mode string) {
 	relay := s.start()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	const events = 4000
 	produced := make(chan struct{})
 	go func() { s.produce(ctx, events, 200, 4); close(produced) }()
 	waitFor(t, func() bool { return len(rc.deliveries()) >= 300 })
