@@ -14,6 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
 	"github.com/outboxrelay/relay/internal/verify"
 )
 
@@ -237,4 +241,56 @@ func TestIdleReadinessHealthURL(t *testing.T) {
 	})
 	healthy.Store(true)
 	waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
+}
+
+// TestKafkaTopicDeniedMidStream: Kafka answers TOPIC_AUTHORIZATION_FAILED to
+// every produce for a few seconds in the middle of a stream (an ACL
+// removed, then restored), with retry.max_attempts 1. Nothing is
+// dead-lettered and everything is delivered in order. Both capture modes.
+func TestKafkaTopicDeniedMidStream(t *testing.T) {
+	for _, mode := range []string{"poll", "wal"} {
+		t.Run(mode, func(t *testing.T) {
+			c, sinkYAML, collect := startKafkaCluster(t)
+			addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+			s := newStack(t, stackOptions{Mode: mode, Collect: collect, Sink: sinkYAML,
+				Extra: "http:\n  listen: " + addr + "\nretry:\n  max_attempts: 1\n"})
+			relay := s.start()
+			waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			produced := make(chan struct{})
+			go func() { s.produce(ctx, 2000, 100, 4); close(produced) }()
+			waitFor(t, func() bool { return scrapeCounter(t, addr, "relay_events_published_total") >= 200 })
+			h := c.Kfake().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.TopicAuthorizationFailed, Count: -1})
+			waitFor(t, func() bool {
+				code, body := readyzBody(addr)
+				return code == http.StatusServiceUnavailable && strings.Contains(body, "outbox.order")
+			})
+			time.Sleep(3 * time.Second)
+			h.Remove()
+			<-produced
+			s.waitDrained(60 * time.Second)
+			if code := relay.stop(t, 15*time.Second); code != 0 {
+				t.Fatalf("exit %d", code)
+			}
+			wire, _ := s.verify()
+			if n := s.deadLetters(); n != 0 {
+				t.Fatalf("%d events dead-lettered while the topic was denied", n)
+			}
+			t.Logf("%s: %s", mode, wire)
+		})
+	}
+}
+
+// scrapeCounter returns the value of an unlabelled metric, or -1.
+func scrapeCounter(t *testing.T, addr, name string) float64 {
+	for _, line := range strings.Split(scrape(t, addr), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err == nil {
+				return f
+			}
+		}
+	}
+	return -1
 }

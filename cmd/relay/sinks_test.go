@@ -76,6 +76,13 @@ func payloadDelivery(id, aggregate string, payload []byte) verify.Delivery {
 }
 
 func startKafka(t *testing.T) (string, func() []verify.Delivery) {
+	_, yaml, collect := startKafkaCluster(t)
+	return yaml, collect
+}
+
+// startKafkaCluster starts a Kafka cluster and returns it, the config's
+// sink block and a collector of its records.
+func startKafkaCluster(t *testing.T) (*kafkatest.Cluster, string, func() []verify.Delivery) {
 	c, err := kafkatest.Start(kafkatest.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +107,7 @@ func startKafka(t *testing.T) (string, func() []verify.Delivery) {
 		}
 		return ds
 	}
-	return fmt.Sprintf("sink:\n  type: kafka\n  kafka:\n    brokers: [%s]\n    partitions: 4\n", c.Addrs()[0]), collect
+	return c, fmt.Sprintf("sink:\n  type: kafka\n  kafka:\n    brokers: [%s]\n    partitions: 4\n", c.Addrs()[0]), collect
 }
 
 func startSQS(t *testing.T) (string, func() []verify.Delivery) {
