@@ -3,6 +3,7 @@ package poll
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -39,10 +40,10 @@ func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
 			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			AND classid = $1::int::oid AND objid::int = ANY($3::int[])`,
 		claim: fmt.Sprintf(`SELECT %s FROM %s o
-			WHERE %s > $1 AND %s <= $2 AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[]) %s %s
+			WHERE %s > $1 AND %s <= $2 AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[]) AND NOT %s = ANY($6::bigint[]) %s %s
 			ORDER BY %s LIMIT $3 FOR UPDATE SKIP LOCKED`,
 			strings.Replace(c.Quoted("o"), "o."+schema.Q(c.ID), "o."+schema.Q(c.ID)+"::text", 1), t, seq, seq,
-			schema.Q(c.AggregateID), l.Unpublished(archiveMode, "o"), parked, seq),
+			schema.Q(c.AggregateID), seq, l.Unpublished(archiveMode, "o"), parked, seq),
 		archive:  l.ArchiveByKey(archiveMode, c.Seq, "bigint"),
 		dropDead: fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::bigint[])`, t, seq),
 		deadLetter: fmt.Sprintf(`INSERT INTO %s (%s, error, error_class, attempts, first_failed_at, last_failed_at)
@@ -53,23 +54,34 @@ func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
 	}
 }
 
-// claim opens a transaction and locks the next rows up to the safe
-// watermark. It returns nil when there are none.
-func (s *Source) claim(ctx context.Context) (capture.Batch, error) {
-	tx, err := s.opts.Pool.Begin(ctx)
+// txTimeout bounds every statement of the source's transactions and the
+// time such a transaction may sit idle (SET LOCAL statement_timeout and
+// idle_in_transaction_session_timeout), so that not even a bug can keep
+// one open for long; the client gives up after twice as long.
+const txTimeout = 5 * time.Second
+
+// guard is the first statement of every transaction of the source. It also
+// plans the claim with its parameters' values, so that PostgreSQL 14 and
+// later look the in-flight rows up in a hash table.
+const guard = `SELECT set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $1, true),
+	set_config('plan_cache_mode', 'force_custom_plan', true)`
+
+var guardArg = strconv.FormatInt(txTimeout.Milliseconds(), 10)
+
+// claim reads the next rows up to the safe watermark in a short
+// transaction of two round trips and commits it before returning; see
+// docs/design.md. It returns nil when there are none.
+func (s *Source) claim(ctx context.Context) (*batch, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*txTimeout)
+	defer cancel()
+	conn, err := s.opts.Pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
-	b, err := s.claimIn(ctx, tx)
-	if err != nil || b == nil {
-		tx.Rollback(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	return b, nil
-}
-
-func (s *Source) claimIn(ctx context.Context, tx pgx.Tx) (*batch, error) {
-	safe, parts, err := s.prepare(ctx, tx)
+	// A connection left inside the transaction after an error is closed
+	// on release, which rolls it back.
+	defer conn.Release()
+	safe, parts, err := s.prepare(ctx, conn.Conn())
 	if err != nil {
 		return nil, err
 	}
@@ -77,9 +89,6 @@ func (s *Source) claimIn(ctx context.Context, tx pgx.Tx) (*batch, error) {
 		s.log.Warn("partition leases lost; claiming stops until they are leased again",
 			"leased", len(parts), "owned", len(s.lease.owned))
 		s.disconnect(ctx)
-		if len(parts) == 0 {
-			return nil, nil
-		}
 	}
 	if s.rewind.Swap(false) {
 		s.cursor = 0
@@ -88,21 +97,24 @@ func (s *Source) claimIn(ctx context.Context, tx pgx.Tx) (*batch, error) {
 		safe = min(safe, s.opts.MaxSeq)
 	}
 	s.from = s.cursor
-	rows, err := tx.Query(ctx, s.sql.claim, s.cursor, safe, s.opts.BatchSize, s.opts.Partitions, parts)
-	if err != nil {
+	b := &batch{s: s}
+	br := &pgx.Batch{}
+	if len(parts) > 0 {
+		br.Queue(s.sql.claim, s.cursor, safe, s.opts.BatchSize, s.opts.Partitions, parts, s.flight.above(s.cursor)).
+			Query(func(rows pgx.Rows) error {
+				for rows.Next() {
+					if err := b.scan(rows, s.info.ContentType); err != nil {
+						return err
+					}
+				}
+				return rows.Err()
+			})
+	}
+	br.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, br).Close(); err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
-	b := &batch{s: s, tx: tx}
-	for rows.Next() {
-		if err := b.scan(rows, s.info.ContentType); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("claim: %w", err)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim: %w", err)
-	}
-	n := len(b.events) + len(b.bad)
+	n := len(b.seqs)
 	s.idle = n < s.opts.BatchSize
 	s.blocked = s.marks.held()
 	if n == 0 {
@@ -112,35 +124,40 @@ func (s *Source) claimIn(ctx context.Context, tx pgx.Tx) (*batch, error) {
 	}
 	s.quiet = 0
 	s.cursor = b.last
+	s.flight.add(b.seqs)
 	return b, nil
 }
 
-// prepare takes the work locks of the owned partitions, checks which of
-// them this relay still leases (see Scale-out in lease.go), and reads H and
-// L (see the package doc), in one round trip. It returns the safe seq and
-// the partitions to claim.
-func (s *Source) prepare(ctx context.Context, tx pgx.Tx) (int64, []int32, error) {
+// prepare begins the claiming transaction on conn, takes the work locks of
+// the owned partitions, checks which of them this relay still leases (see
+// Scale-out in lease.go), and reads H and L (see the package doc), in one
+// round trip. It returns the safe seq and the partitions to claim.
+func (s *Source) prepare(ctx context.Context, conn *pgx.Conn) (int64, []int32, error) {
 	var h int64
 	var writers []string
 	var parts []int32
 	k := s.lease.keys
 	br := &pgx.Batch{}
+	br.Queue("BEGIN")
+	br.Queue(guard, guardArg)
 	br.Queue(s.sql.lockWork, k.work, s.lease.owned)
 	br.Queue(s.sql.leased, k.lease, s.lease.pid, s.lease.owned).QueryRow(func(r pgx.Row) error { return r.Scan(&parts) })
 	br.Queue(s.sql.lastSeq, s.info.SeqSequence).QueryRow(func(r pgx.Row) error { return r.Scan(&h) })
 	br.Queue(s.sql.writers, s.opts.Layout.Outbox.Ident()).QueryRow(func(r pgx.Row) error { return r.Scan(&writers) })
-	if err := tx.SendBatch(ctx, br).Close(); err != nil {
+	if err := conn.SendBatch(ctx, br).Close(); err != nil {
 		return 0, nil, fmt.Errorf("prepare claim: %w", err)
 	}
 	return s.marks.advance(h, writers), parts, nil
 }
 
-// batch is a claimed set of rows and the transaction that locks them.
+// batch is a claimed set of rows. Its rows are not locked: this relay
+// leases their partitions and does not claim them again while the batch is
+// in flight.
 type batch struct {
 	s      *Source
-	tx     pgx.Tx
 	events []*event.Event
 	bad    []capture.DeadEvent // rows that cannot become events
+	seqs   []int64             // every claimed row
 	last   int64
 }
 
@@ -159,6 +176,7 @@ func (b *batch) scan(rows pgx.Rows, contentType string) error {
 		return err
 	}
 	b.last = seq
+	b.seqs = append(b.seqs, seq)
 	ev := &event.Event{Payload: payload, ContentType: contentType, Position: uint64(seq)}
 	err := fill(ev, id, aggType, aggID, evType, headers, created)
 	if err == nil && payload == nil {
@@ -206,12 +224,13 @@ func fill(ev *event.Event, id, aggType, aggID, evType *string, headers []byte, c
 	return nil
 }
 
-// Complete deletes the published rows and moves the dead ones to the
-// dead-letter table, then commits the claiming transaction.
+// Complete archives the published rows and moves the dead ones to the
+// dead-letter table in one short transaction. When it fails, the rows are
+// claimed again.
 func (b *batch) Complete(ctx context.Context, o capture.Outcome) error {
 	err := b.complete(ctx, o)
+	b.s.flight.remove(b.seqs)
 	if err != nil {
-		b.tx.Rollback(context.WithoutCancel(ctx))
 		b.s.rewind.Store(true)
 	}
 	return err
@@ -219,7 +238,13 @@ func (b *batch) Complete(ctx context.Context, o capture.Outcome) error {
 
 func (b *batch) complete(ctx context.Context, o capture.Outcome) error {
 	dead := append(o.Dead, b.bad...)
+	n := len(o.Published) + len(dead)
+	if n == 0 {
+		return nil
+	}
 	br := &pgx.Batch{}
+	br.Queue("BEGIN")
+	br.Queue(guard, guardArg)
 	if len(dead) > 0 {
 		seqs := make([]int64, len(dead))
 		for i, d := range dead {
@@ -235,14 +260,16 @@ func (b *batch) complete(ctx context.Context, o capture.Outcome) error {
 		}
 		br.Queue(b.s.sql.archive, seqs)
 	}
-	n := len(o.Published) + len(dead)
-	if br.Len() > 0 {
-		if err := b.tx.SendBatch(ctx, br).Close(); err != nil {
-			return fmt.Errorf("archive %d rows: %w", n, err)
-		}
+	br.Queue("COMMIT")
+	ctx, cancel := context.WithTimeout(ctx, 2*txTimeout)
+	defer cancel()
+	conn, err := b.s.opts.Pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("archive %d rows: %w", n, err)
 	}
-	if err := b.tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit archive of %d rows: %w", n, err)
+	defer conn.Release() // rolls back when the batch failed inside the transaction
+	if err := conn.SendBatch(ctx, br).Close(); err != nil {
+		return fmt.Errorf("archive %d rows: %w", n, err)
 	}
 	return nil
 }
@@ -259,8 +286,9 @@ func deadArgs(dead []capture.DeadEvent) []any {
 	return []any{seqs, errs, classes, attempts, first, last}
 }
 
-// Abandon rolls the claim back; the rows are claimed again later.
-func (b *batch) Abandon(ctx context.Context) {
-	b.tx.Rollback(ctx)
+// Abandon leaves the batch's rows in the outbox; they are claimed again
+// later.
+func (b *batch) Abandon(context.Context) {
+	b.s.flight.remove(b.seqs)
 	b.s.rewind.Store(true)
 }

@@ -28,11 +28,13 @@ import (
 //
 // A relay that gains p holds lease(p) and then takes work(p) exclusively
 // once, which succeeds only when no claiming transaction of a previous
-// owner is still open; only then does it claim p's rows. So two relays never
-// have rows of one aggregate claimed at the same time, and the new owner
-// starts from the oldest unarchived row: per-aggregate order holds through
+// owner is still open; only then does it claim p's rows, starting from the
+// oldest unarchived one. From then on the previous owner's claims fail the
+// lease check, so only one relay claims p's rows at a time; batches the
+// previous owner claimed earlier may still be in flight and are delivered
+// twice, each copy in seq order (docs/design.md). This holds through
 // rebalancing, crashes (kill -9 ends the session and its locks) and a lost
-// lease connection (the old owner's next claim fails the lease check).
+// lease connection.
 
 // rebalanceInterval is how often a relay recounts the relays and adjusts its
 // partitions; a dead relay's partitions are taken over within about this

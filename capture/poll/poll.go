@@ -1,7 +1,9 @@
 // Package poll captures outbox rows by polling: each batch is claimed with
-// SELECT … FOR UPDATE SKIP LOCKED in seq order inside a transaction that
-// stays open until the pipeline settled the batch, and then archives the
-// published rows and dead-letters the failed ones in that same transaction.
+// SELECT … FOR UPDATE SKIP LOCKED in seq order in a short transaction that
+// commits before the batch is published, and its published rows are
+// archived and its failed ones dead-lettered in another short transaction
+// once the pipeline settled it. No transaction stays open while events are
+// published; docs/design.md explains why order and exclusivity still hold.
 //
 // # Late commits
 //
@@ -47,9 +49,10 @@ import (
 
 // Options configures a Source. Zero values take the defaults given.
 type Options struct {
-	// Pool serves the claiming transactions; each open batch holds one
-	// connection, so size it above the pipeline's window in batches. The
-	// listener connection is opened separately with the pool's config.
+	// Pool serves the claiming and archiving transactions, each holding a
+	// connection for a few round trips only, so any size works. The lease
+	// connection (partition leases and LISTEN) is opened separately with
+	// the pool's config: see DedicatedConns.
 	Pool *pgxpool.Pool
 	// Layout names the outbox and dead-letter tables.
 	Layout schema.Layout
@@ -80,6 +83,10 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// DedicatedConns is how many connections a Source opens besides its pool:
+// the lease connection.
+const DedicatedConns = 1
+
 // blockedInterval is how soon the poller looks again when rows were held
 // back by an open writer.
 const blockedInterval = 10 * time.Millisecond
@@ -99,8 +106,9 @@ type Source struct {
 	sql     queries
 	lease   leases
 	marks   watermarks
+	flight  inFlight    // rows of batches not settled yet
 	cursor  int64       // claims continue after this seq until reset
-	rewind  atomic.Bool // set when rows below cursor may be unlocked again
+	rewind  atomic.Bool // set when rows below cursor may be claimable again
 	idle    bool        // the last claim did not fill a batch
 	blocked bool        // the last claim was held back by an open writer
 	quiet   int         // claims in a row that found nothing
@@ -110,9 +118,10 @@ type Source struct {
 // ErrDrained is returned by Next, with Options.MaxSeq set, when a claim
 // found no row although every row with seq ≤ MaxSeq is committed (no open
 // writer holds one back), this relay leases every partition and the claim
-// looked from the start. Rows of batches still open are locked and not
-// seen: once those batches were completed, a claim that again finds nothing
-// means every row up to MaxSeq was published, dead-lettered or deleted.
+// looked from the start, or batches are still open. Rows of open batches
+// are not claimed again: once every batch was completed, a claim that again
+// finds nothing means every row up to MaxSeq was published, dead-lettered
+// or deleted.
 // Calling Next again claims again.
 var ErrDrained = errors.New("every outbox row up to the bound was claimed")
 
@@ -178,15 +187,18 @@ func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
 			}
 		}
 		b, err := s.claim(ctx)
-		if err != nil || b != nil {
-			return b, err
+		if err != nil {
+			return nil, err
+		}
+		if b != nil {
+			return b, nil
 		}
 		if s.opts.MaxSeq > 0 {
 			if s.drained() {
 				return nil, ErrDrained
 			}
-			if s.from > 0 {
-				continue // rows below the cursor may be unlocked again: look from the start
+			if s.from > 0 && s.flight.empty() {
+				continue // rows below the cursor may be claimable again: look from the start
 			}
 		}
 		s.idle = true
@@ -194,9 +206,11 @@ func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
 }
 
 // drained reports whether the last claim, which found nothing, proves that
-// every row up to MaxSeq was claimed (see ErrDrained).
+// every row up to MaxSeq was claimed (see ErrDrained). While batches are in
+// flight a claim from the cursor is enough: the caller waits for them to
+// settle and asks again, and then the claim looks from the start.
 func (s *Source) drained() bool {
-	return s.from == 0 && len(s.lease.owned) == s.opts.Partitions && s.marks.safe >= s.opts.MaxSeq
+	return (s.from == 0 || !s.flight.empty()) && len(s.lease.owned) == s.opts.Partitions && s.marks.safe >= s.opts.MaxSeq
 }
 
 // Close releases the lease connection, which gives up every partition.

@@ -1,0 +1,71 @@
+package poll_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// TestNoTransactionWhileInFlight shows that a claimed batch holds neither a
+// transaction nor row locks while it is published: the application can
+// lock its rows at once.
+func TestNoTransactionWhileInFlight(t *testing.T) {
+	pool := setup(t, layout)
+	src := newSource(t, pool, layout, 10)
+	for i := range 3 {
+		insert(t, pool, "a", i)
+	}
+	b := next(t, src, 5*time.Second)
+	if b == nil {
+		t.Fatal("no batch")
+	}
+	ctx := context.Background()
+	var open int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND xact_start IS NOT NULL AND pid <> pg_backend_pid()`).Scan(&open); err != nil {
+		t.Fatal(err)
+	}
+	if open != 0 {
+		t.Fatalf("%d transactions open while the batch is in flight", open)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT * FROM outbox FOR UPDATE NOWAIT`); err != nil {
+		t.Fatalf("claimed rows are locked while in flight: %v", err)
+	}
+	tx.Rollback(ctx)
+	complete(t, b)
+	if n := count(t, pool, "outbox"); n != 0 {
+		t.Fatalf("%d rows left", n)
+	}
+}
+
+// TestRescanSkipsRowsInFlight shows that a claim that looks again from the
+// oldest row (here after an abandoned batch) does not claim the rows of a
+// batch still in flight a second time.
+func TestRescanSkipsRowsInFlight(t *testing.T) {
+	pool := setup(t, layout)
+	src := newSource(t, pool, layout, 3)
+	var want []string
+	for i := range 5 {
+		want = append(want, insert(t, pool, "a", i))
+	}
+	b1 := next(t, src, 5*time.Second)
+	b2 := next(t, src, 5*time.Second)
+	if b1 == nil || b2 == nil || fmt.Sprint(ids(b2.Events())) != fmt.Sprint(want[3:]) {
+		t.Fatalf("claimed %v and %v", b1, b2)
+	}
+	b2.Abandon(context.Background())
+	b3 := next(t, src, 5*time.Second)
+	if b3 == nil || fmt.Sprint(ids(b3.Events())) != fmt.Sprint(want[3:]) {
+		t.Fatalf("after abandoning the second batch claimed %v, want %v (the first batch is still in flight)", b3, want[3:])
+	}
+	complete(t, b1)
+	complete(t, b3)
+	if n := count(t, pool, "outbox"); n != 0 {
+		t.Fatalf("%d rows left", n)
+	}
+}
