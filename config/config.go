@@ -31,6 +31,11 @@ type Postgres struct {
 	// ready and retries with backoff capped at retry.max. Default 5m; at
 	// least 1s.
 	FatalAfter Duration `yaml:"fatal_after"`
+	// MaxConns is the most connections to Postgres the relay opens at
+	// once, counting its pool and its dedicated connections (partition
+	// leases in poll mode; replication and the leader lock in wal mode).
+	// Default 8; at least 2.
+	MaxConns int `yaml:"max_conns"`
 }
 
 // Outbox names the outbox table and its columns.

@@ -35,7 +35,7 @@ func TestLoadFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := &Config{
-		Postgres: Postgres{URL: "postgres://app:secret@127.0.0.1:5432/app?sslmode=disable", FatalAfter: Duration(2 * time.Minute)},
+		Postgres: Postgres{URL: "postgres://app:secret@127.0.0.1:5432/app?sslmode=disable", FatalAfter: Duration(2 * time.Minute), MaxConns: 12},
 		Outbox: Outbox{Table: "events.outbox",
 			Columns: map[string]string{"aggregate_id": "order_id", "created_at": "inserted_at"}},
 		Capture: Capture{Mode: "wal",
@@ -68,7 +68,7 @@ func TestDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := &Config{
-		Postgres: Postgres{URL: "postgres://app@localhost/app", FatalAfter: Duration(5 * time.Minute)},
+		Postgres: Postgres{URL: "postgres://app@localhost/app", FatalAfter: Duration(5 * time.Minute), MaxConns: 8},
 		Outbox:   Outbox{Table: "public.outbox"},
 		Capture: Capture{Mode: "poll",
 			Poll: Poll{Interval: Duration(200 * time.Millisecond), BatchSize: 500, Partitions: 16},
@@ -233,6 +233,7 @@ func TestErrors(t *testing.T) {
 		{"archive.mode", minimal + "archive:\n  mode: keep\n", 8, "archive.mode", `must be delete, mark or move, got "keep"`},
 		{"log.format", minimal + "log:\n  format: xml\n", 8, "log.format", `must be text or json, got "xml"`},
 		{"log.level", minimal + "log:\n  level: trace\n", 8, "log.level", `must be debug, info, warn or error, got "trace"`},
+		{"max_conns too small", strings.Replace(minimal, "/app\n", "/app\n  max_conns: 1\n", 1), 3, "postgres.max_conns", "must be at least 2, got 1"},
 		{"batch_size negative", minimal + "  poll:\n    batch_size: -1\n", 8, "capture.poll.batch_size", "must be between 1 and 100000, got -1"},
 		{"batch_size too big", minimal + "  poll:\n    batch_size: 100001\n", 8, "capture.poll.batch_size", "must be between 1 and 100000, got 100001"},
 		{"retry.max below initial", minimal + "retry:\n  initial: 2s\n  max: 1s\n", 9, "retry.max", "must be at least retry.initial (2s), got 1s"},
@@ -304,7 +305,7 @@ func TestLoadErrors(t *testing.T) {
 func TestErrorsAreJoined(t *testing.T) {
 	yaml := "postgres:\n  uri: x\ncapture:\n  mode: poll\n  poll:\n    interval: soon\n"
 	_, err := parse("config.yaml", []byte(yaml), env(nil))
-	want := "config.yaml:2: postgres.uri: unknown key (expected one of url, fatal_after)\n" +
+	want := "config.yaml:2: postgres.uri: unknown key (expected one of url, fatal_after, max_conns)\n" +
 		`config.yaml:6: capture.poll.interval: invalid duration "soon" (use Go durations like 250ms or 10s)`
 	if err == nil || err.Error() != want {
 		t.Errorf("decode errors: got\n%v\nwant\n%s", err, want)

@@ -27,12 +27,17 @@ const maxPartitions = 1024
 // maxIdentifier is PostgreSQL's limit on a name, in bytes.
 const maxIdentifier = 63
 
+// minConns is the least postgres.max_conns: one dedicated connection and
+// one in the pool. wal capture needs more; see internal/app.
+const minConns = 2
+
 var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 
 // setDefaults replaces zero values with the defaults documented on the
 // fields of Config.
 func setDefaults(c *Config) {
 	orDefault(&c.Postgres.FatalAfter, Duration(5*time.Minute))
+	orDefault(&c.Postgres.MaxConns, 8)
 	orDefault(&c.Outbox.Table, "public.outbox")
 	orDefault(&c.Capture.Poll.Interval, Duration(200*time.Millisecond))
 	orDefault(&c.Capture.Poll.BatchSize, 500)
@@ -69,6 +74,9 @@ func (l *loader) validate(c *Config) {
 	l.required("postgres.url", c.Postgres.URL, "")
 	if c.Postgres.FatalAfter.D() < time.Second {
 		l.invalid("postgres.fatal_after", "must be at least 1s, got %s", c.Postgres.FatalAfter.D())
+	}
+	if c.Postgres.MaxConns < minConns {
+		l.invalid("postgres.max_conns", "must be at least %d, got %d", minConns, c.Postgres.MaxConns)
 	}
 	l.table("outbox.table", c.Outbox.Table)
 	l.checkColumns(c.Outbox.Columns)

@@ -21,6 +21,12 @@ func TestNoTransactionWhileInFlight(t *testing.T) {
 		t.Fatal("no batch")
 	}
 	ctx := context.Background()
+	settled := false
+	defer func() {
+		if !settled {
+			b.Abandon(ctx)
+		}
+	}()
 	var open int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 		WHERE datname = current_database() AND xact_start IS NOT NULL AND pid <> pg_backend_pid()`).Scan(&open); err != nil {
@@ -37,6 +43,7 @@ func TestNoTransactionWhileInFlight(t *testing.T) {
 		t.Fatalf("claimed rows are locked while in flight: %v", err)
 	}
 	tx.Rollback(ctx)
+	settled = true
 	complete(t, b)
 	if n := count(t, pool, "outbox"); n != 0 {
 		t.Fatalf("%d rows left", n)

@@ -31,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/relay/capture"
+	"github.com/outboxrelay/relay/capture/poll"
 	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/internal/wait"
 	"github.com/outboxrelay/relay/sink"
@@ -38,10 +39,10 @@ import (
 
 // Options configures a Source. Zero values take the defaults given.
 type Options struct {
-	// Pool serves archiving, slot management, health checks and the drain.
-	// During a drain each open drained batch holds a connection, so size it
-	// like poll capture's pool: above the pipeline's window in batches. The
-	// lock connection is opened separately with the pool's config.
+	// Pool serves archiving, slot management, health checks and the drain,
+	// each holding a connection for a few round trips only. The
+	// replication and lock connections are opened separately with the
+	// pool's config: see DedicatedConns.
 	Pool *pgxpool.Pool
 	// ReplConfig configures the replication connection. Default: the
 	// pool's connection config. A copy is used, with replication=database,
@@ -68,6 +69,11 @@ type Options struct {
 	// Logger receives the source's logs. Default slog.Default().
 	Logger *slog.Logger
 }
+
+// DedicatedConns is how many connections a Source opens besides its pool:
+// the replication connection, the leader lock's connection and, while rows
+// older than the slot are drained, the poll path's lease connection.
+const DedicatedConns = 2 + poll.DedicatedConns
 
 var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 

@@ -49,6 +49,9 @@ func TestBadInput(t *testing.T) {
 			wants: []string{"postgres.url", "required"}},
 		{name: "park_aggregate in wal mode", args: []string{"run"}, yaml: strings.Replace(base(dsn, "dead_letter:\n  park_aggregate: true\n"), "mode: poll", "mode: wal", 1), code: 2,
 			wants: []string{"relay.yaml:10:", "dead_letter.park_aggregate", "not offered in wal mode"}},
+		{name: "max_conns too small for wal", args: []string{"run"},
+			yaml: strings.NewReplacer("mode: poll", "mode: wal", "capture:", "  max_conns: 3\ncapture:").Replace(base(dsn, "")), code: 2,
+			wants: []string{"postgres.max_conns", "at least 4"}},
 		{name: "unreachable postgres", args: []string{"run"}, yaml: base(fmt.Sprintf("postgres://app:s3cret@127.0.0.1:%d/app", deadPort), ""), code: 1,
 			wants: []string{"connect to postgres", "xxxxx"}, not: "s3cret"},
 		{name: "unreachable nats", args: []string{"run"},
@@ -144,7 +147,7 @@ sink:
 	if out, code := runRelay(t, "init", "--config", cfg); code != 0 {
 		t.Fatalf("second init is not idempotent: exit %d\n%s", code, out)
 	}
-	if out, code := runRelay(t, "check", "--config", cfg); code != 0 || strings.Contains(out, "FAIL") {
+	if out, code := runRelay(t, "check", "--config", cfg); code != 0 || strings.Contains(out, "FAIL") || !strings.Contains(out, "relay run opens at most 8") {
 		t.Fatalf("check after init: exit %d\n%s", code, out)
 	}
 	// The trigger notifies and the relay publishes from the remapped table.

@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxrelay/relay/capture/poll"
+	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/redact"
 )
@@ -42,6 +44,32 @@ func NewLogger(cfg config.Log, w io.Writer) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// connBudget is how relay run uses postgres.max_conns: the capture mode's
+// dedicated connections, and a pool with the rest.
+type connBudget struct {
+	total, pooled int
+	dedicated     string // what the dedicated connections are for
+}
+
+// budget splits postgres.max_conns for relay run. A value too small for the
+// capture mode is a UsageError naming the key.
+func budget(cfg *config.Config) (connBudget, error) {
+	n, what := poll.DedicatedConns, "partition leases and LISTEN"
+	if cfg.Capture.Mode == "wal" {
+		n, what = wal.DedicatedConns, "replication, the leader lock and the backlog drain's leases"
+	}
+	b := connBudget{total: cfg.Postgres.MaxConns, pooled: cfg.Postgres.MaxConns - n, dedicated: fmt.Sprintf("%d for %s", n, what)}
+	if b.pooled < 1 {
+		return b, &UsageError{Err: fmt.Errorf("postgres.max_conns: %s capture needs at least %d connections (%s, and 1 pooled), got %d",
+			cfg.Capture.Mode, n+1, b.dedicated, cfg.Postgres.MaxConns)}
+	}
+	return b, nil
+}
+
+func (b connBudget) String() string {
+	return fmt.Sprintf("at most %d (%d pooled, %s)", b.total, b.pooled, b.dedicated)
 }
 
 // applicationName is set on every connection the relay opens, so operators

@@ -7,6 +7,8 @@ import (
 	"io"
 	"log/slog"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/redact"
@@ -22,6 +24,10 @@ var ErrCheckFailed = errors.New("check failed")
 // the fix for each problem and returns ErrCheckFailed when any failed. log
 // receives the sink's logs.
 func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logger) error {
+	conns, err := budget(cfg)
+	if err != nil {
+		return err
+	}
 	failed := false
 	report := func(what string, err error, fix string) {
 		if err == nil {
@@ -35,6 +41,8 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logge
 	pool, err := connect(ctx, cfg.Postgres.URL, 2)
 	report("postgres "+redact.String(cfg.Postgres.URL), err, "check postgres.url, that the server runs and accepts this user")
 	if err == nil {
+		report("postgres connections: relay run opens "+conns.String(), serverRoom(ctx, pool, conns.total),
+			"lower postgres.max_conns, or raise the server's max_connections")
 		_, err = schema.Inspect(ctx, pool, l)
 		report("outbox table "+l.Outbox.String(), err, "run `relay init`, or fix outbox.table / outbox.columns")
 		if cfg.Capture.Mode == "wal" {
@@ -52,6 +60,21 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logge
 	}
 	if failed {
 		return ErrCheckFailed
+	}
+	return nil
+}
+
+// serverRoom fails when the server's max_connections, less the slots
+// reserved for superusers, is below n.
+func serverRoom(ctx context.Context, pool *pgxpool.Pool, n int) error {
+	var room int
+	err := pool.QueryRow(ctx, `SELECT current_setting('max_connections')::int
+		- current_setting('superuser_reserved_connections')::int`).Scan(&room)
+	if err != nil {
+		return fmt.Errorf("read max_connections: %w", err)
+	}
+	if room < n {
+		return fmt.Errorf("the server accepts only %d connections for non-superusers", room)
 	}
 	return nil
 }

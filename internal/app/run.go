@@ -59,7 +59,11 @@ func (r *Relay) open(ctx context.Context) error {
 		return err
 	}
 	batch := cfg.Capture.Poll.BatchSize
-	pool, err := connect(ctx, cfg.Postgres.URL, int32(pipelineWindow/batch+4))
+	conns, err := budget(cfg)
+	if err != nil {
+		return err
+	}
+	pool, err := connect(ctx, cfg.Postgres.URL, int32(conns.pooled))
 	if err != nil {
 		return err
 	}
