@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -27,14 +28,28 @@ func readyz(addr string) int {
 // TestBrokerOutage stops NATS for a few seconds while producers write, in
 // both capture modes: the relay keeps running, reports not ready,
 // dead-letters nothing, archives no row while nothing can be acknowledged,
-// and resumes promptly when NATS is back, without loss.
+// keeps no transaction open for more than a few seconds, and resumes
+// promptly when NATS is back, without loss. RELAY_TEST_OUTAGE (a duration)
+// lengthens the outage to measure the longest relay transaction.
 func TestBrokerOutage(t *testing.T) {
+	outage := 6 * time.Second
+	if v := os.Getenv("RELAY_TEST_OUTAGE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("RELAY_TEST_OUTAGE: %v", err)
+		}
+		outage = d
+	}
 	for _, mode := range []string{"poll", "wal"} {
-		t.Run(mode, func(t *testing.T) { brokerOutage(t, mode) })
+		t.Run(mode, func(t *testing.T) { brokerOutage(t, mode, outage) })
 	}
 }
 
-func brokerOutage(t *testing.T, mode string) {
+// maxRelayTx is the longest a relay transaction may last, or a relay
+// session stay idle inside one, in the tests.
+const maxRelayTx = 3 * time.Second
+
+func brokerOutage(t *testing.T, mode string, outage time.Duration) {
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	s := newStack(t, stackOptions{Mode: mode, Extra: "http:\n  listen: " + addr + "\nretry:\n  max_attempts: 1\n"})
 	s.wireGaps = true
@@ -46,14 +61,23 @@ func brokerOutage(t *testing.T, mode string) {
 	go func() { s.produce(ctx, 4000, 500, 4); close(produced) }()
 	time.Sleep(300 * time.Millisecond)
 	s.nats.Stop()
+	stopped := time.Now()
+	wctx, stopWatching := context.WithCancel(ctx)
+	sessions := s.watchSessions(wctx)
 	waitFor(t, func() bool { return readyz(addr) == http.StatusServiceUnavailable })
 	// Archives of batches acknowledged before the stop may still finish;
 	// after that, with no broker to acknowledge, no row may leave.
 	time.Sleep(500 * time.Millisecond)
 	during := s.outboxRows()
-	time.Sleep(2500 * time.Millisecond)
+	time.Sleep(time.Until(stopped.Add(outage)))
 	if n := s.outboxRows(); n < during {
 		t.Fatalf("%d outbox rows left the table while NATS was down (%d → %d)", during-n, during, n)
+	}
+	stopWatching()
+	held := sessions()
+	if held.xact > maxRelayTx || held.idle > maxRelayTx {
+		t.Fatalf("during a %s broker outage a relay transaction lasted %s (%s), a session was idle in one for %s",
+			outage, held.xact, held.what, held.idle)
 	}
 	if err := s.nats.Start(); err != nil {
 		t.Fatal(err)
@@ -73,7 +97,56 @@ func brokerOutage(t *testing.T, mode string) {
 	if dead != 0 {
 		t.Fatalf("%d events dead-lettered during a broker outage", dead)
 	}
-	t.Logf("broker outage (%s): publishing resumed %.2fs after NATS came back; %s", mode, resumed.Seconds(), s.stream.Check())
+	t.Logf("broker outage (%s, %s): longest relay transaction %s, longest idle in transaction %s, at most %d relay sessions; publishing resumed %.2fs after NATS came back; %s",
+		mode, outage, held.xact, held.idle, held.conns, resumed.Seconds(), s.stream.Check())
+}
+
+// sessionStats is what watchSessions saw of the relay's sessions.
+type sessionStats struct {
+	xact  time.Duration // the longest-running transaction
+	what  string        // that transaction's session
+	idle  time.Duration // the longest spell idle in a transaction
+	conns int           // the most sessions at once
+}
+
+// watchSessions samples the relay's sessions (application_name
+// outbox-relay) on the stack's database in pg_stat_activity until ctx ends;
+// the function it returns waits for that and returns what it saw.
+func (s *stack) watchSessions(ctx context.Context) func() sessionStats {
+	var st sessionStats
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			rows, err := s.pool.Query(ctx, `SELECT backend_type, coalesce(state, ''), left(query, 60),
+				coalesce(extract(epoch FROM clock_timestamp() - xact_start), 0),
+				CASE WHEN state LIKE 'idle in transaction%' THEN extract(epoch FROM clock_timestamp() - state_change) ELSE 0 END
+				FROM pg_stat_activity WHERE application_name = 'outbox-relay' AND datname = current_database()`)
+			if err != nil {
+				continue
+			}
+			n := 0
+			for rows.Next() {
+				var typ, state, query string
+				var xact, idle float64
+				if rows.Scan(&typ, &state, &query, &xact, &idle) != nil {
+					continue
+				}
+				n++
+				if d := time.Duration(xact * float64(time.Second)); d > st.xact {
+					st.xact, st.what = d, fmt.Sprintf("%s, %s: %s", typ, state, query)
+				}
+				st.idle = max(st.idle, time.Duration(idle*float64(time.Second)))
+			}
+			rows.Close()
+			st.conns = max(st.conns, n)
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	return func() sessionStats {
+		<-done
+		return st
+	}
 }
 
 // proxiedStack starts a Postgres cluster of the test's own (so it can be
