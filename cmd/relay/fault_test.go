@@ -101,6 +101,40 @@ func brokerOutage(t *testing.T, mode string, outage time.Duration) {
 		mode, outage, held.xact, held.idle, held.conns, resumed.Seconds(), s.stream.Check())
 }
 
+// TestConnectionsBounded runs a poll relay with batches of 10 rows and the
+// default postgres.max_conns while NATS is down, so that hundreds of
+// batches are in flight at once: the relay still opens at most 8
+// connections, and publishes everything once NATS is back.
+func TestConnectionsBounded(t *testing.T) {
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	s := newStack(t, stackOptions{Extra: "http:\n  listen: " + addr + "\n"})
+	s.wireGaps = true
+	rewriteDSN(t, s.cfgPath, "interval: 50ms", "interval: 50ms\n    batch_size: 10")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	relay := s.start()
+	waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
+	s.nats.Stop()
+	wctx, stopWatching := context.WithCancel(ctx)
+	sessions := s.watchSessions(wctx)
+	s.produce(ctx, 3000, 600, 4)
+	time.Sleep(3 * time.Second)
+	if err := s.nats.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s.waitDrained(60 * time.Second)
+	stopWatching()
+	if code := relay.stop(t, 15*time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	s.verify()
+	if st := sessions(); st.conns > 8 {
+		t.Fatalf("the relay opened %d connections, more than postgres.max_conns (8)", st.conns)
+	} else {
+		t.Logf("at most %d relay connections with batch_size 10", st.conns)
+	}
+}
+
 // sessionStats is what watchSessions saw of the relay's sessions.
 type sessionStats struct {
 	xact  time.Duration // the longest-running transaction
