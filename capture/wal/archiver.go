@@ -146,6 +146,11 @@ func (a *archiver) take() []*archiveReq {
 	return group
 }
 
+// archiveTimeout bounds one archive: its statements (each its own
+// transaction) and the wait for late transactions. When it passes, the
+// archive fails and its batches are captured again.
+const archiveTimeout = 10 * time.Second
+
 // exec runs the archive statement. When it archives fewer rows than ids,
 // some rows were not visible yet (the walsender sends a transaction a
 // moment before it becomes visible) or are gone (inserted and deleted in
@@ -153,6 +158,8 @@ func (a *archiver) take() []*archiveReq {
 // are visible and runs the statement again, which archives the late rows
 // and finds the others gone. The statements are idempotent.
 func (a *archiver) exec(ctx context.Context, ids []string, xids []uint32) error {
+	ctx, cancel := context.WithTimeout(ctx, archiveTimeout)
+	defer cancel()
 	tag, err := a.pool.Exec(ctx, a.query, ids)
 	if err != nil {
 		return fmt.Errorf("archive %d rows: %w", len(ids), err)
