@@ -36,8 +36,8 @@ func (s *Source) newDrain(ctx context.Context, to int64) (*drain, error) {
 
 // next returns the next drained batch, or nil once every row up to the
 // bound was claimed and every drained batch settled. A batch whose archive
-// failed unlocks its rows, which are then claimed again. It fails when
-// term ends.
+// failed leaves its rows in the outbox, and they are claimed again. It
+// fails when term ends.
 func (d *drain) next(ctx, term context.Context) (capture.Batch, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
