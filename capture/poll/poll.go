@@ -79,6 +79,11 @@ type Options struct {
 	// wal capture drains the rows older than its slot this way. Default 0:
 	// no bound.
 	MaxSeq int64
+	// WALDrain marks the source a wal relay runs to drain the rows
+	// committed before its slot: it does not take poll mode's capture
+	// configuration lock (schema.JoinMode), since the wal relay holds its
+	// own. Default false.
+	WALDrain bool
 	// Logger receives the source's logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -244,7 +249,7 @@ func (s *Source) connect(ctx context.Context) error {
 		conn.Close(ctx)
 		return fmt.Errorf("listen: %w", err)
 	}
-	if s.opts.MaxSeq == 0 { // a bounded source is a wal relay's drain: the wal relay joined
+	if !s.opts.WALDrain {
 		if err := schema.JoinMode(ctx, conn, s.opts.Layout.Outbox.String(), s.opts.Partitions); err != nil {
 			conn.Close(ctx)
 			return err
