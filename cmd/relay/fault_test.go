@@ -215,6 +215,7 @@ func TestPostgresRestartAndCuts(t *testing.T) {
 	defer cancel()
 	produced := make(chan struct{})
 	go func() { s.produce(ctx, 6000, 500, 4); close(produced) }()
+	s.waitPublishing()
 	for i := range 3 {
 		time.Sleep(400 * time.Millisecond)
 		proxy.Cut()
@@ -282,6 +283,7 @@ func TestStallsAndCuts(t *testing.T) {
 	defer cancel()
 	produced := make(chan struct{})
 	go func() { s.produce(ctx, 6000, 500, 4); close(produced) }()
+	s.waitPublishing()
 	for _, fault := range []struct {
 		name     string
 		do, undo func()

@@ -393,6 +393,14 @@ func (s *stack) syncWire() {
 	}
 }
 
+// waitPublishing waits until the relay delivered its first event, so that
+// faults injected afterwards hit a running relay, not its start-up (where a
+// database it cannot reach makes it exit 1).
+func (s *stack) waitPublishing() {
+	s.t.Helper()
+	waitFor(s.t, func() bool { return s.wire.Deliveries() > 0 })
+}
+
 // waitDrained waits until every written event is on the wire and the
 // outbox is empty.
 func (s *stack) waitDrained(d time.Duration) {

@@ -64,6 +64,13 @@ func (l *Log) Delivered(d Delivery) {
 	l.mu.Unlock()
 }
 
+// Deliveries returns how many deliveries were recorded so far.
+func (l *Log) Deliveries() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.deliveries)
+}
+
 // ReplaceDeliveries sets the deliveries to ds, for consumers that re-read
 // everything the broker holds each time.
 func (l *Log) ReplaceDeliveries(ds []Delivery) {
