@@ -3,7 +3,7 @@
 # The relay's container image: a static binary on a distroless base, running
 # as a non-root user. Build and run:
 #
-#   docker build -t outboxrelay/relay .
+#   docker build -t outboxrelay/relay --build-arg VERSION=v0.2.0 --build-arg COMMIT=$(git rev-parse HEAD) .
 #   docker run --rm -v "$PWD/relay.yaml:/etc/relay/relay.yaml:ro" -p 9090:9090 outboxrelay/relay
 #
 # compose.yaml builds this image and runs it against Postgres and the brokers.
@@ -25,11 +25,19 @@ RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
 ARG TARGETOS
 ARG TARGETARCH
+# The version and commit `relay version` and relay_build_info report. The
+# build context has no .git (.dockerignore), so Go cannot stamp them; pass
+# them: docker build --build-arg VERSION=$(git describe --tags --always)
+# --build-arg COMMIT=$(git rev-parse HEAD) .
+ARG VERSION=dev
+ARG COMMIT=unknown
 # CGO_ENABLED=0: a fully static binary that needs no libc in the final image.
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} \
-    go build -trimpath -ldflags="-s -w" -o /out/relay ./cmd/relay
+    go build -trimpath -buildvcs=false -o /out/relay \
+      -ldflags="-s -w -X github.com/outboxrelay/relay/internal/buildinfo.version=${VERSION} -X github.com/outboxrelay/relay/internal/buildinfo.commit=${COMMIT}" \
+      ./cmd/relay
 
 # ---- final stage -----------------------------------------------------------
 # distroless/static has CA certificates (for TLS to brokers, SQS and webhooks)

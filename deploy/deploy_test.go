@@ -935,7 +935,7 @@ func TestDockerfile(t *testing.T) {
 			build = in.args
 		}
 	}
-	for _, want := range []string{"CGO_ENABLED=0", "-trimpath", `-ldflags="-s -w"`, "./cmd/relay"} {
+	for _, want := range []string{"CGO_ENABLED=0", "-trimpath", `-ldflags="-s -w `, "buildinfo.version=${VERSION}", "buildinfo.commit=${COMMIT}", "./cmd/relay"} {
 		if !strings.Contains(build, want) {
 			t.Errorf("Dockerfile: the go build step %q lacks %s", build, want)
 		}

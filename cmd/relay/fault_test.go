@@ -336,7 +336,7 @@ func TestMetricsAndHealth(t *testing.T) {
 				return strings.Contains(body, "relay_events_published_total 200")
 			})
 			wants := []string{
-				"relay_events_captured_total 200", "relay_sink_ready 1", "relay_capture_ready 1",
+				"relay_events_captured_total 200", "relay_sink_ready 1", "relay_capture_ready 1", "relay_build_info{commit=",
 				"relay_publish_batch_duration_seconds_count", "relay_commit_to_ack_seconds_bucket",
 				`relay_events_published_by_type_total{aggregate_type="order",sink="nats"} 200`, "relay_oldest_unpublished_age_seconds",
 			}

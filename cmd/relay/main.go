@@ -20,6 +20,7 @@ import (
 
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/app"
+	"github.com/outboxrelay/relay/internal/buildinfo"
 	"github.com/outboxrelay/relay/internal/demo"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/internal/schema"
@@ -33,6 +34,7 @@ const usage = `usage:
                                              inspect, re-publish (same ids) or delete dead letters;
                                              redrive and drop need a filter or --all
   relay demo                                 run a self-contained demo (needs PostgreSQL server binaries)
+  relay version                              print the version, commit and Go version
 `
 
 func main() {
@@ -70,6 +72,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = dlqCommand(ctx, rest, stdout, stderr)
 	case "demo":
 		err = demo.Run(ctx, demo.Options{Out: stdout})
+	case "version", "--version":
+		bi := buildinfo.Read()
+		fmt.Fprintf(stdout, "relay %s\ncommit %s\ngo %s\n", bi.Version, bi.Commit, bi.GoVersion)
+		return 0
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

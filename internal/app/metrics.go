@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/outboxrelay/relay/capture/wal"
+	"github.com/outboxrelay/relay/internal/buildinfo"
 	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/pipeline"
 )
@@ -36,10 +37,17 @@ type slotWatcher interface {
 // walStatuses are the values of pg_replication_slots.wal_status.
 var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
 
-// newRegistry returns a registry with the Go and process collectors.
+// newRegistry returns a registry with the Go and process collectors and
+// relay_build_info.
 func newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	bi := buildinfo.Read()
+	info := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "relay", Name: "build_info",
+		Help:        "1, labelled with the relay's version, VCS commit and Go version.",
+		ConstLabels: prometheus.Labels{"version": bi.Version, "commit": bi.Commit, "go_version": bi.GoVersion}})
+	info.Set(1)
+	reg.MustRegister(info)
 	return reg
 }
 
