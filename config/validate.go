@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/outboxrelay/relay/internal/redact"
-	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/sink/template"
 )
 
 // columnNames are the contract's outbox columns, the keys of outbox.columns.
@@ -161,7 +161,7 @@ var webhookReserved = []string{
 // the secret or a header value, which may hold credentials.
 func (l *loader) checkWebhook(w Webhook) {
 	if l.required("sink.webhook.url", w.URL, "") {
-		if _, err := sink.NewTemplate(w.URL, nil); err != nil {
+		if _, err := template.Parse(w.URL, nil); err != nil {
 			l.invalid("sink.webhook.url", "%s", redact.String(err.Error()))
 		} else if msg := webhookURLProblem(w.URL); msg != "" {
 			l.invalid("sink.webhook.url", "%s", msg)
@@ -213,7 +213,7 @@ func webhookURLProblem(raw string) string {
 		return "not a valid URL: the host or port is malformed"
 	}
 	probe := raw
-	for _, p := range sink.Placeholders {
+	for _, p := range template.Placeholders {
 		probe = strings.ReplaceAll(probe, p, "x")
 	}
 	u, err := url.Parse(probe)
@@ -256,11 +256,11 @@ func (l *loader) checkKafka(k Kafka) {
 	for i, b := range k.Brokers {
 		l.required(fmt.Sprintf("sink.kafka.brokers[%d]", i), b, "")
 	}
-	if _, err := sink.NewTemplate(k.Topic, nil); err != nil {
+	if _, err := template.Parse(k.Topic, nil); err != nil {
 		l.invalid("sink.kafka.topic", "%s", err)
 	} else {
 		literal := k.Topic
-		for _, p := range sink.Placeholders {
+		for _, p := range template.Placeholders {
 			literal = strings.ReplaceAll(literal, p, "")
 		}
 		switch {
@@ -417,7 +417,7 @@ func (l *loader) table(key, value string) {
 // template checks that a destination template uses only known placeholders.
 // The message goes through redact.String since URLs may carry secrets.
 func (l *loader) template(key, value string) {
-	if _, err := sink.NewTemplate(value, nil); err != nil {
+	if _, err := template.Parse(value, nil); err != nil {
 		l.invalid(key, "%s", redact.String(err.Error()))
 	}
 }

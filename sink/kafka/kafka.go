@@ -33,6 +33,7 @@ import (
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/sink/template"
 )
 
 // Options tunes a Sink. The zero value uses the defaults documented on each
@@ -108,7 +109,7 @@ const (
 type Sink struct {
 	cfg   config.Kafka
 	opts  Options
-	topic sink.Template
+	topic template.Template
 	fixed bool // the template has no placeholders
 	cl    *kgo.Client
 	adm   *kadm.Client
@@ -147,7 +148,7 @@ func New(ctx context.Context, cfg config.Kafka, opts Options) (*Sink, error) {
 	if err := checkTemplate(cfg.Topic); err != nil {
 		return nil, fmt.Errorf("sink.kafka.topic: %w", err)
 	}
-	topic, err := sink.NewTemplate(cfg.Topic, sanitize)
+	topic, err := template.Parse(cfg.Topic, sanitize)
 	if err != nil {
 		return nil, fmt.Errorf("sink.kafka.topic: %w", err)
 	}
@@ -301,7 +302,7 @@ func sanitize(r rune) rune {
 // sanitized, holds a character Kafka does not allow in a topic name.
 func checkTemplate(tmpl string) error {
 	literal := tmpl
-	for _, p := range sink.Placeholders {
+	for _, p := range template.Placeholders {
 		literal = strings.ReplaceAll(literal, p, "")
 	}
 	if strings.Map(sanitize, literal) != literal {

@@ -26,6 +26,7 @@ import (
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/kafka/kafkatest"
 	"github.com/outboxrelay/relay/sink/sinktest"
+	"github.com/outboxrelay/relay/sink/template"
 )
 
 // newCluster starts an in-process Kafka cluster of one broker that does
@@ -233,7 +234,7 @@ func TestTopicOf(t *testing.T) {
 		{"t-{aggregate_type}", strings.Repeat("x", 300), "t-" + strings.Repeat("x", 247)},
 		{"fixed", "anything", "fixed"},
 	} {
-		tmpl, err := sink.NewTemplate(c.tmpl, sanitize)
+		tmpl, err := template.Parse(c.tmpl, sanitize)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -479,7 +480,7 @@ func TestPublishUnreachable(t *testing.T) {
 	for _, name := range []string{"known topic", "new topic"} {
 		batch := testEvents(20, 7)
 		if name == "new topic" {
-			s.topic, _ = sink.NewTemplate("other.{aggregate_type}", sanitize)
+			s.topic, _ = template.Parse("other.{aggregate_type}", sanitize)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		start := time.Now()

@@ -21,6 +21,7 @@ import (
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/sink/template"
 )
 
 // Options tunes a Sink. The zero value uses the defaults documented on each
@@ -69,7 +70,7 @@ const (
 type Sink struct {
 	cfg     config.NATS
 	opts    Options
-	subject sink.Template
+	subject template.Template
 	pattern string // the stream subject covering every rendered subject
 	nc      *nats.Conn
 	js      jetstream.JetStream
@@ -86,7 +87,7 @@ type Sink struct {
 // Check.
 func New(ctx context.Context, cfg config.NATS, opts Options) (*Sink, error) {
 	opts = opts.withDefaults()
-	subject, err := sink.NewTemplate(cfg.Subject, sanitize)
+	subject, err := template.Parse(cfg.Subject, sanitize)
 	if err != nil {
 		return nil, fmt.Errorf("sink.nats.subject: %w", err)
 	}
@@ -168,7 +169,7 @@ func subjectPattern(tmpl string) (string, error) {
 	tokens := strings.Split(tmpl, ".")
 	for i, tok := range tokens {
 		literal := tok
-		for _, p := range sink.Placeholders {
+		for _, p := range template.Placeholders {
 			literal = strings.ReplaceAll(literal, p, "")
 		}
 		if tok == "" || strings.Map(sanitize, literal) != literal {

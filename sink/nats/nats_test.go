@@ -22,6 +22,7 @@ import (
 	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/sinktest"
+	"github.com/outboxrelay/relay/sink/template"
 )
 
 func startServer(t *testing.T, opts testenv.NATSOptions) *testenv.NATS {
@@ -273,7 +274,7 @@ func TestSubsetOf(t *testing.T) {
 
 func TestSanitize(t *testing.T) {
 	e := &event.Event{AggregateType: "a.b*c>d e\tf\x00g-ü", EventType: "x", AggregateID: ""}
-	tmpl, err := sink.NewTemplate("p.{aggregate_type}.{event_type}.{aggregate_id}", sanitize)
+	tmpl, err := template.Parse("p.{aggregate_type}.{event_type}.{aggregate_id}", sanitize)
 	if err != nil {
 		t.Fatal(err)
 	}

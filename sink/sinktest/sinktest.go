@@ -99,9 +99,9 @@ type Harness struct {
 	Template func(scope, suffix string) string
 
 	// Sanitize is the sink's mapping of the runes of a template value that
-	// the broker does not allow in a destination name (see sink.Template).
+	// the broker does not allow in a destination name (see template.Template).
 	// The suite renders the destination it expects each event to arrive at
-	// with sink.NewTemplate(Template(scope, suffix), Sanitize); nil means
+	// with template.Parse(Template(scope, suffix), Sanitize); nil means
 	// values are used unchanged.
 	Sanitize func(rune) rune
 

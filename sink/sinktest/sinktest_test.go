@@ -15,6 +15,7 @@ import (
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/sinktest"
+	"github.com/outboxrelay/relay/sink/template"
 )
 
 // mutantEnv names the environment variable that makes TestMemory run the
@@ -136,7 +137,7 @@ func (b *memBroker) store(dest string, e *event.Event) error {
 // memSink publishes to a memBroker.
 type memSink struct {
 	b     *memBroker
-	tmpl  sink.Template
+	tmpl  template.Template
 	stall bool
 }
 
@@ -190,7 +191,7 @@ func memHarness(t *testing.T, b *memBroker) sinktest.Harness {
 		if b.mutant == "no_sanitize" {
 			sanitize = nil
 		}
-		tp, err := sink.NewTemplate(tmpl, sanitize)
+		tp, err := template.Parse(tmpl, sanitize)
 		if err != nil {
 			t.Fatal(err)
 		}

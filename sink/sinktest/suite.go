@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/sink/template"
 )
 
 // Guards against hangs. None of them is a performance expectation: a correct
@@ -87,7 +88,7 @@ func (s *suite) template(scope, suffix string) string {
 type target struct {
 	scope string
 	tmpl  string
-	exp   sink.Template // renders the destination each event must arrive at
+	exp   template.Template // renders the destination each event must arrive at
 	snk   sink.Sink
 }
 
@@ -97,7 +98,7 @@ func (s *suite) newTarget(t *testing.T, tag, suffix string) *target {
 	t.Helper()
 	scope := newScope(tag)
 	tmpl := s.template(scope, suffix)
-	exp, err := sink.NewTemplate(tmpl, s.h.Sanitize)
+	exp, err := template.Parse(tmpl, s.h.Sanitize)
 	if err != nil {
 		t.Fatalf("sinktest: Harness.Template(%q, %q) = %q: %v", scope, suffix, tmpl, err)
 	}

@@ -31,7 +31,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/outboxrelay/relay/config"
-	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/sink/template"
 )
 
 // Limits of SQS.
@@ -99,7 +99,7 @@ type Sink struct {
 	// template.
 	fixed queueRef
 	// tmpl renders queue names when sink.sqs.queue is set.
-	tmpl sink.Template
+	tmpl template.Template
 	// fifo says whether the template renders FIFO queue names.
 	fifo bool
 
@@ -143,7 +143,7 @@ func New(ctx context.Context, cfg config.SQS, opts Options) (*Sink, error) {
 		if err != nil {
 			return nil, fmt.Errorf("sink.sqs.queue: %w", err)
 		}
-		if s.tmpl, err = sink.NewTemplate(cfg.Queue, sanitize); err != nil {
+		if s.tmpl, err = template.Parse(cfg.Queue, sanitize); err != nil {
 			return nil, fmt.Errorf("sink.sqs.queue: %w", err)
 		}
 		s.fifo = fifo
@@ -242,7 +242,7 @@ func checkQueueTemplate(tmpl string) (fifo bool, err error) {
 	base := strings.TrimSuffix(tmpl, fifoSuffix)
 	fifo = base != tmpl
 	literal := base
-	for _, p := range sink.Placeholders {
+	for _, p := range template.Placeholders {
 		literal = strings.ReplaceAll(literal, p, "")
 	}
 	if base == "" {

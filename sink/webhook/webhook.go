@@ -21,6 +21,7 @@ import (
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/sink/template"
 )
 
 // Defaults applied by New to zero config values.
@@ -175,7 +176,7 @@ func (s *Sink) Close() error {
 // urlTemplate is a URL template whose placeholders are escaped for the part
 // of the URL they are in: path segments with url.PathEscape, so a "/" in an
 // aggregate ID stays inside its segment, and the query with url.QueryEscape.
-// sink.Template cannot do this: its sanitizer maps a rune to one rune, while
+// template.Template cannot do this: its sanitizer maps a rune to one rune, while
 // escaping turns one rune into several bytes.
 type urlTemplate struct {
 	raw    string
@@ -195,7 +196,7 @@ func parseURLTemplate(raw string) (*urlTemplate, error) {
 	if raw == "" {
 		return nil, fmt.Errorf("required")
 	}
-	if _, err := sink.NewTemplate(raw, nil); err != nil {
+	if _, err := template.Parse(raw, nil); err != nil {
 		return nil, redact.Error(err)
 	}
 	scheme, rest, ok := strings.Cut(raw, "://")
@@ -212,7 +213,7 @@ func parseURLTemplate(raw string) (*urlTemplate, error) {
 	}
 	// Parse a rendering to check the whole URL.
 	probe := raw
-	for _, p := range sink.Placeholders {
+	for _, p := range template.Placeholders {
 		probe = strings.ReplaceAll(probe, p, "x")
 	}
 	u, err := url.Parse(probe)
@@ -268,7 +269,7 @@ func (t *urlTemplate) render(values map[string]string) string {
 }
 
 // escapeValue escapes a placeholder's value. An empty value renders as "_",
-// like sink.Template does, and the path segments "." and ".." are escaped so
+// like template.Template does, and the path segments "." and ".." are escaped so
 // a server that cleans paths does not resolve them.
 func escapeValue(v string, query bool) string {
 	switch {
