@@ -145,8 +145,8 @@ const maxWebhookConcurrency = 10000
 
 // webhookReserved are the headers sink.webhook.headers cannot set, in
 // canonical form: the ones the webhook sink sets and the ones net/http
-// manages or that concern one connection. sink/webhook's tests check that
-// this list matches its own.
+// manages or that concern one connection. TestReservedMatchesSink checks
+// that this list matches the webhook sink's.
 var webhookReserved = []string{
 	"Idempotency-Key", "Message_id", "Event_type", "Aggregate_type", "Aggregate_id",
 	"Webhook-Signature", "Content-Type",

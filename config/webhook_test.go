@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxrelay/relay/sink/webhook"
 )
 
 // webhookCase is a valid config with a webhook sink whose keys are section,
@@ -125,6 +127,23 @@ func TestWebhookErrorsHideSecrets(t *testing.T) {
 		_, err := Parse([]byte(webhookCase(section)), env(nil))
 		if err == nil || strings.Contains(err.Error(), "s3cr3t") {
 			t.Errorf("%q: %v", section, err)
+		}
+	}
+}
+
+// TestReservedMatchesSink checks that the config refuses, as a static
+// header, exactly the headers the webhook sink reserves, among the sink's
+// own headers, the HTTP-managed ones and a few allowed ones.
+func TestReservedMatchesSink(t *testing.T) {
+	const base = "postgres:\n  url: postgres://h/db\ncapture:\n  mode: poll\nsink:\n  type: webhook\n  webhook:\n    url: http://h/\n    headers:\n      %s: v\n"
+	names := append([]string{
+		webhook.HeaderIdempotencyKey, webhook.HeaderMessageID, webhook.HeaderEventType, webhook.HeaderAggregateType,
+		webhook.HeaderAggregateID, webhook.HeaderSignature, "Authorization", "User-Agent", "X-Tenant", "traceparent",
+	}, webhookReserved...)
+	for _, name := range names {
+		_, err := Parse(fmt.Appendf(nil, base, strings.ToLower(name)), env(nil))
+		if reserved := webhook.ReservedHeader(name); reserved != (err != nil) {
+			t.Errorf("header %s: the sink reserves it: %v, the config refuses it: %v", name, reserved, err)
 		}
 	}
 }

@@ -39,7 +39,7 @@ type brokerSink struct {
 func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window int) (*brokerSink, error) {
 	switch c := cfg.Sink; c.Type {
 	case "nats":
-		s, err := natssink.New(ctx, c.NATS, natssink.Options{Logger: log})
+		s, err := natssink.New(ctx, natsConfig(c.NATS), natssink.Options{Logger: log})
 		if err != nil {
 			return nil, err
 		}
@@ -48,14 +48,14 @@ func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window 
 				return "nats: stream " + c.NATS.Stream + " ready", s.EnsureStream(ctx)
 			}}, nil
 	case "kafka":
-		s, err := kafkasink.New(ctx, c.Kafka, kafkasink.Options{Logger: log, MaxBufferedRecords: window})
+		s, err := kafkasink.New(ctx, kafkaConfig(c.Kafka), kafkasink.Options{Logger: log, MaxBufferedRecords: window})
 		if err != nil {
 			return nil, err
 		}
 		return &brokerSink{routedSink: s, name: "kafka " + strings.Join(c.Kafka.Brokers, ","), check: s.Check,
 			prepare: func(ctx context.Context) (string, error) { return kafkaTopics(ctx, s, c.Kafka.Topic) }}, nil
 	case "sqs":
-		s, err := sqssink.New(ctx, c.SQS, sqssink.Options{Logger: log})
+		s, err := sqssink.New(ctx, sqsConfig(c.SQS), sqssink.Options{Logger: log})
 		if err != nil {
 			return nil, err
 		}
@@ -64,7 +64,7 @@ func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window 
 				return "sqs: the relay creates no queues; create " + s.Destination() + " if missing", nil
 			}}, nil
 	case "webhook":
-		s, err := webhook.New(c.Webhook, webhook.Options{Logger: log})
+		s, err := webhook.New(webhookConfig(c.Webhook), webhook.Options{Logger: log})
 		if err != nil {
 			return nil, err
 		}
@@ -72,6 +72,37 @@ func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window 
 			prepare: func(context.Context) (string, error) { return "webhook: nothing to create", nil }}, nil
 	}
 	return nil, &UsageError{Err: fmt.Errorf("sink.type %q is not supported", cfg.Sink.Type)}
+}
+
+// natsConfig maps sink.nats to the NATS sink's settings.
+func natsConfig(c config.NATS) natssink.Config {
+	return natssink.Config{URL: c.URL, Subject: c.Subject, Stream: c.Stream}
+}
+
+// kafkaConfig maps sink.kafka to the Kafka sink's settings.
+func kafkaConfig(c config.Kafka) kafkasink.Config {
+	return kafkasink.Config{
+		Brokers: c.Brokers, Topic: c.Topic, ClientID: c.ClientID,
+		Partitions: c.Partitions, ReplicationFactor: c.ReplicationFactor,
+		TLS: kafkasink.TLS{
+			Enabled: c.TLS.Enabled, CAFile: c.TLS.CAFile, CertFile: c.TLS.CertFile, KeyFile: c.TLS.KeyFile,
+			InsecureSkipVerify: c.TLS.InsecureSkipVerify,
+		},
+		SASL: kafkasink.SASL{Mechanism: c.SASL.Mechanism, Username: c.SASL.Username, Password: c.SASL.Password},
+	}
+}
+
+// sqsConfig maps sink.sqs to the SQS sink's settings.
+func sqsConfig(c config.SQS) sqssink.Config {
+	return sqssink.Config{Region: c.Region, Endpoint: c.Endpoint, QueueURL: c.QueueURL, Queue: c.Queue, MaxBatchBytes: c.MaxBatchBytes}
+}
+
+// webhookConfig maps sink.webhook to the webhook sink's settings.
+func webhookConfig(c config.Webhook) webhook.Config {
+	return webhook.Config{
+		URL: c.URL, Timeout: c.Timeout.D(), Secret: c.Secret, Headers: c.Headers,
+		MaxConcurrency: c.MaxConcurrency, HealthURL: c.HealthURL,
+	}
 }
 
 // kafkaTopics creates the fixed topic when missing; templated topics are

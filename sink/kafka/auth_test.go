@@ -25,7 +25,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/sinktest"
@@ -36,7 +35,7 @@ func TestSASL(t *testing.T) {
 		t.Run(mech, func(t *testing.T) {
 			c := newCluster(t, kfake.EnableSASL(), kfake.Superuser(mech, "relay", "s3cret"), kfake.SeedTopics(1, "t"))
 			var logs bytes.Buffer
-			cfg := config.Kafka{Brokers: c.ListenAddrs(), Topic: "t", SASL: config.KafkaSASL{Mechanism: mech, Username: "relay", Password: "s3cret"}}
+			cfg := Config{Brokers: c.ListenAddrs(), Topic: "t", SASL: SASL{Mechanism: mech, Username: "relay", Password: "s3cret"}}
 			s := newSinkConfig(t, cfg, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 			if err := s.Publish(context.Background(), testEvents(3, 3)); err != nil {
 				t.Fatal(err)
@@ -86,7 +85,7 @@ func TestTopicAuthorization(t *testing.T) {
 	)
 	c := newCluster(t, kfake.EnableSASL(), kfake.EnableACLs(), kfake.Superuser("PLAIN", "admin", "admin"),
 		kfake.User("SCRAM-SHA-256", "relay", "pw", acls...))
-	cfg := config.Kafka{Brokers: c.ListenAddrs(), Topic: "ev.{aggregate_type}", SASL: config.KafkaSASL{Mechanism: "SCRAM-SHA-256", Username: "relay", Password: "pw"}}
+	cfg := Config{Brokers: c.ListenAddrs(), Topic: "ev.{aggregate_type}", SASL: SASL{Mechanism: "SCRAM-SHA-256", Username: "relay", Password: "pw"}}
 	s := newSinkConfig(t, cfg, Options{})
 
 	batch := []*event.Event{testEvent(1, "order", "1"), testEvent(2, "invoice", "2"), testEvent(3, "order", "3")}
@@ -160,13 +159,13 @@ func TestTLS(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(1, "t"), kfake.TLS(&tls.Config{
 		Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12,
 	}))
-	cfg := config.Kafka{Brokers: c.ListenAddrs(), Topic: "t", TLS: config.KafkaTLS{Enabled: true, CAFile: certFile, CertFile: certFile, KeyFile: keyFile}}
+	cfg := Config{Brokers: c.ListenAddrs(), Topic: "t", TLS: TLS{Enabled: true, CAFile: certFile, CertFile: certFile, KeyFile: keyFile}}
 	s := newSinkConfig(t, cfg, Options{})
 	if err := s.Publish(context.Background(), testEvents(2, 2)); err != nil {
 		t.Fatal(err)
 	}
 
-	for name, tc := range map[string]config.KafkaTLS{
+	for name, tc := range map[string]TLS{
 		"no client certificate": {Enabled: true, CAFile: certFile},
 		"unknown CA":            {Enabled: true},
 		"no TLS":                {},
@@ -181,11 +180,11 @@ func TestTLS(t *testing.T) {
 			t.Logf("%s: %v", name, err)
 		}
 	}
-	cfg.TLS = config.KafkaTLS{Enabled: true, InsecureSkipVerify: true, CertFile: certFile, KeyFile: keyFile}
+	cfg.TLS = TLS{Enabled: true, InsecureSkipVerify: true, CertFile: certFile, KeyFile: keyFile}
 	if _, err := New(context.Background(), cfg, Options{Logger: quiet()}); err != nil {
 		t.Errorf("insecure_skip_verify: %v", err)
 	}
-	if _, err := tlsConfig(config.KafkaTLS{Enabled: true, CAFile: keyFile}); err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
+	if _, err := tlsConfig(TLS{Enabled: true, CAFile: keyFile}); err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
 		t.Errorf("a key as CA file: %v", err)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/kafka/kafkatest"
 	"github.com/outboxrelay/relay/sink/sinktest"
@@ -49,7 +48,7 @@ func TestConformance(t *testing.T) {
 
 	sinktest.Run(t, sinktest.Harness{
 		New: func(t *testing.T, _, tmpl string) sink.Sink {
-			return newSinkConfig(t, config.Kafka{Brokers: r.Addrs(), Topic: tmpl, Partitions: 3}, Options{AckTimeout: 5 * time.Second})
+			return newSinkConfig(t, Config{Brokers: r.Addrs(), Topic: tmpl, Partitions: 3}, Options{AckTimeout: 5 * time.Second})
 		},
 		Received: func(t *testing.T, scope string) []sinktest.Message {
 			return received(t, r.Addrs(), scope+".")
@@ -68,7 +67,7 @@ func TestConformance(t *testing.T) {
 			}
 		},
 		NewStalled: func(t *testing.T, _, tmpl string) sink.Sink {
-			return newSinkConfig(t, config.Kafka{Brokers: stalled.ListenAddrs(), Topic: tmpl}, Options{AckTimeout: time.Minute})
+			return newSinkConfig(t, Config{Brokers: stalled.ListenAddrs(), Topic: tmpl}, Options{AckTimeout: time.Minute})
 		},
 		MaxMessageBytes: suiteMaxMessageBytes,
 		Features: sinktest.Features{

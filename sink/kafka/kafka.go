@@ -30,11 +30,59 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
-	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/template"
 )
+
+// Config says where and how a Sink connects and publishes. The relay fills
+// it from the sink.kafka keys of its configuration file.
+type Config struct {
+	// Brokers are the seed brokers, as host:port. Required.
+	Brokers []string
+	// Topic is the topic template, such as outbox.{aggregate_type}. A
+	// character Kafka does not allow in a topic name in a replaced value
+	// becomes '_'. Required.
+	Topic string
+	// ClientID is the client.id sent to the brokers. Default outbox-relay.
+	ClientID string
+	// Partitions is the partition count of the topics the sink creates.
+	// Default 0: the broker's num.partitions.
+	Partitions int
+	// ReplicationFactor is the replication factor of the topics the sink
+	// creates. Default 0: the broker's default.replication.factor.
+	ReplicationFactor int
+	// TLS configures encryption to the brokers. Default off.
+	TLS TLS
+	// SASL configures authentication to the brokers. Default off.
+	SASL SASL
+}
+
+// TLS configures TLS to the brokers.
+type TLS struct {
+	// Enabled turns TLS on. Default false.
+	Enabled bool
+	// CAFile is a PEM file of the certificate authorities that sign the
+	// brokers' certificates. Default empty: the system's roots.
+	CAFile string
+	// CertFile and KeyFile are the PEM client certificate and key for
+	// mutual TLS. Default empty: no client certificate.
+	CertFile string
+	KeyFile  string
+	// InsecureSkipVerify accepts any broker certificate. For tests only.
+	InsecureSkipVerify bool
+}
+
+// SASL configures SASL authentication to the brokers.
+type SASL struct {
+	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512. Default empty:
+	// no SASL.
+	Mechanism string
+	// Username and Password are the credentials for Mechanism. The sink
+	// never logs the password.
+	Username string
+	Password string
+}
 
 // Options tunes a Sink. The zero value uses the defaults documented on each
 // field.
@@ -107,7 +155,7 @@ const (
 // Sink publishes events to Kafka. It implements sink.Sink; its methods are
 // safe for concurrent use.
 type Sink struct {
-	cfg   config.Kafka
+	cfg   Config
 	opts  Options
 	topic template.Template
 	fixed bool // the template has no placeholders
@@ -140,7 +188,7 @@ type brokerErr struct {
 // allow, on TLS files that cannot be loaded, and, with an error classified
 // sink.Unavailable, when no broker answers before ctx is done or 5s pass.
 // New neither checks nor creates topics; see EnsureTopics and Check.
-func New(ctx context.Context, cfg config.Kafka, opts Options) (*Sink, error) {
+func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 	opts = opts.withDefaults()
 	if len(cfg.Brokers) == 0 {
 		return nil, errors.New("sink.kafka.brokers: no brokers")
@@ -248,7 +296,7 @@ func (s *Sink) explain(err error) error {
 }
 
 // tlsConfig builds the TLS settings, or returns nil when TLS is off.
-func tlsConfig(c config.KafkaTLS) (*tls.Config, error) {
+func tlsConfig(c TLS) (*tls.Config, error) {
 	if !c.Enabled {
 		return nil, nil
 	}
@@ -274,7 +322,7 @@ func tlsConfig(c config.KafkaTLS) (*tls.Config, error) {
 }
 
 // saslMechanism returns the SASL mechanism, or nil when SASL is off.
-func saslMechanism(c config.KafkaSASL) (sasl.Mechanism, error) {
+func saslMechanism(c SASL) (sasl.Mechanism, error) {
 	switch c.Mechanism {
 	case "":
 		return nil, nil

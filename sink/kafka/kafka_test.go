@@ -21,7 +21,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/kafka/kafkatest"
@@ -45,10 +44,10 @@ func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 func newSink(t *testing.T, brokers []string, topic string, opts Options) *Sink {
 	t.Helper()
-	return newSinkConfig(t, config.Kafka{Brokers: brokers, Topic: topic}, opts)
+	return newSinkConfig(t, Config{Brokers: brokers, Topic: topic}, opts)
 }
 
-func newSinkConfig(t *testing.T, cfg config.Kafka, opts Options) *Sink {
+func newSinkConfig(t *testing.T, cfg Config, opts Options) *Sink {
 	t.Helper()
 	if opts.Logger == nil {
 		opts.Logger = quiet()
@@ -247,16 +246,16 @@ func TestTopicOf(t *testing.T) {
 
 func TestNewBadConfig(t *testing.T) {
 	for _, c := range []struct {
-		cfg  config.Kafka
+		cfg  Config
 		want string
 	}{
-		{config.Kafka{Topic: "t"}, "sink.kafka.brokers"},
-		{config.Kafka{Brokers: []string{"127.0.0.1:1"}, Topic: "outbox.{nope}"}, "sink.kafka.topic"},
-		{config.Kafka{Brokers: []string{"127.0.0.1:1"}, Topic: "out box.{aggregate_type}"}, "sink.kafka.topic"},
-		{config.Kafka{Brokers: []string{"127.0.0.1:1"}, Topic: ".."}, "sink.kafka.topic"},
-		{config.Kafka{Brokers: []string{"127.0.0.1:1"}, Topic: "t", TLS: config.KafkaTLS{Enabled: true, CAFile: "/nonexistent/ca.pem"}}, "sink.kafka.tls.ca_file"},
-		{config.Kafka{Brokers: []string{"127.0.0.1:1"}, Topic: "t", TLS: config.KafkaTLS{Enabled: true, CertFile: "/nonexistent/c.pem", KeyFile: "/nonexistent/c.key"}}, "sink.kafka.tls.cert_file"},
-		{config.Kafka{Brokers: []string{"127.0.0.1:1"}, Topic: "t", SASL: config.KafkaSASL{Mechanism: "GSSAPI"}}, "sink.kafka.sasl.mechanism"},
+		{Config{Topic: "t"}, "sink.kafka.brokers"},
+		{Config{Brokers: []string{"127.0.0.1:1"}, Topic: "outbox.{nope}"}, "sink.kafka.topic"},
+		{Config{Brokers: []string{"127.0.0.1:1"}, Topic: "out box.{aggregate_type}"}, "sink.kafka.topic"},
+		{Config{Brokers: []string{"127.0.0.1:1"}, Topic: ".."}, "sink.kafka.topic"},
+		{Config{Brokers: []string{"127.0.0.1:1"}, Topic: "t", TLS: TLS{Enabled: true, CAFile: "/nonexistent/ca.pem"}}, "sink.kafka.tls.ca_file"},
+		{Config{Brokers: []string{"127.0.0.1:1"}, Topic: "t", TLS: TLS{Enabled: true, CertFile: "/nonexistent/c.pem", KeyFile: "/nonexistent/c.key"}}, "sink.kafka.tls.cert_file"},
+		{Config{Brokers: []string{"127.0.0.1:1"}, Topic: "t", SASL: SASL{Mechanism: "GSSAPI"}}, "sink.kafka.sasl.mechanism"},
 	} {
 		_, err := New(context.Background(), c.cfg, Options{Logger: quiet()})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -279,8 +278,8 @@ func closedAddr(t *testing.T) string {
 
 func TestNewUnreachable(t *testing.T) {
 	start := time.Now()
-	_, err := New(context.Background(), config.Kafka{Brokers: []string{closedAddr(t)}, Topic: "t",
-		SASL: config.KafkaSASL{Mechanism: "PLAIN", Username: "u", Password: "s3cret"}}, Options{Logger: quiet()})
+	_, err := New(context.Background(), Config{Brokers: []string{closedAddr(t)}, Topic: "t",
+		SASL: SASL{Mechanism: "PLAIN", Username: "u", Password: "s3cret"}}, Options{Logger: quiet()})
 	if err == nil {
 		t.Fatal("New reached a closed port")
 	}
@@ -325,7 +324,7 @@ func TestProduceRequests(t *testing.T) {
 		}
 		return nil, nil, false
 	})
-	s := newSinkConfig(t, config.Kafka{Brokers: c.ListenAddrs(), Topic: "t", ClientID: "orders-relay"}, Options{})
+	s := newSinkConfig(t, Config{Brokers: c.ListenAddrs(), Topic: "t", ClientID: "orders-relay"}, Options{})
 	if err := s.Publish(context.Background(), testEvents(10, 10)); err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/sinktest"
 )
@@ -41,7 +40,7 @@ func describe(t *testing.T, s *Sink, topic string) (int, int) {
 
 func TestEnsureTopicsFixed(t *testing.T) {
 	c := newCluster(t, kfake.NumBrokers(3))
-	s := newSinkConfig(t, config.Kafka{Brokers: c.ListenAddrs(), Topic: "orders.events", Partitions: 6, ReplicationFactor: 3}, Options{})
+	s := newSinkConfig(t, Config{Brokers: c.ListenAddrs(), Topic: "orders.events", Partitions: 6, ReplicationFactor: 3}, Options{})
 	ctx := context.Background()
 	if s.FixedTopic() != "orders.events" {
 		t.Errorf("FixedTopic() = %q", s.FixedTopic())
@@ -90,7 +89,7 @@ func TestEnsureTopicsBrokerDefaults(t *testing.T) {
 // concurrent publishes and on a cluster that does not auto-create topics.
 func TestPublishCreatesTopics(t *testing.T) {
 	c := newCluster(t)
-	s := newSinkConfig(t, config.Kafka{Brokers: c.ListenAddrs(), Topic: "ev.{aggregate_type}", Partitions: 2}, Options{})
+	s := newSinkConfig(t, Config{Brokers: c.ListenAddrs(), Topic: "ev.{aggregate_type}", Partitions: 2}, Options{})
 	ctx := context.Background()
 	if s.FixedTopic() != "" {
 		t.Errorf("FixedTopic() = %q for a template", s.FixedTopic())
@@ -168,7 +167,7 @@ func TestPublishCreateDenied(t *testing.T) {
 
 func TestPublishInvalidReplicationFactor(t *testing.T) {
 	c := newCluster(t)
-	s := newSinkConfig(t, config.Kafka{Brokers: c.ListenAddrs(), Topic: "ev.{aggregate_type}", ReplicationFactor: 3}, Options{})
+	s := newSinkConfig(t, Config{Brokers: c.ListenAddrs(), Topic: "ev.{aggregate_type}", ReplicationFactor: 3}, Options{})
 	err := s.Publish(context.Background(), testEvents(1, 1))
 	if got := sinktest.Classes(err, 1); got[0] != "unavailable" || !strings.Contains(err.Error(), "sink.kafka.replication_factor") {
 		t.Fatalf("classes %v, err %v; want unavailable naming sink.kafka.replication_factor", got, err)

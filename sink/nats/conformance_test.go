@@ -10,7 +10,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/sinktest"
@@ -31,7 +30,7 @@ func TestConformance(t *testing.T) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		s, err := New(ctx, config.NATS{URL: srv.URL(), Subject: tmpl, Stream: scope}, opts)
+		s, err := New(ctx, Config{URL: srv.URL(), Subject: tmpl, Stream: scope}, opts)
 		if err != nil {
 			t.Fatal(err)
 		}

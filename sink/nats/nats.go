@@ -18,11 +18,23 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/template"
 )
+
+// Config says where a Sink publishes. The relay fills it from the sink.nats
+// keys of its configuration file, which apply the defaults.
+type Config struct {
+	// URL lists the NATS servers, comma separated. Required.
+	URL string
+	// Subject is the subject template, such as outbox.{aggregate_type}.
+	// Required.
+	Subject string
+	// Stream is the JetStream stream that EnsureStream creates and Check
+	// verifies. Required for them.
+	Stream string
+}
 
 // Options tunes a Sink. The zero value uses the defaults documented on each
 // field.
@@ -68,7 +80,7 @@ const (
 // Sink publishes events to JetStream. It implements sink.Sink; its methods
 // are safe for concurrent use.
 type Sink struct {
-	cfg     config.NATS
+	cfg     Config
 	opts    Options
 	subject template.Template
 	pattern string // the stream subject covering every rendered subject
@@ -85,7 +97,7 @@ type Sink struct {
 // sink.Unavailable when no server can be reached before ctx is done or 5s
 // pass. New neither checks nor creates the stream; see EnsureStream and
 // Check.
-func New(ctx context.Context, cfg config.NATS, opts Options) (*Sink, error) {
+func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 	opts = opts.withDefaults()
 	subject, err := template.Parse(cfg.Subject, sanitize)
 	if err != nil {

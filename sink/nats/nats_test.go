@@ -17,7 +17,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/sink"
@@ -38,7 +37,7 @@ func startServer(t *testing.T, opts testenv.NATSOptions) *testenv.NATS {
 func newSink(t *testing.T, url, subject string, opts Options) *Sink {
 	t.Helper()
 	opts.Logger = slog.New(slog.DiscardHandler)
-	s, err := New(context.Background(), config.NATS{URL: url, Subject: subject, Stream: "OUTBOX"}, opts)
+	s, err := New(context.Background(), Config{URL: url, Subject: subject, Stream: "OUTBOX"}, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -578,7 +577,7 @@ func TestNewUnreachableHidesCredentials(t *testing.T) {
 	l.Close()
 
 	url := "nats://alice:s3cret@" + addr + ",nats://t0ken@" + addr
-	_, err = New(context.Background(), config.NATS{URL: url, Subject: "outbox.{aggregate_type}", Stream: "OUTBOX"}, Options{})
+	_, err = New(context.Background(), Config{URL: url, Subject: "outbox.{aggregate_type}", Stream: "OUTBOX"}, Options{})
 	if err == nil {
 		t.Fatal("New connected to a closed port")
 	}
@@ -592,7 +591,7 @@ func TestNewUnreachableHidesCredentials(t *testing.T) {
 
 func TestNewBadTemplate(t *testing.T) {
 	for _, subject := range []string{"outbox.{nope}", "outbox..{aggregate_type}", "outbox.>"} {
-		_, err := New(context.Background(), config.NATS{URL: "nats://127.0.0.1:1", Subject: subject, Stream: "OUTBOX"}, Options{})
+		_, err := New(context.Background(), Config{URL: "nats://127.0.0.1:1", Subject: subject, Stream: "OUTBOX"}, Options{})
 		if err == nil || !strings.Contains(err.Error(), "sink.nats.subject") {
 			t.Errorf("New with subject %q: err = %v, want a sink.nats.subject error", subject, err)
 		}

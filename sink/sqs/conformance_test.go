@@ -10,7 +10,6 @@ import (
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
-	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/sink"
@@ -111,7 +110,7 @@ func newHarness(t *testing.T, suffix string, attrs map[string]string) *harness {
 // before publishing it, as the suite expects of a broker whose destinations
 // must exist.
 func (h *harness) newSink(t *testing.T, endpoint, tmpl string) sink.Sink {
-	s := newTestSink(t, endpoint, config.SQS{Queue: tmpl}, Options{})
+	s := newTestSink(t, endpoint, Config{Queue: tmpl}, Options{})
 	return &creatingSink{Sink: s, h: h, t: t}
 }
 

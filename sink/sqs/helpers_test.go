@@ -23,7 +23,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
-	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/internal/testenv"
 )
@@ -46,7 +45,7 @@ func startEmulator(t *testing.T) *testenv.SQS {
 
 // newTestSink returns a sink on endpoint with static credentials; cfg's
 // Region and Endpoint are filled in when empty.
-func newTestSink(t *testing.T, endpoint string, cfg config.SQS, opts Options) *Sink {
+func newTestSink(t *testing.T, endpoint string, cfg Config, opts Options) *Sink {
 	t.Helper()
 	if cfg.Region == "" {
 		cfg.Region = testRegion

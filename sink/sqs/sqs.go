@@ -30,7 +30,6 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
-	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/sink/template"
 )
 
@@ -48,6 +47,24 @@ const (
 	maxQueueName = 80
 	fifoSuffix   = ".fifo"
 )
+
+// Config says where a Sink publishes. The relay fills it from the sink.sqs
+// keys of its configuration file.
+type Config struct {
+	// Region is the AWS region. Required.
+	Region string
+	// Endpoint overrides the SQS endpoint (emulators, VPC endpoints).
+	// Default empty: the region's endpoint.
+	Endpoint string
+	// QueueURL is one fixed queue. Exactly one of QueueURL and Queue is set.
+	QueueURL string
+	// Queue is a queue name template resolved with GetQueueUrl.
+	Queue string
+	// MaxBatchBytes caps the size of one SendMessageBatch request: message
+	// bodies plus attribute names, types and values. Zero means 262144,
+	// which every SQS-compatible server accepts.
+	MaxBatchBytes int
+}
 
 // Options tunes a Sink. The zero value uses the defaults documented on each
 // field.
@@ -88,7 +105,7 @@ func (o Options) withDefaults() Options {
 // Sink publishes events to SQS. It implements sink.Sink; its methods are
 // safe for concurrent use.
 type Sink struct {
-	cfg      config.SQS
+	cfg      Config
 	opts     Options
 	client   *sqs.Client
 	creds    aws.CredentialsProvider
@@ -123,7 +140,7 @@ type queueRef struct {
 // set, the endpoint from cfg.Endpoint when set) but makes no request: see
 // Check. It fails on a queue_url that is not a URL and on a queue template
 // that cannot render valid queue names.
-func New(ctx context.Context, cfg config.SQS, opts Options) (*Sink, error) {
+func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 	opts = opts.withDefaults()
 	s := &Sink{cfg: cfg, opts: opts, maxBatch: cfg.MaxBatchBytes, urls: map[string]*resolution{}}
 	if s.maxBatch <= 0 {

@@ -21,7 +21,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
-	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/sink"
@@ -32,7 +31,7 @@ func TestPublishFIFOMessage(t *testing.T) {
 	srv := startEmulator(t)
 	c := newClient(srv.Endpoint())
 	url := createQueue(t, c, "orders.fifo", nil)
-	s := newTestSink(t, srv.Endpoint(), config.SQS{QueueURL: url}, Options{})
+	s := newTestSink(t, srv.Endpoint(), Config{QueueURL: url}, Options{})
 
 	binary := make([]byte, 256)
 	for i := range binary {
@@ -115,7 +114,7 @@ func TestPublishStandardQueue(t *testing.T) {
 	srv := startEmulator(t)
 	c := newClient(srv.Endpoint())
 	url := createQueue(t, c, "events", nil)
-	s := newTestSink(t, srv.Endpoint(), config.SQS{QueueURL: url}, Options{})
+	s := newTestSink(t, srv.Endpoint(), Config{QueueURL: url}, Options{})
 	batch := []*event.Event{testEvent(1, "order", "o-1"), testEvent(2, "order", "o-2")}
 	for range 2 {
 		if err := s.Publish(context.Background(), batch); err != nil {
@@ -169,7 +168,7 @@ func TestBatchSplitting(t *testing.T) {
 		return entries, bytes
 	}
 
-	s := newTestSink(t, rec.srv.URL, config.SQS{QueueURL: url}, Options{})
+	s := newTestSink(t, rec.srv.URL, Config{QueueURL: url}, Options{})
 	if err := s.Publish(context.Background(), events(25, 10)); err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +192,7 @@ func TestBatchSplitting(t *testing.T) {
 
 	// max_batch_bytes 1024: events of 300 bytes (and their attributes),
 	// two per request; one of 2000 bytes alone.
-	small := newTestSink(t, rec.srv.URL, config.SQS{QueueURL: url, MaxBatchBytes: 1024}, Options{})
+	small := newTestSink(t, rec.srv.URL, Config{QueueURL: url, MaxBatchBytes: 1024}, Options{})
 	batch := append(events(4, 300), events(1, 2000)...)
 	if err := small.Publish(context.Background(), batch); err != nil {
 		t.Fatal(err)
@@ -215,7 +214,7 @@ func TestOversizedEntryAlone(t *testing.T) {
 	srv := startEmulator(t)
 	c := newClient(srv.Endpoint())
 	url := createQueue(t, c, "small.fifo", map[string]string{"MaximumMessageSize": "1024"})
-	s := newTestSink(t, srv.Endpoint(), config.SQS{QueueURL: url}, Options{})
+	s := newTestSink(t, srv.Endpoint(), Config{QueueURL: url}, Options{})
 
 	batch := []*event.Event{testEvent(1, "order", "o-1"), testEvent(2, "order", "o-2"), testEvent(3, "order", "o-3")}
 	batch[1].Payload = bytes.Repeat([]byte("x"), 2000)
@@ -276,7 +275,7 @@ func TestEntryFailures(t *testing.T) {
 		json.NewEncoder(w).Encode(out)
 	}))
 	defer srv.Close()
-	s := newTestSink(t, srv.URL, config.SQS{QueueURL: srv.URL + "/123456789012/q.fifo"}, Options{})
+	s := newTestSink(t, srv.URL, Config{QueueURL: srv.URL + "/123456789012/q.fifo"}, Options{})
 
 	batch := make([]*event.Event, 5)
 	for i := range batch {
@@ -312,7 +311,7 @@ func TestMalformedRequestRetriedAlone(t *testing.T) {
 	rec := newRecorder(t, srv.Endpoint())
 	// New does not validate the config (the loader does): 4 MiB goes
 	// beyond the emulator's 1 MiB request limit.
-	s := newTestSink(t, rec.srv.URL, config.SQS{QueueURL: url, MaxBatchBytes: 4 << 20}, Options{})
+	s := newTestSink(t, rec.srv.URL, Config{QueueURL: url, MaxBatchBytes: 4 << 20}, Options{})
 	batch := make([]*event.Event, 6)
 	for i := range batch {
 		batch[i] = testEvent(i, "order", fmt.Sprint("o-", i))
@@ -340,7 +339,7 @@ func TestQueueTemplate(t *testing.T) {
 	orders := createQueue(t, c, "tpl-order.fifo", nil)
 	invoices := createQueue(t, c, "tpl-invoice_v2.fifo", nil)
 	rec := newRecorder(t, srv.Endpoint())
-	s := newTestSink(t, rec.srv.URL, config.SQS{Queue: "tpl-{aggregate_type}.fifo"}, Options{})
+	s := newTestSink(t, rec.srv.URL, Config{Queue: "tpl-{aggregate_type}.fifo"}, Options{})
 	ctx := context.Background()
 
 	for round := range 3 {
@@ -435,7 +434,7 @@ func TestUnreachableEndpoint(t *testing.T) {
 	endpoint := "http://" + ln.Addr().String()
 	ln.Close()
 
-	for _, cfg := range []config.SQS{
+	for _, cfg := range []Config{
 		{QueueURL: endpoint + "/000000000000/q.fifo"},
 		{Queue: "q-{aggregate_type}"},
 	} {
@@ -460,7 +459,7 @@ func TestCancelAndClose(t *testing.T) {
 	url := createQueue(t, c, "cx.fifo", nil)
 	batch := []*event.Event{testEvent(1, "order", "o-1"), testEvent(2, "order", "o-2")}
 
-	s := newTestSink(t, srv.Endpoint(), config.SQS{QueueURL: url}, Options{})
+	s := newTestSink(t, srv.Endpoint(), Config{QueueURL: url}, Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if got := sinktest.Classes(s.Publish(ctx, batch), 2); !slices.Equal(got, []string{"unavailable", "unavailable"}) {
@@ -477,7 +476,7 @@ func TestCancelAndClose(t *testing.T) {
 	}
 	defer p.Close()
 	p.Stall()
-	stalled := newTestSink(t, "http://"+p.Addr(), config.SQS{QueueURL: url}, Options{})
+	stalled := newTestSink(t, "http://"+p.Addr(), Config{QueueURL: url}, Options{})
 	done := make(chan error, 1)
 	go func() { done <- stalled.Publish(context.Background(), batch) }()
 	time.Sleep(200 * time.Millisecond)
@@ -504,11 +503,11 @@ func TestCheck(t *testing.T) {
 	fifo := createQueue(t, c, "chk.fifo", nil)
 	createQueue(t, c, "present-order", nil)
 	ctx := context.Background()
-	check := func(cfg config.SQS) error {
+	check := func(cfg Config) error {
 		return newTestSink(t, srv.Endpoint(), cfg, Options{}).Check(ctx)
 	}
 
-	for _, ok := range []config.SQS{
+	for _, ok := range []Config{
 		{QueueURL: fifo},
 		{Queue: "chk.fifo"},
 		{Queue: "present-{aggregate_type}"},
@@ -518,7 +517,7 @@ func TestCheck(t *testing.T) {
 			t.Errorf("Check(%+v) = %v", ok, err)
 		}
 	}
-	for cfg, want := range map[config.SQS][]string{
+	for cfg, want := range map[Config][]string{
 		{QueueURL: srv.Endpoint() + "/123456789012/gone.fifo"}: {"does not exist", "create-queue --queue-name gone.fifo --attributes FifoQueue=true"},
 		{Queue: "gone"}:                      {"does not exist", "create-queue --queue-name gone"},
 		{Queue: "absent-{aggregate_type}"}:   {`no sqs queue name starts with "absent-"`},
@@ -543,7 +542,7 @@ func TestCheck(t *testing.T) {
 	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", t.TempDir()+"/none")
 	t.Setenv("AWS_CONFIG_FILE", t.TempDir()+"/none")
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
-	s, err := New(ctx, config.SQS{Region: testRegion, Endpoint: srv.Endpoint(), QueueURL: fifo}, Options{})
+	s, err := New(ctx, Config{Region: testRegion, Endpoint: srv.Endpoint(), QueueURL: fifo}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -558,7 +557,7 @@ func TestCheck(t *testing.T) {
 }
 
 func TestNewRejectsBadConfig(t *testing.T) {
-	for _, cfg := range []config.SQS{
+	for _, cfg := range []Config{
 		{},
 		{QueueURL: "https://sqs.us-east-1.amazonaws.com/1/q", Queue: "q"},
 		{QueueURL: "not a url"},
@@ -571,7 +570,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			t.Errorf("New(%+v) succeeded", cfg)
 		}
 	}
-	s := newTestSink(t, "http://127.0.0.1:1", config.SQS{Queue: "outbox-{aggregate_type}.fifo"}, Options{})
+	s := newTestSink(t, "http://127.0.0.1:1", Config{Queue: "outbox-{aggregate_type}.fifo"}, Options{})
 	if d := s.Destination(); d != "sqs FIFO queues named by template outbox-{aggregate_type}.fifo" {
 		t.Errorf("Destination() = %q", d)
 	}

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/sinktest"
@@ -115,8 +114,8 @@ func TestConformance(t *testing.T) {
 	rc := startConfReceiver(t)
 	newConfSink := func(t *testing.T, tmpl string, timeout time.Duration) sink.Sink {
 		t.Helper()
-		s, err := New(config.Webhook{
-			URL: tmpl, Timeout: config.Duration(timeout), Secret: confSecret,
+		s, err := New(Config{
+			URL: tmpl, Timeout: timeout, Secret: confSecret,
 			Headers: map[string]string{"Authorization": "Bearer conformance"},
 		}, Options{Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/event"
 )
 
@@ -103,7 +102,7 @@ func TestSignature(t *testing.T) {
 			http.Error(w, err.Error(), http.StatusUnauthorized)
 		}
 	})
-	s := newSink(t, config.Webhook{URL: rc.URL + "/{aggregate_id}", Secret: string(secret)})
+	s := newSink(t, Config{URL: rc.URL + "/{aggregate_id}", Secret: string(secret)})
 	batch := testEvents(3)
 	batch[1].Payload = []byte{0, 1, 2, 0xff}
 	batch[1].ContentType = event.ContentTypeBinary
@@ -144,7 +143,7 @@ func TestSignature(t *testing.T) {
 	for range 2 {
 		<-reqs
 	}
-	s2 := newSink(t, config.Webhook{URL: rc.URL + "/{aggregate_id}"})
+	s2 := newSink(t, Config{URL: rc.URL + "/{aggregate_id}"})
 	_ = s2.Publish(context.Background(), testEvents(1))
 	if g := <-reqs; g.header != "" {
 		t.Errorf("unsigned sink sent %s: %q", HeaderSignature, g.header)

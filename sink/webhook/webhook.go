@@ -18,7 +18,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/template"
@@ -41,6 +40,32 @@ const (
 	dialTimeout     = 10 * time.Second
 	idleConnTimeout = 90 * time.Second
 )
+
+// Config says where and how a Sink sends requests. The relay fills it from
+// the sink.webhook keys of its configuration file.
+type Config struct {
+	// URL is the URL template events are POSTed to: an absolute http or
+	// https URL whose path and query may hold placeholders, which are
+	// URL-escaped. Required.
+	URL string
+	// Timeout bounds one request: connecting, sending it and reading the
+	// response. Default DefaultTimeout.
+	Timeout time.Duration
+	// Secret, when set, signs every request with HMAC-SHA256 in the
+	// Webhook-Signature header. Default empty: requests are not signed.
+	Secret string
+	// Headers are added to every request, such as Authorization. They
+	// override the row's headers and cannot set a header ReservedHeader
+	// names. Default none.
+	Headers map[string]string
+	// MaxConcurrency caps the requests in flight at once. Default
+	// DefaultMaxConcurrency.
+	MaxConcurrency int
+	// HealthURL, when set, is an absolute http or https URL without
+	// placeholders that Probe GETs, with the static headers; a 2xx answer
+	// means ready. Default empty: Probe has nothing to check.
+	HealthURL string
+}
 
 // Options tunes a Sink. The zero value uses the defaults documented on each
 // field.
@@ -92,7 +117,7 @@ var (
 // means DefaultMaxConcurrency. Requests of all concurrent Publish calls
 // share one connection pool and at most cfg.MaxConcurrency of them are in
 // flight at once.
-func New(cfg config.Webhook, opts Options) (*Sink, error) {
+func New(cfg Config, opts Options) (*Sink, error) {
 	tmpl, err := parseURLTemplate(cfg.URL)
 	if err != nil {
 		return nil, fmt.Errorf("sink.webhook.url: %w", err)
@@ -111,7 +136,7 @@ func New(cfg config.Webhook, opts Options) (*Sink, error) {
 	if n == 0 {
 		n = DefaultMaxConcurrency
 	}
-	timeout := cfg.Timeout.D()
+	timeout := cfg.Timeout
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}

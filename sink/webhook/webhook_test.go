@@ -21,7 +21,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/sinktest"
@@ -84,7 +83,7 @@ func (rc *receiver) requests() []request {
 	return slices.Clone(rc.reqs)
 }
 
-func newSink(t *testing.T, cfg config.Webhook) *Sink {
+func newSink(t *testing.T, cfg Config) *Sink {
 	t.Helper()
 	s, err := New(cfg, Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -116,7 +115,7 @@ func testEvents(n int) []*event.Event {
 
 func TestPublishRequest(t *testing.T) {
 	rc := newReceiver(t, nil)
-	s := newSink(t, config.Webhook{
+	s := newSink(t, Config{
 		URL:     rc.URL + "/in/{aggregate_type}/{aggregate_id}?type={event_type}",
 		Headers: map[string]string{"Authorization": "Bearer t0k", "X-Static": "s"},
 	})
@@ -232,7 +231,7 @@ func TestWireHeaderNames(t *testing.T) {
 		head <- b.String()
 		io.WriteString(c, "HTTP/1.1 204 No Content\r\n\r\n")
 	}()
-	s := newSink(t, config.Webhook{URL: "http://" + l.Addr().String() + "/hook"})
+	s := newSink(t, Config{URL: "http://" + l.Addr().String() + "/hook"})
 	if err := s.Publish(context.Background(), testEvents(1)); err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +251,7 @@ func TestFailThenSucceed(t *testing.T) {
 			http.Error(w, "database\x00 down", http.StatusInternalServerError)
 		}
 	})
-	s := newSink(t, config.Webhook{URL: rc.URL + "/{aggregate_id}"})
+	s := newSink(t, Config{URL: rc.URL + "/{aggregate_id}"})
 	batch := testEvents(1)
 
 	err := s.Publish(context.Background(), batch)
@@ -291,7 +290,7 @@ func TestStatusClasses(t *testing.T) {
 		}
 		w.WriteHeader(code)
 	})
-	s := newSink(t, config.Webhook{URL: rc.URL + "/{aggregate_id}"})
+	s := newSink(t, Config{URL: rc.URL + "/{aggregate_id}"})
 	want := map[int]string{
 		200: "ok", 201: "ok", 202: "ok", 204: "ok",
 		301: "unavailable", 302: "unavailable", 303: "unavailable", 307: "unavailable", 308: "unavailable",
@@ -331,7 +330,7 @@ func TestRetryAfter(t *testing.T) {
 			w.WriteHeader(http.StatusTooManyRequests)
 		}
 	})
-	s := newSink(t, config.Webhook{URL: rc.URL + "/{aggregate_id}"})
+	s := newSink(t, Config{URL: rc.URL + "/{aggregate_id}"})
 
 	err := s.Publish(context.Background(), testEvents(1))
 	if got := sinktest.Classes(err, 1); got[0] != "unavailable" {
@@ -367,7 +366,7 @@ func TestRetryAfter503(t *testing.T) {
 		w.Header().Set("Retry-After", time.Now().Add(3*time.Second).UTC().Format(http.TimeFormat))
 		w.WriteHeader(http.StatusServiceUnavailable)
 	})
-	s := newSink(t, config.Webhook{URL: rc.URL})
+	s := newSink(t, Config{URL: rc.URL})
 	err := s.Publish(context.Background(), testEvents(1))
 	var se *StatusError
 	if got := sinktest.Classes(err, 1); got[0] != "unavailable" || !errors.As(sink.Failed(err, 0), &se) || se.Delay < time.Second || se.Delay > 3*time.Second {
@@ -427,7 +426,7 @@ func settleGoroutines(t *testing.T, n int) {
 func TestTimeout(t *testing.T) {
 	before := runtime.NumGoroutine()
 	rc := stallingReceiver(t)
-	s, err := New(config.Webhook{URL: rc.URL + "/{aggregate_id}", Timeout: config.Duration(200 * time.Millisecond)}, Options{})
+	s, err := New(Config{URL: rc.URL + "/{aggregate_id}", Timeout: 200 * time.Millisecond}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -454,7 +453,7 @@ func TestTimeout(t *testing.T) {
 
 func TestCancel(t *testing.T) {
 	rc := stallingReceiver(t)
-	s := newSink(t, config.Webhook{URL: rc.URL + "/{aggregate_id}", Timeout: config.Duration(time.Minute)})
+	s := newSink(t, Config{URL: rc.URL + "/{aggregate_id}", Timeout: time.Minute})
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -482,7 +481,7 @@ func TestCancel(t *testing.T) {
 
 func TestClose(t *testing.T) {
 	rc := stallingReceiver(t)
-	s := newSink(t, config.Webhook{URL: rc.URL + "/{aggregate_id}", Timeout: config.Duration(time.Minute), MaxConcurrency: 2})
+	s := newSink(t, Config{URL: rc.URL + "/{aggregate_id}", Timeout: time.Minute, MaxConcurrency: 2})
 	time.AfterFunc(200*time.Millisecond, func() { s.Close() })
 	start := time.Now()
 	err := s.Publish(context.Background(), testEvents(5))
@@ -513,7 +512,7 @@ func TestKeepAlive(t *testing.T) {
 		}
 	})
 	const conc = 8
-	s := newSink(t, config.Webhook{URL: rc.URL + "/{aggregate_id}", MaxConcurrency: conc})
+	s := newSink(t, Config{URL: rc.URL + "/{aggregate_id}", MaxConcurrency: conc})
 	var wg sync.WaitGroup
 	for w := range 2 {
 		wg.Go(func() {
@@ -549,7 +548,7 @@ func TestParallel(t *testing.T) {
 	}
 
 	rc := newReceiver(t, handle)
-	s := newSink(t, config.Webhook{URL: rc.URL + "/{aggregate_id}"})
+	s := newSink(t, Config{URL: rc.URL + "/{aggregate_id}"})
 	start := time.Now()
 	if err := s.Publish(context.Background(), testEvents(40)); err != nil {
 		t.Fatal(err)
@@ -563,7 +562,7 @@ func TestParallel(t *testing.T) {
 
 	peak.Store(0)
 	rc2 := newReceiver(t, handle)
-	s2 := newSink(t, config.Webhook{URL: rc2.URL + "/{aggregate_id}", MaxConcurrency: 4})
+	s2 := newSink(t, Config{URL: rc2.URL + "/{aggregate_id}", MaxConcurrency: 4})
 	var wg sync.WaitGroup
 	for range 3 {
 		wg.Go(func() {
@@ -587,7 +586,7 @@ func TestUnreachable(t *testing.T) {
 	l.Close()
 
 	for _, url := range []string{"http://alice:s3cret@" + addr + "/x?token=s3cret", "http://relay-test.invalid/x"} {
-		s := newSink(t, config.Webhook{URL: url, Timeout: config.Duration(2 * time.Second)})
+		s := newSink(t, Config{URL: url, Timeout: 2 * time.Second})
 		err := s.Publish(context.Background(), testEvents(2))
 		if got := sinktest.Classes(err, 2); !slices.Equal(got, []string{"unavailable", "unavailable"}) {
 			t.Errorf("%s: classes %v (err %v)", url, got, err)
@@ -605,18 +604,18 @@ func TestUnreachable(t *testing.T) {
 
 func TestCheck(t *testing.T) {
 	rc := newReceiver(t, nil)
-	s := newSink(t, config.Webhook{URL: rc.URL + "/{aggregate_type}"})
+	s := newSink(t, Config{URL: rc.URL + "/{aggregate_type}"})
 	if err := s.Check(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if n := rc.count.Load(); n != 0 {
 		t.Errorf("Check sent %d requests", n)
 	}
-	s = newSink(t, config.Webhook{URL: strings.Replace(rc.URL, "127.0.0.1", "localhost", 1) + "/x"})
+	s = newSink(t, Config{URL: strings.Replace(rc.URL, "127.0.0.1", "localhost", 1) + "/x"})
 	if err := s.Check(context.Background()); err != nil {
 		t.Errorf("Check via localhost: %v", err)
 	}
-	s = newSink(t, config.Webhook{URL: "https://relay-test.invalid/{aggregate_type}"})
+	s = newSink(t, Config{URL: "https://relay-test.invalid/{aggregate_type}"})
 	if err := s.Check(context.Background()); err == nil || !strings.Contains(err.Error(), "relay-test.invalid does not resolve") {
 		t.Errorf("Check on an unknown host: %v", err)
 	}
@@ -624,7 +623,7 @@ func TestCheck(t *testing.T) {
 
 func TestOddHeaderValues(t *testing.T) {
 	rc := newReceiver(t, nil)
-	s := newSink(t, config.Webhook{URL: rc.URL + "/{aggregate_id}"})
+	s := newSink(t, Config{URL: rc.URL + "/{aggregate_id}"})
 	batch := testEvents(3)
 	batch[1].Headers = map[string]string{"bad name": "v"}
 	batch[2].Headers = map[string]string{"x-a": "line\r\nInjected: 1", "x-b": "tab\tctl\x01\x7f"}
@@ -657,21 +656,21 @@ func TestOddHeaderValues(t *testing.T) {
 
 func TestNewErrors(t *testing.T) {
 	for _, c := range []struct {
-		cfg  config.Webhook
+		cfg  Config
 		want string
 	}{
-		{config.Webhook{}, "sink.webhook.url: required"},
-		{config.Webhook{URL: "http://h/{id}"}, "unknown placeholder {id}"},
-		{config.Webhook{URL: "h/{aggregate_id}"}, "not an absolute http or https URL"},
-		{config.Webhook{URL: "ftp://h/"}, "the scheme must be http or https"},
-		{config.Webhook{URL: "https://{aggregate_type}.example.com/"}, "not in the scheme or host"},
-		{config.Webhook{URL: "https://tok@h:{aggregate_id}/"}, "not in the scheme or host"},
-		{config.Webhook{URL: "http:///x"}, "no host"},
-		{config.Webhook{URL: "http://h/#{event_type}"}, "fragment"},
-		{config.Webhook{URL: "http://h/", Headers: map[string]string{"Idempotency-Key": "x"}}, "sink.webhook.headers.Idempotency-Key: Idempotency-Key is set by the relay"},
-		{config.Webhook{URL: "http://h/", Headers: map[string]string{"a b": "x"}}, "not a valid HTTP header name"},
-		{config.Webhook{URL: "http://h/", Headers: map[string]string{"X": "\n"}}, "control character"},
-		{config.Webhook{URL: "http://h/", MaxConcurrency: -1}, "max_concurrency"},
+		{Config{}, "sink.webhook.url: required"},
+		{Config{URL: "http://h/{id}"}, "unknown placeholder {id}"},
+		{Config{URL: "h/{aggregate_id}"}, "not an absolute http or https URL"},
+		{Config{URL: "ftp://h/"}, "the scheme must be http or https"},
+		{Config{URL: "https://{aggregate_type}.example.com/"}, "not in the scheme or host"},
+		{Config{URL: "https://tok@h:{aggregate_id}/"}, "not in the scheme or host"},
+		{Config{URL: "http:///x"}, "no host"},
+		{Config{URL: "http://h/#{event_type}"}, "fragment"},
+		{Config{URL: "http://h/", Headers: map[string]string{"Idempotency-Key": "x"}}, "sink.webhook.headers.Idempotency-Key: Idempotency-Key is set by the relay"},
+		{Config{URL: "http://h/", Headers: map[string]string{"a b": "x"}}, "not a valid HTTP header name"},
+		{Config{URL: "http://h/", Headers: map[string]string{"X": "\n"}}, "control character"},
+		{Config{URL: "http://h/", MaxConcurrency: -1}, "max_concurrency"},
 	} {
 		_, err := New(c.cfg, Options{})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -679,25 +678,6 @@ func TestNewErrors(t *testing.T) {
 		}
 		if err != nil && strings.Contains(err.Error(), "tok") {
 			t.Errorf("error leaks credentials: %v", err)
-		}
-	}
-}
-
-// TestReservedMatchesConfig checks that the config refuses, as a static
-// header, every header the sink reserves, and accepts the ones it allows.
-func TestReservedMatchesConfig(t *testing.T) {
-	const base = "postgres:\n  url: postgres://h/db\ncapture:\n  mode: poll\nsink:\n  type: webhook\n  webhook:\n    url: http://h/\n    headers:\n      %s: v\n"
-	for name := range reserved {
-		if _, err := config.Parse(fmt.Appendf(nil, base, strings.ToLower(name)), func(string) (string, bool) { return "", false }); err == nil {
-			t.Errorf("config accepts reserved header %s", name)
-		}
-	}
-	for _, name := range []string{"Authorization", "User-Agent", "X-Tenant", "traceparent"} {
-		if ReservedHeader(name) {
-			t.Errorf("%s is reserved", name)
-		}
-		if _, err := config.Parse(fmt.Appendf(nil, base, name), func(string) (string, bool) { return "", false }); err != nil {
-			t.Errorf("config refuses header %s: %v", name, err)
 		}
 	}
 }
@@ -718,11 +698,11 @@ func TestProbe(t *testing.T) {
 		}
 	})
 	ctx := context.Background()
-	plain := newSink(t, config.Webhook{URL: rc.URL + "/{aggregate_id}"})
+	plain := newSink(t, Config{URL: rc.URL + "/{aggregate_id}"})
 	if err := plain.Probe(ctx, sink.Broker); !errors.Is(err, sink.ErrNoProbe) {
 		t.Errorf("Probe without health_url = %v, want ErrNoProbe", err)
 	}
-	s := newSink(t, config.Webhook{URL: "http://user:pw@" + strings.TrimPrefix(rc.URL, "http://") + "/{aggregate_id}",
+	s := newSink(t, Config{URL: "http://user:pw@" + strings.TrimPrefix(rc.URL, "http://") + "/{aggregate_id}",
 		HealthURL: rc.URL + "/health", Headers: map[string]string{"Authorization": "Bearer t"}})
 	dest := s.DestinationOf(testEvent(1, "a1"))
 	if strings.Contains(dest, "pw") || !strings.HasSuffix(dest, "/a1") {

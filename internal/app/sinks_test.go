@@ -1,0 +1,73 @@
+package app
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/outboxrelay/relay/config"
+)
+
+// TestSinkConfigsMapEveryKey fills every field of each sink's config
+// section and checks that the sink's settings receive a value for every
+// field, so a key added to one side and not mapped fails here.
+func TestSinkConfigsMapEveryKey(t *testing.T) {
+	var s config.Sink
+	fill(t, reflect.ValueOf(&s).Elem())
+	for name, got := range map[string]any{
+		"nats":    natsConfig(s.NATS),
+		"kafka":   kafkaConfig(s.Kafka),
+		"sqs":     sqsConfig(s.SQS),
+		"webhook": webhookConfig(s.Webhook),
+	} {
+		checkSet(t, name, reflect.ValueOf(got))
+	}
+	if got := webhookConfig(s.Webhook).Timeout; got != s.Webhook.Timeout.D() {
+		t.Errorf("webhook timeout = %s, want %s", got, s.Webhook.Timeout.D())
+	}
+	if n, c := reflect.TypeFor[config.Sink]().NumField(), 5; n != c {
+		t.Errorf("config.Sink has %d fields, this test maps %d: add the new sink", n, c)
+	}
+}
+
+// fill sets every field of v to a value that is not zero.
+func fill(t *testing.T, v reflect.Value) {
+	switch v.Kind() {
+	case reflect.Struct:
+		for i := range v.NumField() {
+			fill(t, v.Field(i))
+		}
+	case reflect.String:
+		v.SetString("x")
+	case reflect.Int, reflect.Int64:
+		if v.Type() == reflect.TypeFor[config.Duration]() {
+			v.SetInt(int64(time.Second))
+		} else {
+			v.SetInt(1)
+		}
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Slice:
+		v.Set(reflect.MakeSlice(v.Type(), 1, 1))
+		fill(t, v.Index(0))
+	case reflect.Map:
+		v.Set(reflect.MakeMap(v.Type()))
+		v.SetMapIndex(reflect.ValueOf("k"), reflect.ValueOf("v"))
+	default:
+		t.Fatalf("fill: %s not handled", v.Type())
+	}
+}
+
+// checkSet fails for each field of v, recursively, that holds its zero
+// value.
+func checkSet(t *testing.T, path string, v reflect.Value) {
+	if v.Kind() == reflect.Struct {
+		for i := range v.NumField() {
+			checkSet(t, path+"."+v.Type().Field(i).Name, v.Field(i))
+		}
+		return
+	}
+	if v.IsZero() {
+		t.Errorf("%s is not mapped from the config", path)
+	}
+}
