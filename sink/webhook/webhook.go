@@ -74,7 +74,7 @@ type Options struct {
 	// Default slog.Default().
 	Logger *slog.Logger
 	// Transport sends the requests. Default: a keep-alive transport that
-	// keeps up to max_concurrency idle connections per host, honours
+	// opens and keeps up to max_concurrency connections per host, honours
 	// HTTPS_PROXY, HTTP_PROXY and NO_PROXY, and attempts HTTP/2 over TLS.
 	// Tests use it to count or fail connections.
 	Transport http.RoundTripper
@@ -171,9 +171,10 @@ func New(cfg Config, opts Options) (*Sink, error) {
 	return s, nil
 }
 
-// newTransport returns a keep-alive transport that keeps up to n idle
-// connections per host, so a sink with n requests in flight reuses its
-// connections instead of opening new ones.
+// newTransport returns a keep-alive transport that opens at most n
+// connections per host and keeps them idle for reuse. A request whose slot
+// was freed before the previous response's connection went back to the
+// pool waits for that connection instead of opening another.
 func newTransport(n int, proxy func(*http.Request) (*url.URL, error)) *http.Transport {
 	return &http.Transport{
 		Proxy:                 proxy,
@@ -181,6 +182,7 @@ func newTransport(n int, proxy func(*http.Request) (*url.URL, error)) *http.Tran
 		ForceAttemptHTTP2:     true,
 		MaxIdleConns:          n,
 		MaxIdleConnsPerHost:   n,
+		MaxConnsPerHost:       n,
 		IdleConnTimeout:       idleConnTimeout,
 		TLSHandshakeTimeout:   dialTimeout,
 		ExpectContinueTimeout: time.Second,
