@@ -3,10 +3,13 @@ GO ?= go
 .PHONY: test deps demo build vet bench
 
 # test installs missing test dependencies, then runs every test: the relay
-# module's and those of the nested helpers module (./... stops at its go.mod).
+# module's and those of the nested helpers module (./... stops at its go.mod),
+# the second also when the first failed; it fails if either did.
 test: deps
-	$(GO) test -count=1 -timeout 15m ./...
-	cd helpers && $(GO) test -count=1 -timeout 5m ./...
+	status=0; \
+	$(GO) test -count=1 -timeout 15m ./... || status=1; \
+	cd helpers && $(GO) test -count=1 -timeout 5m ./... || status=1; \
+	exit $$status
 
 deps:
 	bash scripts/deps.sh
