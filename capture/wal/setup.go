@@ -68,17 +68,14 @@ type Finding struct {
 // check`: wal_level, the replication privilege, a replication connection,
 // the publication and the slot (with its lag). It changes nothing.
 func Check(ctx context.Context, pool *pgxpool.Pool, l schema.Layout, slot, publication string) []Finding {
-	var level string
-	var canReplicate bool
-	err := pool.QueryRow(ctx, `SELECT current_setting('wal_level'), rolreplication OR rolsuper
-		FROM pg_roles WHERE rolname = current_user`).Scan(&level, &canReplicate)
-	if err == nil && level != "logical" {
-		err = fmt.Errorf("wal_level is %s", level)
+	level, role, canReplicate, err := readServer(ctx, pool)
+	if err == nil {
+		err = checkWALLevel(level)
 	}
 	out := []Finding{{What: "wal_level = logical", Err: err,
 		Fix: "ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL"}}
-	if err == nil && !canReplicate {
-		err = errors.New("the role may not use replication")
+	if err == nil {
+		err = checkReplication(role, canReplicate)
 	}
 	out = append(out, Finding{What: "replication privilege", Err: err, Fix: "ALTER ROLE <relay user> REPLICATION"})
 	out = append(out, Finding{What: "replication connection", Err: checkReplConn(ctx, pool),

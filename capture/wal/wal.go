@@ -177,18 +177,39 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 // checkServer fails permanently when wal_level is not logical or the role
 // may not replicate.
 func checkServer(ctx context.Context, q schema.Querier) error {
-	var level, role string
-	var canReplicate bool
-	err := q.QueryRow(ctx, `SELECT current_setting('wal_level'), current_user, rolreplication OR rolsuper
-		FROM pg_roles WHERE rolname = current_user`).Scan(&level, &role, &canReplicate)
+	level, role, canReplicate, err := readServer(ctx, q)
 	if err != nil {
 		return fmt.Errorf("check wal_level: %w", err)
 	}
-	if level != "logical" {
-		return sink.AsPermanent(fmt.Errorf("wal_level is %s; wal capture needs logical: ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL", level))
+	if err := checkWALLevel(level); err != nil {
+		return sink.AsPermanent(err)
 	}
+	if err := checkReplication(role, canReplicate); err != nil {
+		return sink.AsPermanent(err)
+	}
+	return nil
+}
+
+// readServer returns the server's wal_level, the current role and whether
+// it may use replication.
+func readServer(ctx context.Context, q schema.Querier) (level, role string, canReplicate bool, err error) {
+	err = q.QueryRow(ctx, `SELECT current_setting('wal_level'), current_user, rolreplication OR rolsuper
+		FROM pg_roles WHERE rolname = current_user`).Scan(&level, &role, &canReplicate)
+	return level, role, canReplicate, err
+}
+
+// checkWALLevel fails, saying how to fix it, unless level is logical.
+func checkWALLevel(level string) error {
+	if level != "logical" {
+		return fmt.Errorf("wal_level is %s; wal capture needs logical: ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL", level)
+	}
+	return nil
+}
+
+// checkReplication fails, saying how to fix it, unless role may replicate.
+func checkReplication(role string, canReplicate bool) error {
 	if !canReplicate {
-		return sink.AsPermanent(fmt.Errorf("role %s may not use replication: ALTER ROLE %s REPLICATION", role, schema.Q(role)))
+		return fmt.Errorf("role %s may not use replication: ALTER ROLE %s REPLICATION", role, schema.Q(role))
 	}
 	return nil
 }
@@ -370,6 +391,9 @@ func (s *Source) openStream(ctx, term context.Context, start pglogrepl.LSN) (*st
 	return st, nil
 }
 
+// quoteLiteral quotes s for an option of a replication command such as
+// START_REPLICATION, whose parser only doubles quotes and knows no
+// E-prefixed strings (so schema.Literal does not fit).
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // SlotHealth returns the slot's last observed lag behind the server's
