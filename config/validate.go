@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxrelay/relay/internal/destname"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink/template"
 )
@@ -235,15 +236,11 @@ func webhookURLProblem(raw string) string {
 }
 
 // Kafka limits: partition counts are int32 and replication factors int16
-// on the wire; a topic name is at most 249 characters.
+// on the wire.
 const (
 	maxKafkaPartitions  = 1<<31 - 1
 	maxKafkaReplication = 1<<15 - 1
-	maxKafkaTopicLength = 249
 )
-
-// kafkaTopicChars matches the characters Kafka allows in a topic name.
-var kafkaTopicChars = regexp.MustCompile(`^[a-zA-Z0-9._-]*$`)
 
 // checkKafka checks the kafka sink: brokers are required, the topic
 // template's literal text must be legal in a topic name, creation settings
@@ -258,19 +255,8 @@ func (l *loader) checkKafka(k Kafka) {
 	}
 	if _, err := template.Parse(k.Topic, nil); err != nil {
 		l.invalid("sink.kafka.topic", "%s", err)
-	} else {
-		literal := k.Topic
-		for _, p := range template.Placeholders {
-			literal = strings.ReplaceAll(literal, p, "")
-		}
-		switch {
-		case !kafkaTopicChars.MatchString(literal):
-			l.invalid("sink.kafka.topic", "%q has characters Kafka does not allow in a topic name (allowed: a-z A-Z 0-9 . _ -)", k.Topic)
-		case literal == k.Topic && (k.Topic == "." || k.Topic == ".."):
-			l.invalid("sink.kafka.topic", "%q is not a valid topic name", k.Topic)
-		case len(literal) > maxKafkaTopicLength:
-			l.invalid("sink.kafka.topic", "longer than Kafka's %d characters", maxKafkaTopicLength)
-		}
+	} else if err := destname.KafkaTopicTemplate(k.Topic); err != nil {
+		l.invalid("sink.kafka.topic", "%s", err)
 	}
 	if k.Partitions < 0 || k.Partitions > maxKafkaPartitions {
 		l.invalid("sink.kafka.partitions", "must be between 1 and %d (0 or unset: the broker's num.partitions), got %d", maxKafkaPartitions, k.Partitions)

@@ -31,6 +31,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/internal/destname"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/template"
 )
@@ -148,8 +149,6 @@ const (
 	// below Kafka's own default of 1048588, so the guess errs on the side
 	// of rejecting in the client.
 	defaultMaxMessageBytes = 1000012
-	// maxTopicLength is Kafka's limit on a topic name.
-	maxTopicLength = 249
 )
 
 // Sink publishes events to Kafka. It implements sink.Sink; its methods are
@@ -193,7 +192,7 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 	if len(cfg.Brokers) == 0 {
 		return nil, errors.New("sink.kafka.brokers: no brokers")
 	}
-	if err := checkTemplate(cfg.Topic); err != nil {
+	if err := destname.KafkaTopicTemplate(cfg.Topic); err != nil {
 		return nil, fmt.Errorf("sink.kafka.topic: %w", err)
 	}
 	topic, err := template.Parse(cfg.Topic, sanitize)
@@ -339,40 +338,10 @@ func saslMechanism(c SASL) (sasl.Mechanism, error) {
 // sanitize maps a rune of a template value that Kafka does not allow in a
 // topic name (anything but a-z A-Z 0-9 . _ -) to '_'.
 func sanitize(r rune) rune {
-	switch {
-	case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '_', r == '-':
+	if destname.KafkaTopicRune(r) {
 		return r
 	}
 	return '_'
-}
-
-// checkTemplate fails when the literal text of tmpl, which is not
-// sanitized, holds a character Kafka does not allow in a topic name.
-func checkTemplate(tmpl string) error {
-	literal := tmpl
-	for _, p := range template.Placeholders {
-		literal = strings.ReplaceAll(literal, p, "")
-	}
-	if strings.Map(sanitize, literal) != literal {
-		return fmt.Errorf("template %q: Kafka allows only a-z A-Z 0-9 . _ - in topic names", tmpl)
-	}
-	if literal == tmpl {
-		return validTopic(tmpl)
-	}
-	return nil
-}
-
-// validTopic fails on a name Kafka does not accept as a topic.
-func validTopic(name string) error {
-	switch {
-	case name == "" || name == "." || name == "..":
-		return fmt.Errorf("%q is not a valid topic name", name)
-	case len(name) > maxTopicLength:
-		return fmt.Errorf("topic %q is longer than %d characters", name, maxTopicLength)
-	case strings.Map(sanitize, name) != name:
-		return fmt.Errorf("topic %q has characters other than a-z A-Z 0-9 . _ -", name)
-	}
-	return nil
 }
 
 // topicOf renders e's topic: the template with sanitized values, cut to
@@ -380,8 +349,8 @@ func validTopic(name string) error {
 // that is a bare placeholder) replaced by underscores.
 func (s *Sink) topicOf(e *event.Event) string {
 	name := s.topic.Render(e)
-	if len(name) > maxTopicLength {
-		name = name[:maxTopicLength]
+	if len(name) > destname.MaxKafkaTopic {
+		name = name[:destname.MaxKafkaTopic]
 	}
 	if name == "." || name == ".." {
 		name = strings.Repeat("_", len(name))

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/internal/destname"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -35,7 +36,7 @@ func (s *Sink) EnsureTopics(ctx context.Context, names ...string) ([]string, err
 	}
 	var created []string
 	for _, name := range names {
-		if err := validTopic(name); err != nil {
+		if err := destname.KafkaTopic(name); err != nil {
 			return created, err
 		}
 		made, err := s.prepare(ctx, name)
