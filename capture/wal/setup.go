@@ -17,12 +17,12 @@ import (
 // its pending drain (only when the slot is missing).
 func SetupSQL(l schema.Layout, slot, publication string) []string {
 	stmts := []string{
-		l.CreateDrainTable(),
-		"-- when publication " + publication + " is missing:\n" + l.CreatePublication(publication),
+		l.DrainTableStep().SQL(),
+		"-- publication " + publication + ", when missing:\n" + l.CreatePublication(publication),
 	}
 	for i, stmt := range l.CreateSlot(slot) {
 		if i == 0 {
-			stmt = "-- when replication slot " + slot + " is missing:\n" + stmt
+			stmt = "-- replication slot " + slot + ", when missing:\n" + stmt
 		}
 		stmts = append(stmts, stmt)
 	}
@@ -35,25 +35,25 @@ func SetupSQL(l schema.Layout, slot, publication string) []string {
 // publishes the rows written before the slot. `relay init` calls it;
 // `relay run` does the same by itself. A publication that exists without
 // covering the outbox table is a permanent error naming both. Setup is
-// idempotent.
-func Setup(ctx context.Context, pool *pgxpool.Pool, l schema.Layout, slot, publication string) error {
+// idempotent and issues no DDL for what exists.
+func Setup(ctx context.Context, q schema.Querier, l schema.Layout, slot, publication string) error {
 	if !slotName.MatchString(slot) {
 		return fmt.Errorf("replication slot name %q must match %s", slot, slotName)
 	}
-	if err := checkServer(ctx, pool); err != nil {
+	if err := checkServer(ctx, q); err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, l.CreateDrainTable()); err != nil {
-		return fmt.Errorf("create drain table %s: %w", l.DrainTable(), err)
-	}
-	if err := ensurePublication(ctx, pool, l, publication); err != nil {
+	if err := schema.EnsureDrainTable(ctx, q, l); err != nil {
 		return err
 	}
-	info, err := inspectSlot(ctx, pool, slot)
+	if err := ensurePublication(ctx, q, l, publication); err != nil {
+		return err
+	}
+	info, err := inspectSlot(ctx, q, slot)
 	if err != nil || info.exists {
 		return err
 	}
-	return createSlot(ctx, pool, l, slot)
+	return createSlot(ctx, q, l, slot)
 }
 
 // Finding is the outcome of one check of Check: Err is nil when it passed,
@@ -66,7 +66,10 @@ type Finding struct {
 
 // Check reports what wal capture needs from the database, for `relay
 // check`: wal_level, the replication privilege, a replication connection,
-// the publication and the slot (with its lag). It changes nothing.
+// the publication and the slot (with its lag). It changes nothing. The
+// replication privilege is the REPLICATION attribute, superuser, or
+// membership in rds_replication where that role exists (Amazon RDS and
+// Aurora).
 func Check(ctx context.Context, pool *pgxpool.Pool, l schema.Layout, slot, publication string) []Finding {
 	level, role, canReplicate, err := readServer(ctx, pool)
 	if err == nil {
@@ -77,16 +80,22 @@ func Check(ctx context.Context, pool *pgxpool.Pool, l schema.Layout, slot, publi
 	if err == nil {
 		err = checkReplication(role, canReplicate)
 	}
-	out = append(out, Finding{What: "replication privilege", Err: err, Fix: "ALTER ROLE <relay user> REPLICATION"})
+	out = append(out, Finding{What: "replication privilege", Err: err, Fix: replicationFix(role)})
 	out = append(out, Finding{What: "replication connection", Err: checkReplConn(ctx, pool),
 		Fix: "allow the relay's user to connect to this database in pg_hba.conf, and raise max_wal_senders if all are busy"})
 	err = checkPublication(ctx, pool, l, publication)
 	fix := "ALTER PUBLICATION " + schema.Q(publication) + " ADD TABLE " + l.Outbox.Ident() + ", or set capture.wal.publication to a new name"
 	if errors.Is(err, errNoPublication) {
-		fix = "run `relay init` (or `relay run`, which creates it)"
+		fix = "run `relay init` (or `relay run` as a role that may create it)"
 	}
 	out = append(out, Finding{What: "publication " + publication, Err: err, Fix: fix})
 	return append(out, checkSlot(ctx, pool, slot))
+}
+
+// replicationFix says how to give role the replication privilege.
+func replicationFix(role string) string {
+	return "ALTER ROLE " + schema.Q(role) + " REPLICATION (Amazon RDS/Aurora: GRANT rds_replication TO " + schema.Q(role) +
+		"; see docs/operations.md for managed services)"
 }
 
 func checkReplConn(ctx context.Context, pool *pgxpool.Pool) error {

@@ -136,7 +136,7 @@ func ensurePublication(ctx context.Context, q schema.Querier, l schema.Layout, p
 		return err
 	}
 	if _, err := q.Exec(ctx, l.CreatePublication(pub)); err != nil && !hasCode(err, codeDuplicateObject) {
-		return permanentIfDenied(fmt.Errorf("create publication %s: %w", pub, err))
+		return permanentIfDenied(fmt.Errorf("publication %s does not exist and creating it failed (run `relay init` as the owner of %s): %w", pub, l.Outbox, err))
 	}
 	return checkPublication(ctx, q, l, pub)
 }

@@ -175,7 +175,7 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 }
 
 // checkServer fails permanently when wal_level is not logical or the role
-// may not replicate.
+// may not replicate (schema.CanReplicate).
 func checkServer(ctx context.Context, q schema.Querier) error {
 	level, role, canReplicate, err := readServer(ctx, q)
 	if err != nil {
@@ -191,10 +191,9 @@ func checkServer(ctx context.Context, q schema.Querier) error {
 }
 
 // readServer returns the server's wal_level, the current role and whether
-// it may use replication.
+// it may use replication (schema.CanReplicate).
 func readServer(ctx context.Context, q schema.Querier) (level, role string, canReplicate bool, err error) {
-	err = q.QueryRow(ctx, `SELECT current_setting('wal_level'), current_user, rolreplication OR rolsuper
-		FROM pg_roles WHERE rolname = current_user`).Scan(&level, &role, &canReplicate)
+	err = q.QueryRow(ctx, `SELECT current_setting('wal_level'), current_user, (`+schema.CanReplicate+`)`).Scan(&level, &role, &canReplicate)
 	return level, role, canReplicate, err
 }
 
@@ -209,7 +208,7 @@ func checkWALLevel(level string) error {
 // checkReplication fails, saying how to fix it, unless role may replicate.
 func checkReplication(role string, canReplicate bool) error {
 	if !canReplicate {
-		return fmt.Errorf("role %s may not use replication: ALTER ROLE %s REPLICATION", role, schema.Q(role))
+		return fmt.Errorf("role %s may not use replication: %s", role, replicationFix(role))
 	}
 	return nil
 }
@@ -220,8 +219,8 @@ func prepare(ctx context.Context, q schema.Querier, l schema.Layout, info schema
 	if err := schema.EnsureDeadLetter(ctx, q, l, info); err != nil {
 		return err
 	}
-	if _, err := q.Exec(ctx, l.CreateDrainTable()); err != nil {
-		return permanentIfDenied(fmt.Errorf("create drain table %s: %w", l.DrainTable(), err))
+	if err := schema.EnsureDrainTable(ctx, q, l); err != nil {
+		return err
 	}
 	return ensurePublication(ctx, q, l, pub)
 }

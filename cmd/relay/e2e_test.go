@@ -16,10 +16,12 @@ import (
 
 // TestEndToEnd runs concurrent producers over 600 aggregates against a
 // running relay and checks every guarantee on the wire and in the stream.
+// The relay runs as a role with only the privileges `relay init --dry-run
+// --role` prints.
 func TestEndToEnd(t *testing.T) {
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
-			s := newStack(t, stackOptions{Mode: mode})
+			s := newStack(t, stackOptions{Mode: mode, LeastPrivilege: true})
 			relay := s.start()
 			begin := time.Now()
 			s.produce(context.Background(), 12000, 600, 8)
@@ -37,7 +39,8 @@ func TestEndToEnd(t *testing.T) {
 // TestKillAndRestart kills the relay with SIGKILL at random moments while
 // producers write, restarts it each time, and checks that nothing is lost,
 // every copy carries its row's message_id and per-aggregate order holds.
-// RELAY_SOAK=1 runs many more rounds.
+// RELAY_SOAK=1 runs many more rounds. The relay runs with least privilege
+// (see TestEndToEnd).
 func TestKillAndRestart(t *testing.T) {
 	rounds, events := 8, 12000
 	if os.Getenv("RELAY_SOAK") != "" {
@@ -45,7 +48,7 @@ func TestKillAndRestart(t *testing.T) {
 	}
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
-			s := newStack(t, stackOptions{Mode: mode})
+			s := newStack(t, stackOptions{Mode: mode, LeastPrivilege: true})
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			produced := make(chan struct{})
@@ -120,10 +123,15 @@ func TestPoisonRowDeadLettered(t *testing.T) {
 
 // TestDeadLetterRedrive dead-letters a malformed row, lists it, repairs it
 // in the dead-letter table, redrives it and sees it published with its
-// original id; then drop empties the table.
+// original id; then drop empties the table. The relay and the dlq commands
+// run with least privilege plus INSERT on the outbox, which redrive needs
+// (docs/operations.md).
 func TestDeadLetterRedrive(t *testing.T) {
-	s := newStack(t)
+	s := newStack(t, stackOptions{LeastPrivilege: true})
 	ctx := context.Background()
+	if _, err := s.pool.Exec(ctx, "GRANT INSERT ON outbox TO "+s.role); err != nil {
+		t.Fatal(err)
+	}
 	poison := uuid.NewString()
 	if _, err := s.pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
 		VALUES ($1, 'order', 'poison-1', 'step', '{"aggregate":"poison-1","step":1}', '["not", "a", "map"]')`, poison); err != nil {
@@ -211,11 +219,12 @@ func TestParkAggregate(t *testing.T) {
 }
 
 // TestArchiveModes runs archive modes mark and move: published rows are
-// marked or moved, never deleted, and retention prunes them.
+// marked or moved, never deleted, and retention prunes them. The relay
+// runs with least privilege (see TestEndToEnd).
 func TestArchiveModes(t *testing.T) {
 	for _, mode := range []string{"mark", "move"} {
 		t.Run(mode, func(t *testing.T) {
-			s := newStack(t, stackOptions{Archive: mode})
+			s := newStack(t, stackOptions{Archive: mode, LeastPrivilege: true})
 			ctx := context.Background()
 			s.produce(ctx, 1000, 50, 4)
 			relay := s.start()
@@ -233,6 +242,7 @@ func TestArchiveModes(t *testing.T) {
 			// A relay with a short retention prunes them when it starts.
 			time.Sleep(1100 * time.Millisecond)
 			rewriteDSN(t, s.cfgPath, "mode: "+mode+"\n", "mode: "+mode+"\n  retention: 1s\n")
+			s.grant()
 			relay = s.start()
 			defer relay.stop(t, 15*time.Second)
 			waitFor(t, func() bool {

@@ -51,7 +51,7 @@ const maxRelayTx = 3 * time.Second
 
 func brokerOutage(t *testing.T, mode string, outage time.Duration) {
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	s := newStack(t, stackOptions{Mode: mode, Extra: "http:\n  listen: " + addr + "\nretry:\n  max_attempts: 1\n"})
+	s := newStack(t, stackOptions{Mode: mode, LeastPrivilege: true, Extra: "http:\n  listen: " + addr + "\nretry:\n  max_attempts: 1\n"})
 	s.wireGaps = true
 	relay := s.start()
 	waitFor(t, func() bool { return readyz(addr) == http.StatusOK })

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -46,6 +48,10 @@ func TestMain(m *testing.M) {
 	testenv.Main(m)
 }
 
+// roleCounter makes the names of the roles tests create unique in the
+// package's cluster.
+var roleCounter atomic.Int64
+
 // stack is one database, one NATS server and a relay config pointing at
 // them, with the logs of what producers wrote and consumers received.
 type stack struct {
@@ -60,6 +66,7 @@ type stack struct {
 	steps   map[int]int              // aggregate -> last step written
 	archive string                   // archive.mode
 	collect func() []verify.Delivery // see stackOptions.Collect
+	role    string                   // the relay's role, when not the superuser (stackOptions.LeastPrivilege)
 	// wireGaps is set by tests that stop the broker: the core subscriber
 	// misses what is published while it reconnects, so only the stream
 	// counts.
@@ -85,6 +92,10 @@ type stackOptions struct {
 	// Collect returns every delivery the sink's consumer has seen so far,
 	// in delivery order; it replaces the NATS subscriber and stream reader.
 	Collect func() []verify.Delivery
+	// LeastPrivilege runs `relay run` as a role created for the test that
+	// owns nothing and may create nothing, with exactly the grants `relay
+	// init --dry-run --role` prints (see stack.restrict).
+	LeastPrivilege bool
 }
 
 // newStack starts NATS, writes a config and runs `relay init`.
@@ -134,10 +145,58 @@ capture:
 		t.Fatalf("relay init: exit %d\n%s", code, out)
 	}
 	t.Cleanup(s.pool.Close)
+	if o.LeastPrivilege {
+		s.restrict()
+	}
 	if s.collect == nil {
 		s.subscribe()
 	}
 	return s
+}
+
+// restrict creates a role with newRole, applies the GRANT statements
+// `relay init --dry-run --role` prints for it, nothing else, and points the
+// config at that role. The stack's own pool stays the superuser's.
+func (s *stack) restrict() {
+	s.t.Helper()
+	var dsn string
+	s.role, dsn = newRole(s.t, s.pool, s.dsn)
+	s.grant()
+	rewriteDSN(s.t, s.cfgPath, s.dsn, dsn)
+}
+
+// newRole creates, through the superuser's q, a LOGIN role that owns
+// nothing and holds no privilege (CREATE on schema public is taken from
+// PUBLIC explicitly, as PostgreSQL 15 does by default), and returns its
+// name and dsn with the role as user.
+func newRole(t *testing.T, q interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, dsn string) (string, string) {
+	t.Helper()
+	role := fmt.Sprintf("relay_run_%d", roleCounter.Add(1))
+	if _, err := q.Exec(context.Background(), fmt.Sprintf(`CREATE ROLE %s LOGIN; REVOKE CREATE ON SCHEMA public FROM PUBLIC`, role)); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	return role, u.String()
+}
+
+// grant applies, as the superuser, the statements `relay init --dry-run
+// --role` prints for the stack's role with the current config.
+func (s *stack) grant() {
+	s.t.Helper()
+	out, code := runRelay(s.t, "init", "--dry-run", "--role", s.role, "--config", s.cfgPath)
+	_, grants, ok := strings.Cut(out, "-- Privileges of role "+s.role)
+	if code != 0 || !ok {
+		s.t.Fatalf("relay init --dry-run --role: exit %d\n%s", code, out)
+	}
+	if _, err := s.pool.Exec(context.Background(), "--"+grants); err != nil {
+		s.t.Fatalf("apply the printed grants: %v\n%s", err, grants)
+	}
 }
 
 func writeConfig(t *testing.T, yaml string) string {

@@ -28,7 +28,9 @@ import (
 
 const usage = `usage:
   relay run    --config FILE                 run the relay until SIGINT/SIGTERM
-  relay init   --config FILE [--dry-run]     create the outbox, dead-letter table, trigger and stream
+  relay init   --config FILE [--dry-run] [--role NAME] [--lock-timeout 5s]
+                                             create the outbox, dead-letter table, trigger and stream;
+                                             with --role, grant (or print) what relay run needs
   relay check  --config FILE                 check the config, Postgres and the sink
   relay dlq    list|redrive|drop --config FILE [--id UUID ...] [--aggregate ID] [--older-than DURATION] [--all] [--limit N]
                                              inspect, re-publish (same ids) or delete dead letters;
@@ -89,9 +91,12 @@ func configCommand(ctx context.Context, cmd string, args []string, stdout, stder
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", "", "path to the YAML config file (required)")
-	dryRun := false
+	var initOpts app.InitOptions
 	if cmd == "init" {
-		fs.BoolVar(&dryRun, "dry-run", false, "print the SQL instead of running it")
+		fs.BoolVar(&initOpts.DryRun, "dry-run", false, "print the SQL instead of running it")
+		fs.StringVar(&initOpts.Role, "role", "", "the role `relay run` connects as: print (with --dry-run) or grant the privileges it needs")
+		fs.DurationVar(&initOpts.LockTimeout, "lock-timeout", app.DefaultLockTimeout,
+			"give up a statement that waits longer than this for a table lock the application holds")
 	}
 	if err := fs.Parse(args); err != nil {
 		return &app.UsageError{Err: err}
@@ -106,7 +111,7 @@ func configCommand(ctx context.Context, cmd string, args []string, stdout, stder
 	log := app.NewLogger(cfg.Log, stderr)
 	switch cmd {
 	case "init":
-		return app.Init(ctx, cfg, dryRun, stdout, log)
+		return app.Init(ctx, cfg, initOpts, stdout, log)
 	case "check":
 		return app.Check(ctx, cfg, stdout, log)
 	default:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -19,7 +20,9 @@ import (
 var ErrCheckFailed = errors.New("check failed")
 
 // Check validates what the relay needs beyond the config file: Postgres is
-// reachable, the outbox table exists with the mapped columns, and the sink
+// reachable, the outbox table exists with the mapped columns, the role has
+// the privileges `relay run` needs (missing ones are printed as the GRANT
+// statements to run), and the sink
 // is reachable with its stream in place. It prints one line per check with
 // the fix for each problem and returns ErrCheckFailed when any failed. log
 // receives the sink's logs.
@@ -43,8 +46,11 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logge
 	if err == nil {
 		report("postgres connections: relay run opens "+conns.String(), serverRoom(ctx, pool, conns.total),
 			"lower postgres.max_conns, or raise the server's max_connections")
-		_, err = schema.Inspect(ctx, pool, l)
+		info, err := schema.Inspect(ctx, pool, l)
 		report("outbox table "+l.Outbox.String(), err, "run `relay init`, or fix outbox.table / outbox.columns")
+		if err == nil {
+			checkPrivileges(ctx, pool, cfg, l, info, report)
+		}
 		if cfg.Capture.Mode == "wal" {
 			for _, f := range wal.Check(ctx, pool, l, cfg.Capture.WAL.Slot, cfg.Capture.WAL.Publication) {
 				report(f.What, f.Err, f.Fix)
@@ -77,4 +83,25 @@ func serverRoom(ctx context.Context, pool *pgxpool.Pool, n int) error {
 		return fmt.Errorf("the server accepts only %d connections for non-superusers", room)
 	}
 	return nil
+}
+
+// checkPrivileges reports the objects `relay run` uses that are missing and
+// the privileges the current role lacks on those that exist, as GRANTs.
+func checkPrivileges(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, l schema.Layout, info schema.Info,
+	report func(what string, err error, fix string)) {
+	var role string
+	err := pool.QueryRow(ctx, `SELECT current_user`).Scan(&role)
+	var missing []schema.Privilege
+	var absent []string
+	if err == nil {
+		missing, absent, err = schema.MissingPrivileges(ctx, pool, l.RunPrivileges(runNeeds(cfg, info.SeqSequence)))
+	}
+	if err == nil && len(missing) > 0 {
+		err = fmt.Errorf("role %s lacks %d privileges relay run needs", role, len(missing))
+	}
+	report("privileges of role "+role, err, "as the owner, run:\n        "+
+		strings.Join(schema.GrantSQL(missing, role), ";\n        ")+";")
+	for _, obj := range absent {
+		report(obj, errors.New("missing"), "run `relay init`")
+	}
 }

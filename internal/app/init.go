@@ -2,60 +2,100 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/internal/schema"
 )
 
+// InitOptions vary Init. The zero value creates what is missing with the
+// default lock timeout.
+type InitOptions struct {
+	// DryRun prints the SQL instead of running it.
+	DryRun bool
+	// Role, when set, is the role `relay run` connects as: Init prints
+	// (DryRun) or grants the privileges it needs and nothing more.
+	Role string
+	// LockTimeout bounds each wait for a table lock, so that init never
+	// queues the application's writes behind it for longer. Default
+	// DefaultLockTimeout.
+	LockTimeout time.Duration
+}
+
+// DefaultLockTimeout is InitOptions.LockTimeout's default.
+const DefaultLockTimeout = 5 * time.Second
+
 // Init creates what is missing: the outbox table with the index serving the
 // poll query, the insert notify trigger (poll mode with capture.poll.notify;
-// otherwise it removes it), the dead-letter table,
-// what archive.mode needs (mark: the published_at column; move: the
-// archive table) and what the sink needs (NATS stream, a fixed Kafka
-// topic). With dryRun it prints the SQL and changes nothing. Every
-// statement is idempotent, so Init can run on every deploy. log receives
-// the sink's logs.
-func Init(ctx context.Context, cfg *config.Config, dryRun bool, w io.Writer, log *slog.Logger) error {
-	l := schema.FromConfig(cfg)
-	if dryRun {
-		stmts := initSQL(l, cfg, nil)
-		if cfg.Capture.Mode == "wal" {
-			stmts = append(stmts, wal.SetupSQL(l, cfg.Capture.WAL.Slot, cfg.Capture.WAL.Publication)...)
-		}
-		for _, stmt := range stmts {
-			fmt.Fprintf(w, "%s;\n\n", stmt)
-		}
-		fmt.Fprintf(w, "-- sink %s: created when missing by `relay init` and `relay run` (NATS stream, fixed Kafka topic)\n", cfg.Sink.Type)
-		return nil
+// otherwise it removes it), the dead-letter table, what archive.mode needs
+// (mark: the published_at column; move: the archive table), in wal mode
+// the drain table, publication and slot, and what the sink needs (NATS
+// stream, a fixed Kafka topic). It looks each object up first and issues no
+// DDL for one that exists, builds indexes CONCURRENTLY (rebuilding one an
+// interrupted run left INVALID), and waits for each table lock at most
+// opts.LockTimeout, failing with a message naming the object. With
+// opts.Role it grants that role what `relay run` needs. log receives the
+// sink's logs.
+func Init(ctx context.Context, cfg *config.Config, opts InitOptions, w io.Writer, log *slog.Logger) error {
+	if opts.LockTimeout <= 0 {
+		opts.LockTimeout = DefaultLockTimeout
 	}
-	pool, err := connect(ctx, cfg.Postgres.URL, 2)
+	l := schema.FromConfig(cfg)
+	if opts.DryRun {
+		return initDryRun(ctx, cfg, l, opts.Role, w)
+	}
+	pool, err := connect(ctx, cfg.Postgres.URL, 1)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if _, err := pool.Exec(ctx, l.CreateOutbox()); err != nil {
-		return fmt.Errorf("create outbox table %s: %w", l.Outbox, err)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("connect to postgres %s: %w", redact.String(cfg.Postgres.URL), err)
 	}
-	info, err := schema.Inspect(ctx, pool, l)
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)", fmt.Sprint(opts.LockTimeout.Milliseconds())); err != nil {
+		return fmt.Errorf("set lock_timeout: %w", err)
+	}
+	steps := l.InitSteps(notify(cfg), cfg.Archive.Mode, nil)
+	if err := steps[0].Run(ctx, conn); err != nil {
+		return err
+	}
+	info, err := schema.Inspect(ctx, conn, l)
 	if err != nil {
 		return err
 	}
-	for _, stmt := range initSQL(l, cfg, info.Types)[1:] {
-		if _, err := pool.Exec(ctx, stmt); err != nil {
-			return fmt.Errorf("init: %w\nstatement: %s", err, stmt)
+	// The other tables take the existing outbox's column types.
+	for _, s := range l.InitSteps(notify(cfg), cfg.Archive.Mode, info.Types)[1:] {
+		if err := s.Run(ctx, conn); err != nil {
+			return err
 		}
 	}
 	if cfg.Capture.Mode == "wal" {
-		if err := wal.Setup(ctx, pool, l, cfg.Capture.WAL.Slot, cfg.Capture.WAL.Publication); err != nil {
-			return err
+		if err := wal.Setup(ctx, conn, l, cfg.Capture.WAL.Slot, cfg.Capture.WAL.Publication); err != nil {
+			return lockTimeout(err, "publication "+cfg.Capture.WAL.Publication)
 		}
 		fmt.Fprintf(w, "postgres: publication %s and replication slot %s ready\n", cfg.Capture.WAL.Publication, cfg.Capture.WAL.Slot)
 	}
 	fmt.Fprintf(w, "postgres: outbox %s, dead-letter table %s ready\n", l.Outbox, l.DeadLetter)
+	if opts.Role != "" {
+		for _, stmt := range grantSQL(cfg, l, info.SeqSequence, opts.Role) {
+			if _, err := conn.Exec(ctx, stmt); err != nil {
+				return fmt.Errorf("grant role %s what relay run needs: %w\nstatement: %s", opts.Role, err, stmt)
+			}
+		}
+		fmt.Fprintf(w, "postgres: role %s granted what `relay run` needs\n", opts.Role)
+	}
+	conn.Release()
 
 	snk, err := openSink(ctx, cfg, log, pipelineWindow)
 	if err != nil {
@@ -70,15 +110,79 @@ func Init(ctx context.Context, cfg *config.Config, dryRun bool, w io.Writer, log
 	return nil
 }
 
-// initSQL lists the statements of Init, the outbox table first. types are
-// the existing outbox's column types, or nil for the contract's.
-func initSQL(l schema.Layout, cfg *config.Config, types map[string]string) []string {
-	stmts := []string{l.CreateOutbox(), l.CreatePollIndex()}
-	if cfg.Capture.Mode == "poll" && cfg.Capture.Poll.Notify {
-		stmts = append(stmts, l.CreateNotifyTrigger()...)
-	} else {
-		stmts = append(stmts, l.DropNotifyTrigger()...)
+// initDryRun prints the SQL of Init and, with role, the grants. When the
+// outbox exists already, the grants name its actual seq sequence; the
+// database is only read, and not needed at all otherwise.
+func initDryRun(ctx context.Context, cfg *config.Config, l schema.Layout, role string, w io.Writer) error {
+	fmt.Fprintln(w, "-- Run outside a transaction block (CREATE INDEX CONCURRENTLY), as the owner of the outbox table.")
+	fmt.Fprintln(w, "-- SET lock_timeout = '5s'; -- and run again later if a statement times out waiting for the application's locks")
+	fmt.Fprintln(w)
+	var stmts []string
+	for _, s := range l.InitSteps(notify(cfg), cfg.Archive.Mode, nil) {
+		stmts = append(stmts, s.SQL())
 	}
-	stmts = append(stmts, l.CreateDeadLetter(types)...)
-	return append(stmts, l.ArchiveDDL(cfg.Archive.Mode, types)...)
+	if cfg.Capture.Mode == "wal" {
+		stmts = append(stmts, wal.SetupSQL(l, cfg.Capture.WAL.Slot, cfg.Capture.WAL.Publication)...)
+	}
+	for _, stmt := range stmts {
+		fmt.Fprintf(w, "%s;\n\n", stmt)
+	}
+	fmt.Fprintf(w, "-- sink %s: created when missing by `relay init` and `relay run` (NATS stream, fixed Kafka topic)\n", cfg.Sink.Type)
+	if role == "" {
+		return nil
+	}
+	fmt.Fprintf(w, "\n-- Privileges of role %s for `relay run`, and nothing more:\n", role)
+	for _, stmt := range grantSQL(cfg, l, existingSequence(ctx, cfg, l), role) {
+		fmt.Fprintf(w, "%s;\n", stmt)
+	}
+	return nil
+}
+
+// existingSequence returns the seq column's sequence when the database is
+// reachable and the outbox exists, or "" (the default identity sequence
+// name is then assumed).
+func existingSequence(ctx context.Context, cfg *config.Config, l schema.Layout) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, cfg.Postgres.URL)
+	if err != nil {
+		return ""
+	}
+	defer conn.Close(ctx)
+	info, err := schema.Inspect(ctx, conn, l)
+	if err != nil {
+		return ""
+	}
+	return info.SeqSequence
+}
+
+// notify reports whether init installs the insert notify trigger.
+func notify(cfg *config.Config) bool { return cfg.Capture.Mode == "poll" && cfg.Capture.Poll.Notify }
+
+// runNeeds describes what `relay run` does with cfg, for its privileges;
+// seq is the seq column's sequence or "" for the default name.
+func runNeeds(cfg *config.Config, seq string) schema.RunNeeds {
+	return schema.RunNeeds{WAL: cfg.Capture.Mode == "wal", ArchiveMode: cfg.Archive.Mode,
+		Prune: cfg.Archive.Retention > 0, Sequence: seq}
+}
+
+// grantSQL returns the statements giving role what `relay run` needs with
+// cfg: the GRANTs and, in wal mode, the replication privilege.
+func grantSQL(cfg *config.Config, l schema.Layout, seq, role string) []string {
+	stmts := schema.GrantSQL(l.RunPrivileges(runNeeds(cfg, seq)), role)
+	if cfg.Capture.Mode == "wal" {
+		stmts = append(stmts, "-- replication (Amazon RDS/Aurora: GRANT rds_replication TO "+schema.Q(role)+" instead; see docs/operations.md)\n"+
+			"ALTER ROLE "+schema.Q(role)+" WITH REPLICATION")
+	}
+	return stmts
+}
+
+// lockTimeout gives a lock timeout of wal setup the message of
+// schema.StepError.
+func lockTimeout(err error, object string) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+		return &schema.StepError{Step: schema.Step{Object: object}, Statement: "CREATE PUBLICATION", Err: err}
+	}
+	return err
 }

@@ -128,7 +128,7 @@ shutdown_timeout: 5s
 // createSchema runs `relay init` for cfg and creates the business table the
 // producers update in the same transactions as they write the outbox.
 func createSchema(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
-	if err := app.Init(ctx, cfg, false, io.Discard, log); err != nil {
+	if err := app.Init(ctx, cfg, app.InitOptions{}, io.Discard, log); err != nil {
 		return fmt.Errorf("relay init: %w", err)
 	}
 	pool, err := connect(ctx, cfg.Postgres.URL, 1)

@@ -49,29 +49,52 @@ func (l Layout) Unpublished(mode, alias string) string {
 	return "AND " + col + " IS NULL"
 }
 
-// ArchiveDDL returns the statements archive mode needs: for mark the
-// published_at column and a partial index serving the poll query over
-// unpublished rows; for move the archive table with the outbox's column
-// types (types as for CreateDeadLetter) and archived_at.
+// ArchiveDDL returns the statements archive mode needs (see archiveSteps),
+// to run outside a transaction.
 func (l Layout) ArchiveDDL(mode string, types map[string]string) []string {
+	var stmts []string
+	for _, s := range l.archiveSteps(mode, types) {
+		stmts = append(stmts, s.Create...)
+	}
+	return stmts
+}
+
+// archiveSteps returns what archive mode needs: for mark the published_at
+// column and partial indexes serving the poll query over unpublished rows
+// and the pruning of published ones; for move the archive table with the
+// outbox's column types (types as for CreateDeadLetter) and archived_at.
+func (l Layout) archiveSteps(mode string, types map[string]string) []Step {
 	switch mode {
 	case ArchiveMark:
-		return []string{
-			fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s timestamptz`, l.Outbox.Ident(), Q(PublishedAt)),
-			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s) WHERE %s IS NULL`,
-				Q(derived(l.Outbox.Name, "_relay_unpublished_idx")), l.Outbox.Ident(), Q(l.Cols.Seq), Q(PublishedAt)),
-			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s) WHERE %s IS NOT NULL`,
-				Q(derived(l.Outbox.Name, "_relay_published_idx")), l.Outbox.Ident(), Q(PublishedAt), Q(PublishedAt)),
+		return []Step{
+			{Object: fmt.Sprintf("column %s of %s", PublishedAt, l.Outbox),
+				Probe: fmt.Sprintf(`SELECT NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = %s AND NOT attisdropped)`,
+					Literal(l.Outbox.Ident()), Literal(PublishedAt)),
+				Create: []string{fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s timestamptz`, l.Outbox.Ident(), Q(PublishedAt))}},
+			index{table: l.Outbox, suffix: "_relay_unpublished_idx",
+				def: fmt.Sprintf("(%s) WHERE %s IS NULL", Q(l.Cols.Seq), Q(PublishedAt))}.step(),
+			index{table: l.Outbox, suffix: "_relay_published_idx",
+				def: fmt.Sprintf("(%s) WHERE %s IS NOT NULL", Q(PublishedAt), Q(PublishedAt))}.step(),
 		}
 	case ArchiveMove:
-		return []string{
-			fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n%s,\n  archived_at timestamptz NOT NULL DEFAULT now()\n)",
-				l.Archive.Ident(), strings.Join(l.typedColumns(types), ",\n")),
-			fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (archived_at)`,
-				Q(derived(l.Archive.Name, "_archived_at_idx")), l.Archive.Ident()),
-		}
+		create := l.createArchive(types)
+		return []Step{tableStep("archive table", l.Archive, create[0]), l.archiveIndex().step()}
 	}
 	return nil
+}
+
+// createArchive returns the statements creating the archive table of
+// archive mode move and its index (plain: the table is new).
+func (l Layout) createArchive(types map[string]string) []string {
+	return []string{
+		fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n%s,\n  archived_at timestamptz NOT NULL DEFAULT now()\n)",
+			l.Archive.Ident(), strings.Join(l.typedColumns(types), ",\n")),
+		l.archiveIndex().create(false),
+	}
+}
+
+func (l Layout) archiveIndex() index {
+	return index{table: l.Archive, suffix: "_archived_at_idx", def: "(archived_at)"}
 }
 
 // PruneArchive returns the statement deleting archived rows older than the
@@ -87,8 +110,10 @@ func (l Layout) PruneArchive(mode string) string {
 }
 
 // EnsureArchive prepares archive mode: for move it creates the archive
-// table when missing; for mark it requires the published_at column that
-// `relay init` adds (a permanent error naming it otherwise).
+// table when missing (no DDL when it exists; a role that may not create it
+// gets a permanent error naming it and `relay init`); for mark it requires
+// the published_at column that `relay init` adds (a permanent error naming
+// it otherwise).
 func EnsureArchive(ctx context.Context, q Querier, l Layout, mode string, info Info) error {
 	switch mode {
 	case ArchiveMark:
@@ -96,11 +121,7 @@ func EnsureArchive(ctx context.Context, q Querier, l Layout, mode string, info I
 			return sink.AsPermanent(fmt.Errorf("archive.mode mark needs column %s on %s: run `relay init`", PublishedAt, l.Outbox))
 		}
 	case ArchiveMove:
-		for _, stmt := range l.ArchiveDDL(mode, info.Types) {
-			if _, err := q.Exec(ctx, stmt); err != nil {
-				return fmt.Errorf("create archive table %s: %w", l.Archive, err)
-			}
-		}
+		return ensureTable(ctx, q, "archive table", l.Archive, l.createArchive(info.Types))
 	}
 	return nil
 }

@@ -27,11 +27,43 @@ func (l Layout) CreateOutbox() string {
 		Q(c.Payload), Q(c.Headers), Q(c.CreatedAt), Q(c.Seq))
 }
 
+// pollIndex serves the poll query (WHERE seq <= $1 ORDER BY seq).
+func (l Layout) pollIndex() index {
+	return index{table: l.Outbox, suffix: "_relay_seq_idx", def: "(" + Q(l.Cols.Seq) + ")"}
+}
+
 // CreatePollIndex returns the statement creating the index that serves the
-// poll query (WHERE seq <= $1 ORDER BY seq).
-func (l Layout) CreatePollIndex() string {
-	return fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s)`,
-		Q(derived(l.Outbox.Name, "_relay_seq_idx")), l.Outbox.Ident(), Q(l.Cols.Seq))
+// poll query, CONCURRENTLY (run it outside a transaction).
+func (l Layout) CreatePollIndex() string { return l.pollIndex().create(true) }
+
+// InitSteps returns what `relay init` creates when missing, in order, on an
+// outbox whose column types are types (nil: the contract's): the outbox
+// table, the poll index, the notify trigger (notify) or its removal, the
+// dead-letter table with its indexes, and what archive mode archiveMode
+// needs. Indexes are built CONCURRENTLY.
+func (l Layout) InitSteps(notify bool, archiveMode string, types map[string]string) []Step {
+	steps := []Step{tableStep("outbox table", l.Outbox, l.CreateOutbox()), l.pollIndex().step(), l.notifyStep(notify)}
+	dl := l.CreateDeadLetter(types)
+	steps = append(steps, tableStep("dead-letter table", l.DeadLetter, dl[0]))
+	for _, ix := range l.deadLetterIndexes() {
+		steps = append(steps, ix.step())
+	}
+	return append(steps, l.archiveSteps(archiveMode, types)...)
+}
+
+// notifyStep installs the notify trigger when it is missing (notify), or
+// removes it when present (not notify).
+func (l Layout) notifyStep(notify bool) Step {
+	name := derived(l.Outbox.Name, "_relay_notify")
+	exists := fmt.Sprintf(`EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass(%s) AND tgname = %s)`,
+		Literal(l.Outbox.Ident()), Literal(name))
+	s := Step{Object: fmt.Sprintf("insert notify trigger %s on %s", name, l.Outbox)}
+	if notify {
+		s.Probe, s.Create = "SELECT NOT "+exists, l.CreateNotifyTrigger()
+	} else {
+		s.Probe, s.Create, s.Drop = "SELECT "+exists, l.DropNotifyTrigger(), true
+	}
+	return s
 }
 
 // CreateNotifyTrigger returns the statements installing a statement-level
@@ -57,21 +89,27 @@ func (l Layout) DropNotifyTrigger() []string {
 }
 
 // CreateDeadLetter returns the statements creating the dead-letter table
-// when it is missing: the outbox columns with the outbox's types (types maps
-// column name to type; the contract's types are used for missing entries),
-// all nullable so a malformed row can be kept, plus the failure columns of
+// when it is missing, with its indexes (plain: the table is new): the
+// outbox columns with the outbox's types (types maps column name to type;
+// the contract's types are used for missing entries), all nullable so a
+// malformed row can be kept, plus the failure columns of
 // docs/reference.md.
 func (l Layout) CreateDeadLetter(types map[string]string) []string {
 	cols := append(l.typedColumns(types),
 		"  error text", "  error_class text", "  attempts int",
 		"  first_failed_at timestamptz", "  last_failed_at timestamptz",
 		"  dead_lettered_at timestamptz NOT NULL DEFAULT now()")
-	return []string{
-		fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n%s\n)", l.DeadLetter.Ident(), strings.Join(cols, ",\n")),
-		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s)`,
-			Q(derived(l.DeadLetter.Name, "_id_idx")), l.DeadLetter.Ident(), Q(l.Cols.ID)),
-		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (%s)`,
-			Q(derived(l.DeadLetter.Name, "_aggregate_idx")), l.DeadLetter.Ident(), Q(l.Cols.AggregateID)),
+	stmts := []string{fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n%s\n)", l.DeadLetter.Ident(), strings.Join(cols, ",\n"))}
+	for _, ix := range l.deadLetterIndexes() {
+		stmts = append(stmts, ix.create(false))
+	}
+	return stmts
+}
+
+func (l Layout) deadLetterIndexes() []index {
+	return []index{
+		{table: l.DeadLetter, suffix: "_id_idx", def: "(" + Q(l.Cols.ID) + ")"},
+		{table: l.DeadLetter, suffix: "_aggregate_idx", def: "(" + Q(l.Cols.AggregateID) + ")"},
 	}
 }
 
@@ -90,14 +128,11 @@ func (l Layout) typedColumns(types map[string]string) []string {
 }
 
 // EnsureDeadLetter creates the dead-letter table when it is missing, with
-// the column types of the existing outbox table described by info.
+// the column types of the existing outbox table described by info. It
+// issues no DDL when the table exists; a role that may not create it gets a
+// permanent error naming the table and `relay init`.
 func EnsureDeadLetter(ctx context.Context, q Querier, l Layout, info Info) error {
-	for _, stmt := range l.CreateDeadLetter(info.Types) {
-		if _, err := q.Exec(ctx, stmt); err != nil {
-			return fmt.Errorf("create dead-letter table %s: %w", l.DeadLetter, err)
-		}
-	}
-	return nil
+	return ensureTable(ctx, q, "dead-letter table", l.DeadLetter, l.CreateDeadLetter(info.Types))
 }
 
 // Literal quotes s as an SQL string literal, like PostgreSQL's

@@ -1,6 +1,9 @@
 package schema
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+)
 
 // DrainTable is where wal capture records, per replication slot, that the
 // outbox rows committed before the slot existed must be published through
@@ -19,6 +22,18 @@ func (l Layout) CreateDrainTable() string {
   drain_to bigint,
   since timestamptz NOT NULL DEFAULT now()
 )`, l.DrainTable().Ident())
+}
+
+// DrainTableStep returns the init step creating the drain table.
+func (l Layout) DrainTableStep() Step {
+	return tableStep("drain table", l.DrainTable(), l.CreateDrainTable())
+}
+
+// EnsureDrainTable creates the drain table when it is missing; it issues no
+// DDL when the table exists, and a role that may not create it gets a
+// permanent error naming it and `relay init`.
+func EnsureDrainTable(ctx context.Context, q Querier, l Layout) error {
+	return ensureTable(ctx, q, "drain table", l.DrainTable(), []string{l.CreateDrainTable()})
 }
 
 // CreatePublication returns the statement creating publication pub for
