@@ -103,7 +103,9 @@ func freePort(t *testing.T) int {
 }
 
 // TestInitDryRunAndCheck covers `relay init --dry-run` (prints SQL, changes
-// nothing), `relay init`, and `relay check` passing afterwards.
+// nothing), `relay init`, `relay init --role` granting a role without
+// privileges what relay run needs (the schema app too), and `relay check`
+// and `relay run` passing afterwards as that role.
 func TestInitDryRunAndCheck(t *testing.T) {
 	n, err := testenv.StartNATS(testenv.NATSOptions{})
 	if err != nil {
@@ -147,8 +149,13 @@ sink:
 	if out, code := runRelay(t, "init", "--config", cfg); code != 0 {
 		t.Fatalf("second init is not idempotent: exit %d\n%s", code, out)
 	}
+	role, roleDSN := newRole(t, conn, dsn)
+	if out, code := runRelay(t, "init", "--config", cfg, "--role", role); code != 0 {
+		t.Fatalf("init --role: exit %d\n%s", code, out)
+	}
+	rewriteDSN(t, cfg, dsn, roleDSN)
 	if out, code := runRelay(t, "check", "--config", cfg); code != 0 || strings.Contains(out, "FAIL") || !strings.Contains(out, "relay run opens at most 8") {
-		t.Fatalf("check after init: exit %d\n%s", code, out)
+		t.Fatalf("check as %s after init --role: exit %d\n%s", role, code, out)
 	}
 	// The trigger notifies and the relay publishes from the remapped table.
 	id := uuid.NewString()
