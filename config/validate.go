@@ -6,7 +6,6 @@ import (
 	"maps"
 	"net"
 	"net/textproto"
-	"net/url"
 	"regexp"
 	"slices"
 	"strconv"
@@ -164,8 +163,8 @@ func (l *loader) checkWebhook(w Webhook) {
 	if l.required("sink.webhook.url", w.URL, "") {
 		if _, err := template.Parse(w.URL, nil); err != nil {
 			l.invalid("sink.webhook.url", "%s", redact.String(err.Error()))
-		} else if msg := webhookURLProblem(w.URL); msg != "" {
-			l.invalid("sink.webhook.url", "%s", msg)
+		} else if err := destname.WebhookURL(w.URL); err != nil {
+			l.invalid("sink.webhook.url", "%s", err)
 		}
 	}
 	if _, set := l.lines["sink.webhook.secret"]; set {
@@ -185,8 +184,8 @@ func (l *loader) checkWebhook(w Webhook) {
 	if _, set := l.lines["sink.webhook.health_url"]; set && l.required("sink.webhook.health_url", w.HealthURL, "remove the key to leave an idle receiver unchecked") {
 		if strings.Contains(w.HealthURL, "{") {
 			l.invalid("sink.webhook.health_url", "placeholders are not allowed: the health URL is one fixed URL")
-		} else if msg := webhookURLProblem(w.HealthURL); msg != "" {
-			l.invalid("sink.webhook.health_url", "%s", msg)
+		} else if err := destname.WebhookURL(w.HealthURL); err != nil {
+			l.invalid("sink.webhook.health_url", "%s", err)
 		}
 	}
 	if w.MaxConcurrency < 0 || w.MaxConcurrency > maxWebhookConcurrency {
@@ -196,44 +195,6 @@ func (l *loader) checkWebhook(w Webhook) {
 
 // headerToken matches an HTTP header name (an RFC 9110 token).
 var headerToken = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
-
-// webhookURLProblem describes what is wrong with a webhook URL template
-// whose placeholders are known, or returns "".
-func webhookURLProblem(raw string) string {
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		return "must be an absolute http or https URL"
-	}
-	if end := strings.IndexAny(rest, "/?#"); end >= 0 {
-		rest = rest[:end]
-	}
-	if strings.Contains(scheme+rest, "{") {
-		return "placeholders are allowed only in the path and query, not in the scheme or host"
-	}
-	if _, err := url.Parse(scheme + "://" + rest); err != nil {
-		return "not a valid URL: the host or port is malformed"
-	}
-	probe := raw
-	for _, p := range template.Placeholders {
-		probe = strings.ReplaceAll(probe, p, "x")
-	}
-	u, err := url.Parse(probe)
-	switch {
-	case err != nil:
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return "not a valid URL: " + err.Error()
-	case u.Scheme != "http" && u.Scheme != "https":
-		return fmt.Sprintf("the scheme must be http or https, got %q", u.Scheme)
-	case u.Hostname() == "":
-		return "the URL has no host"
-	case strings.Contains(raw, "#"):
-		return "a URL fragment (#...) is never sent; remove it"
-	}
-	return ""
-}
 
 // Kafka limits: partition counts are int32 and replication factors int16
 // on the wire.

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/outboxrelay/relay/internal/destname"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/template"
@@ -226,35 +227,15 @@ func parseURLTemplate(raw string) (*urlTemplate, error) {
 	if _, err := template.Parse(raw, nil); err != nil {
 		return nil, redact.Error(err)
 	}
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		return nil, fmt.Errorf("%q is not an absolute http or https URL", redact.String(raw))
+	if err := destname.WebhookURL(raw); err != nil {
+		return nil, fmt.Errorf("%q: %w", redact.String(raw), err)
 	}
+	_, rest, _ := strings.Cut(raw, "://")
 	end := strings.IndexAny(rest, "/?#")
 	if end < 0 {
 		end = len(rest)
 	}
-	authority := scheme + "://" + rest[:end]
-	if strings.Contains(authority, "{") {
-		return nil, fmt.Errorf("%q: placeholders are allowed only in the path and query, not in the scheme or host", redact.String(raw))
-	}
-	// Parse a rendering to check the whole URL.
-	probe := raw
-	for _, p := range template.Placeholders {
-		probe = strings.ReplaceAll(probe, p, "x")
-	}
-	u, err := url.Parse(probe)
-	if err != nil {
-		return nil, redact.Error(err)
-	}
-	switch {
-	case u.Scheme != "http" && u.Scheme != "https":
-		return nil, fmt.Errorf("%q: the scheme must be http or https", redact.String(raw))
-	case u.Host == "" || u.Hostname() == "":
-		return nil, fmt.Errorf("%q: the URL has no host", redact.String(raw))
-	case u.Fragment != "" || strings.Contains(raw, "#"):
-		return nil, fmt.Errorf("%q: a URL fragment (#...) is never sent; remove it", redact.String(raw))
-	}
+	authority := raw[:len(raw)-len(rest)+end]
 	base, err := url.Parse(authority)
 	if err != nil {
 		return nil, redact.Error(err)

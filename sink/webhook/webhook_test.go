@@ -661,7 +661,7 @@ func TestNewErrors(t *testing.T) {
 	}{
 		{Config{}, "sink.webhook.url: required"},
 		{Config{URL: "http://h/{id}"}, "unknown placeholder {id}"},
-		{Config{URL: "h/{aggregate_id}"}, "not an absolute http or https URL"},
+		{Config{URL: "h/{aggregate_id}"}, "an absolute http or https URL"},
 		{Config{URL: "ftp://h/"}, "the scheme must be http or https"},
 		{Config{URL: "https://{aggregate_type}.example.com/"}, "not in the scheme or host"},
 		{Config{URL: "https://tok@h:{aggregate_id}/"}, "not in the scheme or host"},
