@@ -48,7 +48,7 @@ type Outcome struct {
 type DeadEvent struct {
 	Event    *event.Event
 	Err      string // the last error
-	Class    string // the last error's class, see sink.Class
+	Class    string // the last error's class, see fault.Class
 	Attempts int
 	// FirstFailed and LastFailed are Unix nanoseconds.
 	FirstFailed, LastFailed int64

@@ -369,16 +369,3 @@ func TestColumn(t *testing.T) {
 		t.Errorf("Column without mapping = %q", got)
 	}
 }
-
-func TestSplitTable(t *testing.T) {
-	tests := []struct{ in, schema, name string }{
-		{"outbox", "public", "outbox"},
-		{"public.outbox", "public", "outbox"},
-		{"events.Outbox", "events", "Outbox"},
-	}
-	for _, tt := range tests {
-		if s, n := SplitTable(tt.in); s != tt.schema || n != tt.name {
-			t.Errorf("SplitTable(%q) = %q, %q", tt.in, s, n)
-		}
-	}
-}

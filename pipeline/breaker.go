@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -15,8 +16,8 @@ import (
 //
 // Every event is routed to a destination (sink.Destinations.DestinationOf;
 // sink.Broker for a sink that names none), and each destination has a
-// circuit breaker. A failure of the destination opens it: a sink.Unavailable
-// failure, or a suspect one (sink.AsSuspect) while the destination has not
+// circuit breaker. A failure of the destination opens it: a fault.Unavailable
+// failure, or a suspect one (fault.AsSuspect) while the destination has not
 // acknowledged anything since it last broke, was never reached, or failed
 // suspectStreak distinct events in a row. While it is open, the
 // destination's aggregates are held, nothing counts as an attempt and
@@ -91,10 +92,10 @@ func (e *engine) route(ev *event.Event, now time.Time) *destState {
 // failure of d rather than of the event. okIn is whether the same Publish
 // call had an event acknowledged by d.
 func (e *engine) destLevel(d *destState, it *item, err error, okIn bool) bool {
-	if sink.ClassOf(err) == sink.Unavailable {
+	if fault.ClassOf(err) == fault.Unavailable {
 		return true
 	}
-	if !sink.IsSuspect(err) || okIn {
+	if !fault.IsSuspect(err) || okIn {
 		return false
 	}
 	return d.open || d.lastOK.IsZero() || d.streak >= suspectStreak

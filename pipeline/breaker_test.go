@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -77,9 +78,9 @@ func TestBrokenDestinationHeldNotDeadLettered(t *testing.T) {
 		name string
 		err  error
 	}{
-		{"unavailable", sink.AsUnavailable(errors.New("401 Unauthorized"))},
-		{"suspect-permanent", sink.AsSuspect(sink.AsPermanent(errors.New("400 Bad Request")))},
-		{"suspect-transient", sink.AsSuspect(errors.New("500 Internal Server Error"))},
+		{"unavailable", fault.AsUnavailable(errors.New("401 Unauthorized"))},
+		{"suspect-permanent", fault.AsSuspect(fault.AsPermanent(errors.New("400 Bad Request")))},
+		{"suspect-transient", fault.AsSuspect(errors.New("500 Internal Server Error"))},
 	} {
 		for _, after := range []int64{0, 50} {
 			t.Run(fmt.Sprintf("%s/after-%d", tc.name, after), func(t *testing.T) {
@@ -123,7 +124,7 @@ func brokenDestination(t *testing.T, failure error, after int64) {
 	snk.checkViolations(t)
 	checkOrder(t, r.src, snk.fakeSink, dead)
 	allowed := 0
-	if after > 0 && sink.IsSuspect(failure) {
+	if after > 0 && fault.IsSuspect(failure) {
 		allowed = suspectStreak - 1
 	}
 	if len(dead) > allowed {
@@ -146,8 +147,8 @@ func brokenDestination(t *testing.T, failure error, after int64) {
 func TestPoisonEventDeadLetteredBesideHealthyNeighbours(t *testing.T) {
 	evs := destEvents([]string{"a"}, 60, 6)
 	poison := map[string]error{
-		evs[0].ID:  sink.AsSuspect(sink.AsPermanent(errors.New("400 Bad Request"))),
-		evs[31].ID: sink.AsSuspect(errors.New("500 Internal Server Error")),
+		evs[0].ID:  fault.AsSuspect(fault.AsPermanent(errors.New("400 Bad Request"))),
+		evs[31].ID: fault.AsSuspect(errors.New("500 Internal Server Error")),
 	}
 	snk := &routedSink{fakeSink: newFakeSink(func(e *event.Event, n int) action {
 		return action{err: poison[e.ID]}
@@ -180,7 +181,7 @@ func TestPoisonEventDeadLetteredBesideHealthyNeighbours(t *testing.T) {
 // and a passing one ready again.
 func TestIdleProbeReportsBrokenBroker(t *testing.T) {
 	snk := &routedSink{fakeSink: newFakeSink(nil)}
-	down := error(sink.AsUnavailable(errors.New("connection refused")))
+	down := error(fault.AsUnavailable(errors.New("connection refused")))
 	snk.probeErr.Store(&down)
 	opts := testOptions()
 	opts.ProbeInterval = 20 * time.Millisecond

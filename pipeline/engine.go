@@ -8,6 +8,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -236,7 +237,7 @@ func (e *engine) settle(r result) {
 	for i, q := range r.queues {
 		if err := sink.Failed(r.err, i); err == nil {
 			okIn[q.items[0].dest] = true
-		} else if sink.IsSuspect(err) {
+		} else if fault.IsSuspect(err) {
 			e.suspected(q.items[0])
 		}
 	}
@@ -256,7 +257,7 @@ func (e *engine) settle(r result) {
 			continue
 		}
 		it.lastErr = err
-		class := sink.ClassOf(err)
+		class := fault.ClassOf(err)
 		e.p.opts.Metrics.failed(class)
 		switch {
 		case e.destLevel(d, it, err, okIn[d]):
@@ -273,12 +274,12 @@ func (e *engine) settle(r result) {
 }
 
 // failed counts a failed attempt of it and reports whether it is dead.
-func (e *engine) failed(it *item, class sink.Class, now time.Time) bool {
+func (e *engine) failed(it *item, class fault.Class, now time.Time) bool {
 	it.attempts++
 	if it.firstFailed.IsZero() {
 		it.firstFailed = now
 	}
-	dead := class == sink.Permanent || it.attempts >= e.p.opts.Retry.MaxAttempts
+	dead := class == fault.Permanent || it.attempts >= e.p.opts.Retry.MaxAttempts
 	lvl := e.p.log.Warn
 	if dead {
 		lvl = e.p.log.Error
@@ -300,7 +301,7 @@ func (e *engine) pop(q *aggQueue, dead *item, now time.Time) {
 		e.p.stats.Published.Add(1)
 	} else {
 		bs.outcome.Dead = append(bs.outcome.Dead, capture.DeadEvent{
-			Event: it.ev, Err: it.lastErr.Error(), Class: sink.ClassOf(it.lastErr).String(),
+			Event: it.ev, Err: it.lastErr.Error(), Class: fault.ClassOf(it.lastErr).String(),
 			Attempts: it.attempts, FirstFailed: it.firstFailed.UnixNano(), LastFailed: now.UnixNano(),
 		})
 		e.p.stats.DeadLettered.Add(1)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -110,7 +111,7 @@ func TestPerAggregateOrderUnderConcurrency(t *testing.T) {
 func TestRandomFailuresKeepOrder(t *testing.T) {
 	batches := randomBatches(rand.New(rand.NewPCG(3, 4)), 3000, 200, 80)
 	n := countEvents(batches)
-	errDown := sink.AsUnavailable(errors.New("connection refused"))
+	errDown := fault.AsUnavailable(errors.New("connection refused"))
 	flakyIDs, permIDs := map[string]bool{}, map[string]bool{}
 	for _, b := range batches {
 		for _, e := range b {
@@ -127,7 +128,7 @@ func TestRandomFailuresKeepOrder(t *testing.T) {
 		a := action{delay: time.Duration(h%700) * time.Microsecond}
 		switch {
 		case permIDs[e.ID]:
-			a.err = sink.AsPermanent(fmt.Errorf("%s: message too large", e.ID))
+			a.err = fault.AsPermanent(fmt.Errorf("%s: message too large", e.ID))
 		case flakyIDs[e.ID] && attempt == 1:
 			a.err = fmt.Errorf("%s: %w", e.ID, errFlaky)
 		case h%50 == 1 && attempt <= 2:
@@ -322,7 +323,7 @@ func TestPermanentFailureDeadAtOnce(t *testing.T) {
 	evs := []*event.Event{mkEvent("p1", "P"), mkEvent("p2", "P"), mkEvent("q1", "Q")}
 	snk := newFakeSink(func(e *event.Event, n int) action {
 		if e.ID == "p1" {
-			return action{err: sink.AsPermanent(errors.New("message exceeds max_payload"))}
+			return action{err: fault.AsPermanent(errors.New("message exceeds max_payload"))}
 		}
 		return action{}
 	})
@@ -361,7 +362,7 @@ func TestUnavailableOutage(t *testing.T) {
 	for i := range 30 {
 		evs = append(evs, mkEvent(fmt.Sprintf("e%02d", i), fmt.Sprintf("agg-%d", i%10)))
 	}
-	errDown := sink.AsUnavailable(errors.New("dial tcp 127.0.0.1:4222: connection refused"))
+	errDown := fault.AsUnavailable(errors.New("dial tcp 127.0.0.1:4222: connection refused"))
 	var end atomic.Int64 // outage end, unix nanos
 	end.Store(time.Now().Add(time.Hour).UnixNano())
 	snk := newFakeSink(func(*event.Event, int) action {
@@ -640,7 +641,7 @@ func TestSourceTransientErrorRetried(t *testing.T) {
 		case 1, 2:
 			return errors.New("connect: connection refused")
 		case 3:
-			return sink.AsUnavailable(errors.New("postgres restarting"))
+			return fault.AsUnavailable(errors.New("postgres restarting"))
 		}
 		return nil
 	}
@@ -662,7 +663,7 @@ func TestSourceTransientErrorRetried(t *testing.T) {
 // 9b. A permanent source error ends Run with that error.
 func TestSourcePermanentErrorEndsRun(t *testing.T) {
 	base := errors.New(`relation "outbox" does not exist`)
-	source := &fakeSource{errAt: func(int) error { return sink.AsPermanent(base) }}
+	source := &fakeSource{errAt: func(int) error { return fault.AsPermanent(base) }}
 	r := start(t, source, newFakeSink(nil), testOptions())
 	err := r.wait(t, 5*time.Second)
 	if !errors.Is(err, base) {
@@ -687,7 +688,7 @@ func TestSourcePermanentErrorWithPublishInFlight(t *testing.T) {
 		for deadline := time.Now().Add(5 * time.Second); snk.current() == 0 && time.Now().Before(deadline); {
 			time.Sleep(time.Millisecond)
 		}
-		return sink.AsPermanent(base)
+		return fault.AsPermanent(base)
 	}
 	opts := testOptions()
 	opts.ShutdownTimeout = 100 * time.Millisecond

@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -30,7 +31,7 @@ func TestFakeSinkFlagsOverlappingAggregate(t *testing.T) {
 }
 
 func TestFakeSinkBatchErrors(t *testing.T) {
-	errDown := sink.AsUnavailable(errors.New("down"))
+	errDown := fault.AsUnavailable(errors.New("down"))
 	snk := newFakeSink(func(e *event.Event, _ int) action {
 		switch e.ID[0] {
 		case 'f':

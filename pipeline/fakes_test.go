@@ -18,6 +18,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -378,7 +379,7 @@ func (s *fakeSink) Publish(ctx context.Context, batch []*event.Event) error {
 	for i, e := range batch {
 		err := acts[i].err
 		if cut != nil {
-			err = sink.AsUnavailable(cut)
+			err = fault.AsUnavailable(cut)
 			if s.cutErr != nil {
 				err = s.cutErr(cut)
 			}

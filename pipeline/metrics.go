@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxrelay/relay/event"
-	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/fault"
 )
 
 // Metrics are the pipeline's Prometheus histograms and labelled counters;
@@ -63,7 +63,7 @@ func (m *Metrics) acked(ev *event.Event, now time.Time) {
 	}
 }
 
-func (m *Metrics) failed(c sink.Class) {
+func (m *Metrics) failed(c fault.Class) {
 	if m != nil {
 		m.errors.WithLabelValues(c.String()).Inc()
 	}

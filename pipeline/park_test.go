@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/outboxrelay/relay/event"
-	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/fault"
 )
 
 // TestParkAggregateLeavesLaterEvents dead-letters p1 with ParkAggregate:
@@ -16,7 +16,7 @@ func TestParkAggregateLeavesLaterEvents(t *testing.T) {
 	evs := []*event.Event{mkEvent("p1", "P"), mkEvent("p2", "P"), mkEvent("q1", "Q")}
 	snk := newFakeSink(func(e *event.Event, n int) action {
 		if e.ID == "p1" {
-			return action{err: sink.AsPermanent(errors.New("too large"))}
+			return action{err: fault.AsPermanent(errors.New("too large"))}
 		}
 		return action{}
 	})

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/outboxrelay/relay/capture"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/wait"
 	"github.com/outboxrelay/relay/sink"
 )
@@ -169,7 +170,7 @@ func (p *Pipeline) read(ctx context.Context, out chan<- capture.Batch) error {
 			return ctx.Err()
 		}
 		if err != nil {
-			if sink.ClassOf(err) == sink.Permanent {
+			if fault.ClassOf(err) == fault.Permanent {
 				return fmt.Errorf("capture: %w", err)
 			}
 			failures++

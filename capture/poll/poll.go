@@ -42,9 +42,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/relay/capture"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/internal/wait"
-	"github.com/outboxrelay/relay/sink"
 )
 
 // Options configures a Source. Zero values take the defaults given.
@@ -148,12 +148,12 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	info, err := schema.Inspect(ctx, opts.Pool, opts.Layout)
 	if err != nil {
 		if errors.Is(err, schema.ErrNoOutbox) {
-			err = sink.AsPermanent(err)
+			err = fault.AsPermanent(err)
 		}
 		return nil, err
 	}
 	if info.SeqSequence == "" {
-		return nil, sink.AsPermanent(fmt.Errorf("outbox table %s: column %s has no sequence (declare it GENERATED ALWAYS AS IDENTITY)",
+		return nil, fault.AsPermanent(fmt.Errorf("outbox table %s: column %s has no sequence (declare it GENERATED ALWAYS AS IDENTITY)",
 			opts.Layout.Outbox, opts.Layout.Cols.Seq))
 	}
 	if err := schema.EnsureDeadLetter(ctx, opts.Pool, opts.Layout, info); err != nil {

@@ -14,9 +14,9 @@ import (
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/internal/testenv"
-	"github.com/outboxrelay/relay/sink"
 )
 
 // TestDeadLetters dead-letters a bad row, an event whose row is gone (the
@@ -154,7 +154,7 @@ func TestNewErrors(t *testing.T) {
 				mustExec(t, pool, tc.sql)
 			}
 			_, err := wal.New(ctx, options(t, pool, layout, 10))
-			if err == nil || sink.ClassOf(err) != sink.Permanent {
+			if err == nil || fault.ClassOf(err) != fault.Permanent {
 				t.Fatalf("err = %v, want a permanent error", err)
 			}
 			for _, w := range tc.want {

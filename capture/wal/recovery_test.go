@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/relay/capture/wal"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/internal/verify"
-	"github.com/outboxrelay/relay/sink"
 )
 
 // producer writes events over aggregates; each aggregate's steps commit in
@@ -308,7 +308,7 @@ func TestReconnectAfterWalsenderEnds(t *testing.T) {
 		batch, err := src.Next(ctx)
 		cancel()
 		if err != nil {
-			if sink.ClassOf(err) == sink.Permanent {
+			if fault.ClassOf(err) == fault.Permanent {
 				t.Fatalf("permanent error: %v", err)
 			}
 			failures++

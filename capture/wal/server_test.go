@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/relay/capture/wal"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/schema"
-	"github.com/outboxrelay/relay/sink"
 )
 
 // TestRoleWithoutReplication checks that New and Check, which share the
@@ -38,8 +38,8 @@ func TestRoleWithoutReplication(t *testing.T) {
 		src.Close()
 		t.Fatal("New succeeded for a role without REPLICATION")
 	}
-	if !strings.Contains(err.Error(), want) || sink.ClassOf(err) != sink.Permanent {
-		t.Errorf("New: %v (class %v), want a permanent error saying %q", err, sink.ClassOf(err), want)
+	if !strings.Contains(err.Error(), want) || fault.ClassOf(err) != fault.Permanent {
+		t.Errorf("New: %v (class %v), want a permanent error saying %q", err, fault.ClassOf(err), want)
 	}
 	found := map[string]error{}
 	for _, f := range wal.Check(ctx, rolePool, layout, o.Slot, o.Publication) {

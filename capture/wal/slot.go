@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/schema"
-	"github.com/outboxrelay/relay/sink"
 )
 
 // SQLSTATEs the source acts on.
@@ -35,7 +35,7 @@ func hasCode(err error, code string) bool {
 func permanentIfDenied(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == codeInsufficientPrv || strings.HasPrefix(pgErr.Code, "28")) {
-		return sink.AsPermanent(err)
+		return fault.AsPermanent(err)
 	}
 	return err
 }
@@ -64,7 +64,7 @@ func inspectSlot(ctx context.Context, q schema.Querier, slot string) (slotInfo, 
 		return slotInfo{}, fmt.Errorf("inspect replication slot %s: %w", slot, err)
 	}
 	if !ours {
-		return slotInfo{}, sink.AsPermanent(fmt.Errorf("replication slot %s exists but is not a pgoutput slot of this database; set capture.wal.slot to another name", slot))
+		return slotInfo{}, fault.AsPermanent(fmt.Errorf("replication slot %s exists but is not a pgoutput slot of this database; set capture.wal.slot to another name", slot))
 	}
 	info := slotInfo{exists: true, lost: lost}
 	if confirmed != nil {
@@ -158,14 +158,14 @@ func checkPublication(ctx context.Context, q schema.Querier, l schema.Layout, pu
 	err = q.QueryRow(ctx, `SELECT to_jsonb(t) FROM pg_publication_tables t
 		WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`, pub, l.Outbox.Schema, l.Outbox.Name).Scan(&table)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return sink.AsPermanent(fmt.Errorf("publication %s exists but does not cover outbox table %s: run ALTER PUBLICATION %s ADD TABLE %s, or set capture.wal.publication to a new name",
+		return fault.AsPermanent(fmt.Errorf("publication %s exists but does not cover outbox table %s: run ALTER PUBLICATION %s ADD TABLE %s, or set capture.wal.publication to a new name",
 			pub, l.Outbox, schema.Q(pub), l.Outbox.Ident()))
 	}
 	if err != nil {
 		return fmt.Errorf("inspect publication %s: %w", pub, err)
 	}
 	if !inserts {
-		return sink.AsPermanent(fmt.Errorf("publication %s does not publish inserts into outbox table %s; set capture.wal.publication to a new name", pub, l.Outbox))
+		return fault.AsPermanent(fmt.Errorf("publication %s does not publish inserts into outbox table %s; set capture.wal.publication to a new name", pub, l.Outbox))
 	}
 	return checkPublishedColumns(table, l, pub)
 }
@@ -181,12 +181,12 @@ func checkPublishedColumns(table []byte, l schema.Layout, pub string) error {
 		return fmt.Errorf("inspect publication %s: %w", pub, err)
 	}
 	if t.RowFilter != nil {
-		return sink.AsPermanent(fmt.Errorf("publication %s filters the rows of outbox table %s (WHERE %s); events would be lost: set capture.wal.publication to a new name",
+		return fault.AsPermanent(fmt.Errorf("publication %s filters the rows of outbox table %s (WHERE %s); events would be lost: set capture.wal.publication to a new name",
 			pub, l.Outbox, *t.RowFilter))
 	}
 	for _, c := range l.Cols.List() {
 		if t.AttNames != nil && !slices.Contains(t.AttNames, c) {
-			return sink.AsPermanent(fmt.Errorf("publication %s does not publish column %s of outbox table %s; set capture.wal.publication to a new name",
+			return fault.AsPermanent(fmt.Errorf("publication %s does not publish column %s of outbox table %s; set capture.wal.publication to a new name",
 				pub, c, l.Outbox))
 		}
 	}

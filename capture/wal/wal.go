@@ -32,9 +32,9 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/capture/poll"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/internal/wait"
-	"github.com/outboxrelay/relay/sink"
 )
 
 // Options configures a Source. Zero values take the defaults given.
@@ -137,17 +137,17 @@ type Source struct {
 // in Next. Call Close when done.
 func New(ctx context.Context, opts Options) (*Source, error) {
 	if err := opts.setDefaults(); err != nil {
-		return nil, sink.AsPermanent(err)
+		return nil, fault.AsPermanent(err)
 	}
 	info, err := schema.Inspect(ctx, opts.Pool, opts.Layout)
 	if err != nil {
 		if errors.Is(err, schema.ErrNoOutbox) {
-			err = sink.AsPermanent(err)
+			err = fault.AsPermanent(err)
 		}
 		return nil, err
 	}
 	if info.SeqSequence == "" {
-		return nil, sink.AsPermanent(fmt.Errorf("outbox table %s: column %s has no sequence (declare it GENERATED ALWAYS AS IDENTITY)",
+		return nil, fault.AsPermanent(fmt.Errorf("outbox table %s: column %s has no sequence (declare it GENERATED ALWAYS AS IDENTITY)",
 			opts.Layout.Outbox, opts.Layout.Cols.Seq))
 	}
 	if err := checkServer(ctx, opts.Pool); err != nil {
@@ -182,10 +182,10 @@ func checkServer(ctx context.Context, q schema.Querier) error {
 		return fmt.Errorf("check wal_level: %w", err)
 	}
 	if err := checkWALLevel(level); err != nil {
-		return sink.AsPermanent(err)
+		return fault.AsPermanent(err)
 	}
 	if err := checkReplication(role, canReplicate); err != nil {
-		return sink.AsPermanent(err)
+		return fault.AsPermanent(err)
 	}
 	return nil
 }

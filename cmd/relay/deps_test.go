@@ -20,3 +20,42 @@ func TestNoTestCodeInBinary(t *testing.T) {
 		}
 	}
 }
+
+// TestImportsOneWay checks the layering between config, sink, capture and
+// internal/schema: settings flow down from config through internal/app, so
+// no sink package (or its tests) imports config, no capture package imports
+// a sink package, internal/schema imports neither config nor sink, and the
+// leaves fault and sink/template import nothing else of the module but
+// event.
+func TestImportsOneWay(t *testing.T) {
+	const mod = "github.com/outboxrelay/relay/"
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}`, mod+"...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	under := func(pkg, root string) bool { return pkg == root || strings.HasPrefix(pkg, root+"/") }
+	for line := range strings.Lines(string(out)) {
+		fields := strings.Fields(line)
+		pkg := strings.TrimPrefix(fields[0], mod)
+		for _, imp := range fields[1:] {
+			dep, ok := strings.CutPrefix(imp, mod)
+			if !ok || dep == pkg {
+				continue
+			}
+			var broken bool
+			switch {
+			case under(pkg, "sink"):
+				broken = under(dep, "config") || pkg == "sink/template" && dep != "event"
+			case under(pkg, "capture"):
+				broken = under(dep, "sink")
+			case pkg == "internal/schema":
+				broken = under(dep, "config") || under(dep, "sink")
+			case pkg == "fault":
+				broken = true
+			}
+			if broken {
+				t.Errorf("%s imports %s", pkg, dep)
+			}
+		}
+	}
+}

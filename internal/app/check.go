@@ -40,7 +40,7 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logge
 		failed = true
 		fmt.Fprintf(w, "FAIL  %s: %v\n      fix: %s\n", what, err, fix)
 	}
-	l := schema.FromConfig(cfg)
+	l := layoutOf(cfg)
 	pool, err := connect(ctx, cfg.Postgres.URL, 2)
 	report("postgres "+redact.String(cfg.Postgres.URL), err, "check postgres.url, that the server runs and accepts this user")
 	if err == nil {

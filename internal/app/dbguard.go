@@ -10,10 +10,10 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/pgerr"
 	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/internal/wait"
-	"github.com/outboxrelay/relay/sink"
 )
 
 // dbGuard wraps the capture source to handle database failures that will
@@ -73,7 +73,7 @@ func (g *dbGuard) hold(ctx context.Context) error {
 	}
 	left := g.fatalAfter - time.Since(since)
 	if left <= 0 {
-		return sink.AsPermanent(fmt.Errorf("database failure for %s (postgres.fatal_after); fix: %s: %w",
+		return fault.AsPermanent(fmt.Errorf("database failure for %s (postgres.fatal_after); fix: %s: %w",
 			g.fatalAfter, g.fix(err), err))
 	}
 	delay := g.initial << min(n-1, 20)

@@ -27,7 +27,7 @@ const (
 // DLQ lists, redrives or drops the dead letters matching f and reports to
 // w. list prints at most limit rows as a table.
 func DLQ(ctx context.Context, cfg *config.Config, action DLQAction, f schema.DeadLetterFilter, limit int, w io.Writer) error {
-	l := schema.FromConfig(cfg)
+	l := layoutOf(cfg)
 	pool, err := connect(ctx, cfg.Postgres.URL, 2)
 	if err != nil {
 		return err

@@ -49,7 +49,7 @@ func Init(ctx context.Context, cfg *config.Config, opts InitOptions, w io.Writer
 	if opts.LockTimeout <= 0 {
 		opts.LockTimeout = DefaultLockTimeout
 	}
-	l := schema.FromConfig(cfg)
+	l := layoutOf(cfg)
 	if opts.DryRun {
 		return initDryRun(ctx, cfg, l, opts.Role, w)
 	}

@@ -18,7 +18,6 @@ import (
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/redact"
-	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/pipeline"
 )
 
@@ -86,8 +85,8 @@ func (r *Relay) open(ctx context.Context) error {
 	r.closers = append(r.closers, func() { src.Close() })
 
 	r.reg = newRegistry()
-	r.backlog = newBacklogAge(schema.FromConfig(cfg), cfg.Archive.Mode)
-	r.guard = &dbGuard{Source: src, log: log, layout: schema.FromConfig(cfg), cfg: cfg,
+	r.backlog = newBacklogAge(layoutOf(cfg), cfg.Archive.Mode)
+	r.guard = &dbGuard{Source: src, log: log, layout: layoutOf(cfg), cfg: cfg,
 		role: pool.Config().ConnConfig.User, initial: cfg.Retry.Initial.D(), max: cfg.Retry.Max.D(),
 		fatalAfter: cfg.Postgres.FatalAfter.D()}
 	r.pipeline = pipeline.New(r.guard, snk, pipeline.Options{
@@ -132,7 +131,7 @@ func (r *Relay) Close() {
 
 // openSource builds the capture source capture.mode selects.
 func openSource(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, log *slog.Logger) (capture.Source, error) {
-	l := schema.FromConfig(cfg)
+	l := layoutOf(cfg)
 	if cfg.Capture.Mode == "wal" {
 		return wal.New(ctx, wal.Options{Pool: pool, Layout: l,
 			Slot: cfg.Capture.WAL.Slot, Publication: cfg.Capture.WAL.Publication,
@@ -168,7 +167,7 @@ const pruneInterval = time.Minute
 // prune deletes archived rows older than archive.retention every
 // pruneInterval until ctx ends. Failures are logged and retried.
 func (r *Relay) prune(ctx context.Context) error {
-	stmt := schema.FromConfig(r.cfg).PruneArchive(r.cfg.Archive.Mode)
+	stmt := layoutOf(r.cfg).PruneArchive(r.cfg.Archive.Mode)
 	if stmt == "" {
 		return nil
 	}

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/fault"
 )
 
 // Archive modes (archive.mode).
@@ -118,7 +118,7 @@ func EnsureArchive(ctx context.Context, q Querier, l Layout, mode string, info I
 	switch mode {
 	case ArchiveMark:
 		if _, ok := info.Types[PublishedAt]; !ok {
-			return sink.AsPermanent(fmt.Errorf("archive.mode mark needs column %s on %s: run `relay init`", PublishedAt, l.Outbox))
+			return fault.AsPermanent(fmt.Errorf("archive.mode mark needs column %s on %s: run `relay init`", PublishedAt, l.Outbox))
 		}
 	case ArchiveMove:
 		return ensureTable(ctx, q, "archive table", l.Archive, l.createArchive(info.Types))

@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/event"
 )
 
@@ -31,8 +30,10 @@ type Table struct{ Schema, Name string }
 
 // ParseTable splits "schema.name" ("public" when no schema is given).
 func ParseTable(qualified string) Table {
-	s, n := config.SplitTable(qualified)
-	return Table{Schema: s, Name: n}
+	if s, n, ok := strings.Cut(qualified, "."); ok {
+		return Table{Schema: s, Name: n}
+	}
+	return Table{Schema: "public", Name: qualified}
 }
 
 // Ident returns the quoted identifier for SQL.
@@ -106,21 +107,6 @@ type Layout struct {
 	Cols       Columns
 	DeadLetter Table
 	Archive    Table
-}
-
-// FromConfig builds the layout from a loaded config.
-func FromConfig(cfg *config.Config) Layout {
-	o := cfg.Outbox
-	return Layout{
-		Outbox: ParseTable(o.Table),
-		Cols: Columns{
-			ID: o.Column("id"), AggregateType: o.Column("aggregate_type"), AggregateID: o.Column("aggregate_id"),
-			EventType: o.Column("event_type"), Payload: o.Column("payload"), Headers: o.Column("headers"),
-			CreatedAt: o.Column("created_at"), Seq: o.Column("seq"),
-		},
-		DeadLetter: ParseTable(cfg.DeadLetter.Table),
-		Archive:    ParseTable(cfg.Archive.Table),
-	}
 }
 
 // NotifyChannel is the channel the insert trigger notifies and poll capture

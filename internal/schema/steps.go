@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/fault"
 )
 
 // Step is one object `relay init` creates when it is missing. Its
@@ -143,7 +143,7 @@ func createMissing(ctx context.Context, q Querier, what string, stmts []string) 
 	_, err := q.Exec(ctx, strings.Join(stmts, ";\n"))
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-		return sink.AsPermanent(fmt.Errorf("%s does not exist and this role may not create it (%s): run `relay init` as the owner of the outbox table", what, pgErr.Message))
+		return fault.AsPermanent(fmt.Errorf("%s does not exist and this role may not create it (%s): run `relay init` as the owner of the outbox table", what, pgErr.Message))
 	}
 	if err != nil {
 		return fmt.Errorf("create %s: %w", what, err)

@@ -26,6 +26,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/sinktest"
 )
@@ -61,8 +62,8 @@ func TestSASL(t *testing.T) {
 			c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.SASLAuthenticate}, Err: kerr.SaslAuthenticationFailed, TopLevel: true, Count: -1})
 			_, err = New(context.Background(), cfg, Options{Logger: quiet()})
 			t.Log(err)
-			if err == nil || sink.ClassOf(err) == sink.Unavailable || !errors.Is(err, kerr.SaslAuthenticationFailed) {
-				t.Errorf("New with SASL_AUTHENTICATION_FAILED: %v (class %v), want a plain error", err, sink.ClassOf(err))
+			if err == nil || fault.ClassOf(err) == fault.Unavailable || !errors.Is(err, kerr.SaslAuthenticationFailed) {
+				t.Errorf("New with SASL_AUTHENTICATION_FAILED: %v (class %v), want a plain error", err, fault.ClassOf(err))
 			}
 		})
 	}
@@ -96,7 +97,7 @@ func TestTopicAuthorization(t *testing.T) {
 	if s.DestinationOf(batch[1]) != "ev.invoice" {
 		t.Errorf("DestinationOf = %q, want ev.invoice", s.DestinationOf(batch[1]))
 	}
-	if err := s.Probe(context.Background(), "ev.invoice"); sink.ClassOf(err) != sink.Unavailable {
+	if err := s.Probe(context.Background(), "ev.invoice"); fault.ClassOf(err) != fault.Unavailable {
 		t.Errorf("Probe(ev.invoice) = %v, want a failure of the destination", err)
 	}
 	for _, dest := range []string{"ev.order", sink.Broker} {

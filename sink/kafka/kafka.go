@@ -31,8 +31,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/destname"
-	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/template"
 )
 
@@ -90,7 +90,7 @@ type SASL struct {
 type Options struct {
 	// AckTimeout bounds how long Publish waits for a batch's
 	// acknowledgements, including any wait for room in the client's buffer.
-	// Events not acknowledged by then fail as sink.Unavailable; see the
+	// Events not acknowledged by then fail as fault.Unavailable; see the
 	// docs/design.md (Kafka) for why that keeps per-aggregate order. It is
 	// also how long a publish takes to report a broker that cannot be
 	// reached at all. Default 15s, a little over ProduceRequestTimeout's
@@ -185,7 +185,7 @@ type brokerErr struct {
 // New returns a sink producing to cfg.Brokers, to topics rendered from
 // cfg.Topic. It fails on a topic template whose literal text Kafka does not
 // allow, on TLS files that cannot be loaded, and, with an error classified
-// sink.Unavailable, when no broker answers before ctx is done or 5s pass.
+// fault.Unavailable, when no broker answers before ctx is done or 5s pass.
 // New neither checks nor creates topics; see EnsureTopics and Check.
 func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 	opts = opts.withDefaults()
@@ -277,7 +277,7 @@ func (s *Sink) ping(ctx context.Context) error {
 	if isAuthError(err) {
 		return fmt.Errorf("%w; check sink.kafka.sasl and sink.kafka.tls", err)
 	}
-	return sink.AsUnavailable(fmt.Errorf("%w; check sink.kafka.brokers, sink.kafka.tls and sink.kafka.sasl, and that the brokers run", err))
+	return fault.AsUnavailable(fmt.Errorf("%w; check sink.kafka.brokers, sink.kafka.tls and sink.kafka.sasl, and that the brokers run", err))
 }
 
 // brokers lists the seed brokers for messages.
@@ -368,7 +368,7 @@ func (s *Sink) FixedTopic() string {
 }
 
 // Close closes the client. Publish calls waiting for acknowledgements fail
-// at once with an error classified sink.Unavailable; records still buffered
+// at once with an error classified fault.Unavailable; records still buffered
 // are failed. Close is idempotent and always returns nil.
 func (s *Sink) Close() error {
 	s.closeOnce.Do(func() {

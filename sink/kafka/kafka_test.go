@@ -22,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/kafka/kafkatest"
 	"github.com/outboxrelay/relay/sink/sinktest"
@@ -112,14 +113,14 @@ func header(r *kgo.Record, key string) (string, int) {
 
 // checkAll fails unless every error in err, a Publish result for n events,
 // is of class want.
-func checkAll(t *testing.T, when string, err error, n int, want sink.Class) {
+func checkAll(t *testing.T, when string, err error, n int, want fault.Class) {
 	t.Helper()
 	if err == nil {
 		t.Fatalf("%s: Publish succeeded", when)
 	}
 	for i := range n {
-		if f := sink.Failed(err, i); f == nil || sink.ClassOf(f) != want {
-			t.Fatalf("%s: event %d: %v (class %v), want %v", when, i, f, sink.ClassOf(f), want)
+		if f := sink.Failed(err, i); f == nil || fault.ClassOf(f) != want {
+			t.Fatalf("%s: event %d: %v (class %v), want %v", when, i, f, fault.ClassOf(f), want)
 		}
 	}
 }
@@ -284,8 +285,8 @@ func TestNewUnreachable(t *testing.T) {
 		t.Fatal("New reached a closed port")
 	}
 	t.Log(err)
-	if sink.ClassOf(err) != sink.Unavailable {
-		t.Errorf("class %v, want unavailable", sink.ClassOf(err))
+	if fault.ClassOf(err) != fault.Unavailable {
+		t.Errorf("class %v, want unavailable", fault.ClassOf(err))
 	}
 	if strings.Contains(err.Error(), "s3cret") {
 		t.Errorf("error leaks the password: %v", err)
@@ -487,7 +488,7 @@ func TestPublishUnreachable(t *testing.T) {
 		cancel()
 		d := time.Since(start)
 		t.Logf("%s: %v after %v", name, sink.Failed(err, 0), d)
-		checkAll(t, name, err, len(batch), sink.Unavailable)
+		checkAll(t, name, err, len(batch), fault.Unavailable)
 		if d > 2*time.Second {
 			t.Errorf("%s: Publish took %v with a 1s context", name, d)
 		}
@@ -505,7 +506,7 @@ func TestPublishAckTimeout(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Errorf("Publish took %v with a 500ms ack timeout", d)
 	}
-	checkAll(t, "ack timeout", err, 4, sink.Unavailable)
+	checkAll(t, "ack timeout", err, 4, fault.Unavailable)
 	if !errors.Is(sink.Failed(err, 0), context.DeadlineExceeded) {
 		t.Errorf("err %v, want a deadline", sink.Failed(err, 0))
 	}
@@ -530,7 +531,7 @@ func TestPublishCancel(t *testing.T) {
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("Publish returned %v after the cancel", d-200*time.Millisecond)
 	}
-	checkAll(t, "after cancel", err, 10, sink.Unavailable)
+	checkAll(t, "after cancel", err, 10, fault.Unavailable)
 	if !errors.Is(sink.Failed(err, 0), context.Canceled) {
 		t.Errorf("err %v, want context.Canceled", sink.Failed(err, 0))
 	}
@@ -538,7 +539,7 @@ func TestPublishCancel(t *testing.T) {
 	ctx, cancel = context.WithCancel(context.Background())
 	cancel()
 	err = s.Publish(ctx, testEvents(3, 3))
-	checkAll(t, "cancelled before", err, 3, sink.Unavailable)
+	checkAll(t, "cancelled before", err, 3, fault.Unavailable)
 }
 
 func TestCloseFailsPendingPublish(t *testing.T) {
@@ -551,7 +552,7 @@ func TestCloseFailsPendingPublish(t *testing.T) {
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("Publish returned %v after Close", d-200*time.Millisecond)
 	}
-	checkAll(t, "after Close", err, 3, sink.Unavailable)
+	checkAll(t, "after Close", err, 3, fault.Unavailable)
 	if err := s.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
@@ -561,33 +562,33 @@ func TestClassify(t *testing.T) {
 	dial := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
 	for _, c := range []struct {
 		err  error
-		want sink.Class
+		want fault.Class
 	}{
-		{kerr.MessageTooLarge, sink.Permanent},
-		{fmt.Errorf("%w (uncompressed_bytes=5)", kerr.MessageTooLarge), sink.Permanent},
-		{kerr.RecordListTooLarge, sink.Permanent},
-		{kerr.InvalidTopicException, sink.Permanent},
-		{kerr.InvalidRecord, sink.Permanent},
-		{kerr.TopicAuthorizationFailed, sink.Unavailable},
-		{kerr.NotEnoughReplicas, sink.Unavailable},
-		{kerr.NotLeaderForPartition, sink.Unavailable},
-		{kerr.LeaderNotAvailable, sink.Unavailable},
-		{kerr.RequestTimedOut, sink.Unavailable},
-		{kerr.ClusterAuthorizationFailed, sink.Unavailable},
-		{kerr.SaslAuthenticationFailed, sink.Unavailable},
-		{dial, sink.Unavailable},
-		{context.DeadlineExceeded, sink.Unavailable},
-		{context.Canceled, sink.Unavailable},
-		{kgo.ErrClientClosed, sink.Unavailable},
-		{errClosed, sink.Unavailable},
-		{kerr.UnknownTopicOrPartition, sink.Unavailable},
-		{kerr.CorruptMessage, sink.Transient},
-		{kerr.UnknownServerError, sink.Transient},
-		{errors.New("something"), sink.Transient},
-		{sink.AsUnavailable(fmt.Errorf("x: %w", kerr.TopicAuthorizationFailed)), sink.Unavailable},
-		{fmt.Errorf("publish: %w", sink.AsPermanent(context.DeadlineExceeded)), sink.Permanent},
+		{kerr.MessageTooLarge, fault.Permanent},
+		{fmt.Errorf("%w (uncompressed_bytes=5)", kerr.MessageTooLarge), fault.Permanent},
+		{kerr.RecordListTooLarge, fault.Permanent},
+		{kerr.InvalidTopicException, fault.Permanent},
+		{kerr.InvalidRecord, fault.Permanent},
+		{kerr.TopicAuthorizationFailed, fault.Unavailable},
+		{kerr.NotEnoughReplicas, fault.Unavailable},
+		{kerr.NotLeaderForPartition, fault.Unavailable},
+		{kerr.LeaderNotAvailable, fault.Unavailable},
+		{kerr.RequestTimedOut, fault.Unavailable},
+		{kerr.ClusterAuthorizationFailed, fault.Unavailable},
+		{kerr.SaslAuthenticationFailed, fault.Unavailable},
+		{dial, fault.Unavailable},
+		{context.DeadlineExceeded, fault.Unavailable},
+		{context.Canceled, fault.Unavailable},
+		{kgo.ErrClientClosed, fault.Unavailable},
+		{errClosed, fault.Unavailable},
+		{kerr.UnknownTopicOrPartition, fault.Unavailable},
+		{kerr.CorruptMessage, fault.Transient},
+		{kerr.UnknownServerError, fault.Transient},
+		{errors.New("something"), fault.Transient},
+		{fault.AsUnavailable(fmt.Errorf("x: %w", kerr.TopicAuthorizationFailed)), fault.Unavailable},
+		{fmt.Errorf("publish: %w", fault.AsPermanent(context.DeadlineExceeded)), fault.Permanent},
 	} {
-		if got := sink.ClassOf(classify(c.err)); got != c.want {
+		if got := fault.ClassOf(classify(c.err)); got != c.want {
 			t.Errorf("classify(%v) = %v, want %v", c.err, got, c.want)
 		}
 	}
@@ -596,10 +597,10 @@ func TestClassify(t *testing.T) {
 	big := testEvent(2, "a", "2")
 	big.Payload = make([]byte, 20000)
 	rejected := fmt.Errorf("%w (uncompressed_bytes=21000, compressed_bytes=900)", kerr.MessageTooLarge)
-	if got := sink.ClassOf(classifyRecord(rejected, small)); got != sink.Transient {
+	if got := fault.ClassOf(classifyRecord(rejected, small)); got != fault.Transient {
 		t.Errorf("small event of a rejected batch: %v, want transient", got)
 	}
-	if got := sink.ClassOf(classifyRecord(rejected, big)); got != sink.Permanent {
+	if got := fault.ClassOf(classifyRecord(rejected, big)); got != fault.Permanent {
 		t.Errorf("big event of a rejected batch: %v, want permanent", got)
 	}
 }

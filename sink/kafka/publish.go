@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -156,7 +157,7 @@ func recordSize(e *event.Event) int {
 	return n
 }
 
-// classify marks err with its sink.Class.
+// classify marks err with its fault.Class.
 //
 // Errors that say the event itself can never be accepted are permanent: too
 // large for the topic, an invalid record, an invalid topic name. Errors
@@ -165,7 +166,7 @@ func recordSize(e *event.Event) int {
 // brokers, leader elections, too few in-sync replicas, no acknowledgement
 // in time, a closed sink, failed authentication, no permission to write
 // the topic, and a topic that does not exist. Everything else is
-// transient and suspect (sink.AsSuspect): it counts against the event
+// transient and suspect (fault.AsSuspect): it counts against the event
 // only while other events to the topic succeed.
 //
 // An error that already carries a class, such as one from preparing a
@@ -179,7 +180,7 @@ func classify(err error) error {
 		errors.Is(err, kerr.RecordListTooLarge),
 		errors.Is(err, kerr.InvalidTopicException),
 		errors.Is(err, kerr.InvalidRecord):
-		return sink.AsPermanent(err)
+		return fault.AsPermanent(err)
 	case errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, context.Canceled),
 		errors.Is(err, errClosed),
@@ -203,7 +204,7 @@ func classify(err error) error {
 		errors.Is(err, io.ErrUnexpectedEOF),
 		errors.As(err, new(net.Error)),
 		isAuthError(err):
-		return sink.AsUnavailable(err)
+		return fault.AsUnavailable(err)
 	}
-	return sink.AsSuspect(err)
+	return fault.AsSuspect(err)
 }

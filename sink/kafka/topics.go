@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/destname"
 	"github.com/outboxrelay/relay/sink"
 )
@@ -220,7 +221,7 @@ func (s *Sink) maxMessageBytes(topic string) int32 {
 func (s *Sink) requestError(what string, err error) error {
 	err = fmt.Errorf("%s on %s: %w", what, s.brokers(), s.explain(err))
 	if isAuthError(err) {
-		return sink.AsUnavailable(fmt.Errorf("%w; check sink.kafka.tls and sink.kafka.sasl", err))
+		return fault.AsUnavailable(fmt.Errorf("%w; check sink.kafka.tls and sink.kafka.sasl", err))
 	}
 	return classify(err)
 }
@@ -229,13 +230,13 @@ func (s *Sink) requestError(what string, err error) error {
 func (s *Sink) topicError(topic string, err error) error {
 	err = fmt.Errorf("topic %s: %w", topic, err)
 	if errors.Is(err, kerr.TopicAuthorizationFailed) {
-		return sink.AsUnavailable(fmt.Errorf("%w; grant this principal DESCRIBE and WRITE on the topic", err))
+		return fault.AsUnavailable(fmt.Errorf("%w; grant this principal DESCRIBE and WRITE on the topic", err))
 	}
 	return classify(err)
 }
 
 // createError explains a failed topic creation. The event is not at fault:
-// the topic is missing, so the error is sink.Unavailable and the events are
+// the topic is missing, so the error is fault.Unavailable and the events are
 // held until the topic exists. Only an invalid topic name, which can never
 // exist, is permanent.
 func (s *Sink) createError(topic string, err error, detail string) error {
@@ -258,11 +259,11 @@ func (s *Sink) createError(topic string, err error, detail string) error {
 	case errors.Is(err, kerr.PolicyViolation):
 		fix = "create the topic, or change sink.kafka.partitions or replication_factor to satisfy the cluster's topic policy"
 	case errors.Is(err, kerr.InvalidTopicException):
-		return sink.AsPermanent(errors.New(what))
+		return fault.AsPermanent(errors.New(what))
 	default:
-		return sink.AsUnavailable(fmt.Errorf("%s: %w", what, err))
+		return fault.AsUnavailable(fmt.Errorf("%s: %w", what, err))
 	}
-	return sink.AsUnavailable(fmt.Errorf("%s; %s", what, fix))
+	return fault.AsUnavailable(fmt.Errorf("%s; %s", what, fix))
 }
 
 func orBrokerDefault(n int32) string {

@@ -18,8 +18,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/redact"
-	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/template"
 )
 
@@ -94,7 +94,7 @@ type Sink struct {
 // New connects to the NATS servers of cfg.URL and returns a sink publishing
 // to subjects rendered from cfg.Subject. It fails on a subject template that
 // cannot yield valid subjects, and with an error classified
-// sink.Unavailable when no server can be reached before ctx is done or 5s
+// fault.Unavailable when no server can be reached before ctx is done or 5s
 // pass. New neither checks nor creates the stream; see EnsureStream and
 // Check.
 func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
@@ -132,7 +132,7 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 
 func connect(ctx context.Context, url string, log *slog.Logger) (*nats.Conn, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, sink.AsUnavailable(redact.Error(fmt.Errorf("connect to nats %s: %w", redact.String(url), err)))
+		return nil, fault.AsUnavailable(redact.Error(fmt.Errorf("connect to nats %s: %w", redact.String(url), err)))
 	}
 	timeout := connectTimeout
 	if dl, ok := ctx.Deadline(); ok {
@@ -159,7 +159,7 @@ func connect(ctx context.Context, url string, log *slog.Logger) (*nats.Conn, err
 		}),
 	)
 	if err != nil {
-		return nil, sink.AsUnavailable(redact.Error(fmt.Errorf("connect to nats %s: %w", redact.String(url), err)))
+		return nil, fault.AsUnavailable(redact.Error(fmt.Errorf("connect to nats %s: %w", redact.String(url), err)))
 	}
 	return nc, nil
 }
@@ -195,7 +195,7 @@ func subjectPattern(tmpl string) (string, error) {
 }
 
 // Close closes the connection. Publish calls waiting for acknowledgements
-// fail at once with an error classified sink.Unavailable. Close is
+// fail at once with an error classified fault.Unavailable. Close is
 // idempotent and always returns nil.
 func (s *Sink) Close() error {
 	s.closeOnce.Do(func() {

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/sinktest"
@@ -404,7 +405,7 @@ func TestPublishWithoutStream(t *testing.T) {
 	if dest != "outbox.order" {
 		t.Errorf("DestinationOf = %q, want outbox.order", dest)
 	}
-	if err := s.Probe(context.Background(), dest); sink.ClassOf(err) != sink.Unavailable {
+	if err := s.Probe(context.Background(), dest); fault.ClassOf(err) != fault.Unavailable {
 		t.Errorf("Probe(%s) = %v, want unavailable", dest, err)
 	}
 	if err := s.Probe(context.Background(), sink.Broker); err != nil {
@@ -468,7 +469,7 @@ func TestPublishBrokerOutage(t *testing.T) {
 		var retry []*event.Event
 		for i, e := range pending {
 			if f := sink.Failed(err, i); f != nil {
-				if sink.ClassOf(f) == sink.Permanent {
+				if fault.ClassOf(f) == fault.Permanent {
 					t.Fatalf("after the restart: %v", f)
 				}
 				retry = append(retry, e)
@@ -497,8 +498,8 @@ func TestPublishBrokerOutage(t *testing.T) {
 func checkUnavailable(t *testing.T, when string, err error, n int) {
 	t.Helper()
 	for i := range n {
-		if f := sink.Failed(err, i); f != nil && sink.ClassOf(f) != sink.Unavailable {
-			t.Fatalf("%s: event %d failed as %v, want unavailable: %v", when, i, sink.ClassOf(f), f)
+		if f := sink.Failed(err, i); f != nil && fault.ClassOf(f) != fault.Unavailable {
+			t.Fatalf("%s: event %d failed as %v, want unavailable: %v", when, i, fault.ClassOf(f), f)
 		}
 	}
 }
@@ -584,8 +585,8 @@ func TestNewUnreachableHidesCredentials(t *testing.T) {
 	if strings.Contains(err.Error(), "s3cret") || strings.Contains(err.Error(), "t0ken") || strings.Contains(err.Error(), "alice") {
 		t.Errorf("error leaks credentials: %v", err)
 	}
-	if sink.ClassOf(err) != sink.Unavailable {
-		t.Errorf("class %v, want unavailable", sink.ClassOf(err))
+	if fault.ClassOf(err) != fault.Unavailable {
+		t.Errorf("class %v, want unavailable", fault.ClassOf(err))
 	}
 }
 

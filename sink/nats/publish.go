@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -96,23 +97,23 @@ func (s *Sink) await(ctx context.Context, f jetstream.PubAckFuture) error {
 	}
 }
 
-// classify marks err with its sink.Class. A message over the server's
+// classify marks err with its fault.Class. A message over the server's
 // max_payload or the stream's max message size, or with a header name NATS
 // cannot carry, is permanent. A failure of the destination is
 // unavailable: a lost or closed connection, an ack timeout, ctx ending,
 // failed authentication or authorization, a missing stream, and no
 // responders (no stream covers the subject). Anything else is transient and
-// suspect (sink.AsSuspect): it counts against the event only while other
+// suspect (fault.AsSuspect): it counts against the event only while other
 // events to the subject succeed.
 func classify(err error) error {
 	switch {
 	case errors.Is(err, nats.ErrMaxPayload),
 		errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum),
 		errors.Is(err, nats.ErrBadHeaderMsg):
-		return sink.AsPermanent(err)
+		return fault.AsPermanent(err)
 	case errors.Is(err, nats.ErrReconnectBufExceeded):
 		// With the reconnect buffer disabled this means "reconnecting".
-		return sink.AsUnavailable(nats.ErrConnectionReconnecting)
+		return fault.AsUnavailable(nats.ErrConnectionReconnecting)
 	case errors.Is(err, nats.ErrConnectionReconnecting),
 		errors.Is(err, nats.ErrDisconnected),
 		errors.Is(err, nats.ErrConnectionClosed),
@@ -135,9 +136,9 @@ func classify(err error) error {
 		errors.Is(err, nats.ErrAuthRevoked),
 		errors.Is(err, nats.ErrPermissionViolation),
 		errors.As(err, new(net.Error)):
-		return sink.AsUnavailable(err)
+		return fault.AsUnavailable(err)
 	}
-	return sink.AsSuspect(err)
+	return fault.AsSuspect(err)
 }
 
 // DestinationOf returns the subject of e.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -41,7 +42,7 @@ func (s *suite) publishSet(t *testing.T, tg *target, batch []*event.Event) *publ
 func (ps *publishedSet) copies(t *testing.T, e *event.Event) []Message {
 	t.Helper()
 	if err := ps.errs[e.ID]; err != nil {
-		t.Errorf("event %s (%s) was not acknowledged: %v (class %v)", e.ID, e.EventType, err, sink.ClassOf(err))
+		t.Errorf("event %s (%s) was not acknowledged: %v (class %v)", e.ID, e.EventType, err, fault.ClassOf(err))
 		return nil
 	}
 	c := ps.msgs[e.ID]
@@ -439,8 +440,8 @@ func (s *suite) testOutage(t *testing.T) {
 		switch f := sink.Failed(err, i); {
 		case f == nil:
 			r.errorf("event %s acknowledged while the broker is down", e.ID)
-		case sink.ClassOf(f) != sink.Unavailable:
-			r.errorf("event %s failed as %v while the broker is down; want unavailable, so that the relay waits for the broker without counting attempts or dead-lettering: %v", e.ID, sink.ClassOf(f), f)
+		case fault.ClassOf(f) != fault.Unavailable:
+			r.errorf("event %s failed as %v while the broker is down; want unavailable, so that the relay waits for the broker without counting attempts or dead-lettering: %v", e.ID, fault.ClassOf(f), f)
 		}
 	}
 
@@ -473,14 +474,14 @@ func (s *suite) testOversize(t *testing.T) {
 	err := publish(t, tg.snk, batch)
 	if f := sink.Failed(err, 1); f == nil {
 		t.Errorf("an event of %d bytes, over Harness.MaxMessageBytes, was acknowledged", len(batch[1].Payload))
-	} else if c := sink.ClassOf(f); c != sink.Permanent {
+	} else if c := fault.ClassOf(f); c != fault.Permanent {
 		t.Errorf("an event over the size limit failed as %v, want permanent so that it is dead-lettered at once: %v", c, f)
 	} else {
 		t.Logf("oversized event: %v", f)
 	}
 	for _, i := range []int{0, 2} {
 		if f := sink.Failed(err, i); f != nil {
-			t.Errorf("event %d of the batch failed along with the oversized one: %v (class %v); want only the oversized event to fail", i, f, sink.ClassOf(f))
+			t.Errorf("event %d of the batch failed along with the oversized one: %v (class %v); want only the oversized event to fail", i, f, fault.ClassOf(f))
 		}
 	}
 	ok, failed := acked(err, batch)
@@ -561,7 +562,7 @@ func (s *suite) testCancel(t *testing.T) {
 				switch f := sink.Failed(err, i); {
 				case f == nil:
 					r.errorf("%s: event %s acknowledged by a broker that never acknowledges", how, e.ID)
-				case sink.ClassOf(f) == sink.Permanent:
+				case fault.ClassOf(f) == fault.Permanent:
 					r.errorf("%s: event %s failed as permanent, want unavailable or transient: %v", how, e.ID, f)
 				}
 			}
@@ -597,7 +598,7 @@ func countFailed(err error, n int) int {
 func firstErr(err error, n int) string {
 	for i := range n {
 		if f := sink.Failed(err, i); f != nil {
-			return fmt.Sprintf("first failure %v (class %v)", strings.TrimSpace(f.Error()), sink.ClassOf(f))
+			return fmt.Sprintf("first failure %v (class %v)", strings.TrimSpace(f.Error()), fault.ClassOf(f))
 		}
 	}
 	return "no failure"

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -26,12 +27,12 @@ type driver struct {
 	failures atomic.Int64 // failed publish attempts of single events
 
 	mu      sync.Mutex
-	classes map[sink.Class]int // failed attempts by class
+	classes map[fault.Class]int // failed attempts by class
 	lastErr error
 }
 
 func newDriver(snk sink.Sink, workers, batchSize int) *driver {
-	return &driver{snk: snk, workers: workers, batchSize: batchSize, classes: map[sink.Class]int{}}
+	return &driver{snk: snk, workers: workers, batchSize: batchSize, classes: map[fault.Class]int{}}
 }
 
 // source yields the events to publish; it returns nil when there are no
@@ -127,13 +128,13 @@ func (d *driver) run(ctx context.Context, src source, window int) error {
 					}
 					continue
 				}
-				class := sink.ClassOf(err)
+				class := fault.ClassOf(err)
 				d.failures.Add(1)
 				d.mu.Lock()
 				d.classes[class]++
 				d.lastErr = err
 				d.mu.Unlock()
-				if class == sink.Permanent {
+				if class == fault.Permanent {
 					return fmt.Errorf("event %s of aggregate %s failed as permanent, so the relay would dead-letter it; want unavailable or transient: %w", r.batch[i].ID, a, err)
 				}
 				attempts[a]++

@@ -45,8 +45,8 @@
 //	ack                    when Publish returns nil, every event is already retrievable
 //	duplicates             publishing events again (same or new sink): same message_id on every copy; one copy when Features.DedupesByID
 //	restart                the broker restarts while batches are in flight (Restart, or Stop and Start): failures are unavailable or transient, never permanent; retrying them loses nothing, keeps message_id and per-aggregate order
-//	outage                 publishing while the broker is down fails as sink.Unavailable for every event (so the relay waits without dead-lettering); retries after Start lose nothing
-//	oversize               an event over MaxMessageBytes fails as sink.Permanent, the rest of its batch is acknowledged
+//	outage                 publishing while the broker is down fails as fault.Unavailable for every event (so the relay waits without dead-lettering); retries after Start lose nothing
+//	oversize               an event over MaxMessageBytes fails as fault.Permanent, the rest of its batch is acknowledged
 //	cancel/before          an already cancelled context
 //	cancel/during          a context cancelled while a large batch is being published; the sink stays usable
 //	cancel/stalled         a broker that never acknowledges (NewStalled): Publish returns soon after ctx ends
@@ -58,6 +58,7 @@ import (
 	"time"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -128,7 +129,7 @@ type Harness struct {
 
 	// MaxMessageBytes is the broker's (or the sink's configured) message size
 	// limit: an event whose payload is MaxMessageBytes+1 bytes must fail as
-	// sink.Permanent. Zero skips the oversize and payload/large subtests.
+	// fault.Permanent. Zero skips the oversize and payload/large subtests.
 	MaxMessageBytes int
 
 	// DeliveryTimeout bounds the wait for acknowledged events to show up in
@@ -257,16 +258,16 @@ func knownSubtest(name string) bool {
 }
 
 // Classes returns, for each of the n events of a Publish that returned
-// err, the class of its error (sink.Class.String, prefixed with "suspect-"
-// for an error marked with sink.AsSuspect) or "ok": a compact form for a
+// err, the class of its error (fault.Class.String, prefixed with "suspect-"
+// for an error marked with fault.AsSuspect) or "ok": a compact form for a
 // sink's own tests to compare with what they expect.
 func Classes(err error, n int) []string {
 	out := make([]string, n)
 	for i := range out {
 		out[i] = "ok"
 		if e := sink.Failed(err, i); e != nil {
-			out[i] = sink.ClassOf(e).String()
-			if sink.IsSuspect(e) {
+			out[i] = fault.ClassOf(e).String()
+			if fault.IsSuspect(e) {
 				out[i] = "suspect-" + out[i]
 			}
 		}

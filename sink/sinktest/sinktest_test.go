@@ -13,6 +13,7 @@ import (
 	"unicode"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/sinktest"
 	"github.com/outboxrelay/relay/sink/template"
@@ -98,13 +99,13 @@ func (b *memBroker) store(dest string, e *event.Event) error {
 	defer b.mu.Unlock()
 	switch {
 	case b.down && b.mutant == "permanent_down":
-		return sink.AsPermanent(errDown)
+		return fault.AsPermanent(errDown)
 	case b.down:
-		return sink.AsUnavailable(errDown)
+		return fault.AsUnavailable(errDown)
 	case len(payload) > memMaxBytes && b.mutant == "transient_oversize":
 		return errors.New("message too large")
 	case len(payload) > memMaxBytes:
-		return sink.AsPermanent(errors.New("message too large"))
+		return fault.AsPermanent(errors.New("message too large"))
 	case b.ids[e.ID] && b.mutant != "no_dedupe":
 		return nil // acknowledged as a duplicate
 	}
@@ -150,15 +151,15 @@ func (s *memSink) Publish(ctx context.Context, batch []*event.Event) error {
 			return nil
 		}
 		for i := range errs {
-			errs[i] = sink.AsUnavailable(ctx.Err())
+			errs[i] = fault.AsUnavailable(ctx.Err())
 		}
 		return &sink.BatchError{Errs: errs}
 	}
 	for i, e := range batch {
 		if err := ctx.Err(); err != nil {
-			errs[i] = sink.AsUnavailable(err)
+			errs[i] = fault.AsUnavailable(err)
 			if s.b.mutant == "permanent_cancel" {
-				errs[i] = sink.AsPermanent(err)
+				errs[i] = fault.AsPermanent(err)
 			}
 		} else {
 			errs[i] = s.b.store(s.tmpl.Render(e), e)

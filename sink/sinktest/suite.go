@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/template"
 )
@@ -172,7 +173,7 @@ func classes(err error, n int) string {
 	for i := range n {
 		c := "ok"
 		if f := sink.Failed(err, i); f != nil {
-			c = sink.ClassOf(f).String()
+			c = fault.ClassOf(f).String()
 		}
 		if c != prev {
 			flush()
@@ -468,12 +469,12 @@ func spreadEvents(n, aggregates int) []*event.Event {
 }
 
 // checkNotPermanent fails the test for each event of a Publish result whose
-// error is classified sink.Permanent.
+// error is classified fault.Permanent.
 func checkNotPermanent(t *testing.T, when string, err error, batch []*event.Event) {
 	t.Helper()
 	r := &reporter{t: t}
 	for i, e := range batch {
-		if f := sink.Failed(err, i); f != nil && sink.ClassOf(f) == sink.Permanent {
+		if f := sink.Failed(err, i); f != nil && fault.ClassOf(f) == fault.Permanent {
 			r.errorf("%s: event %s failed as permanent, so the relay would dead-letter it; want unavailable or transient: %v", when, e.ID, f)
 		}
 	}

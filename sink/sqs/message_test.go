@@ -16,7 +16,7 @@ import (
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/outboxrelay/relay/event"
-	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/fault"
 )
 
 // attrsOf returns the attributes of m as name -> value (Binary values as
@@ -322,56 +322,56 @@ func TestClassify(t *testing.T) {
 	ctx := context.Background()
 	cases := []struct {
 		err  error
-		want sink.Class
+		want fault.Class
 	}{
-		{apiErr("RequestThrottled", 400, smithy.FaultClient), sink.Unavailable},
-		{apiErr("ThrottlingException", 400, smithy.FaultClient), sink.Unavailable},
-		{apiErr("InvalidClientTokenId", 403, smithy.FaultClient), sink.Unavailable},
-		{apiErr("ServiceUnavailable", 503, smithy.FaultServer), sink.Unavailable},
-		{apiErr("", 502, smithy.FaultServer), sink.Unavailable},
-		{apiErr("InternalError", 500, smithy.FaultServer), sink.Unavailable},
-		{apiErr("QueueDoesNotExist", 400, smithy.FaultClient), sink.Unavailable},
-		{apiErr("AWS.SimpleQueueService.NonExistentQueue", 400, smithy.FaultClient), sink.Unavailable},
-		{apiErr("AccessDenied", 403, smithy.FaultClient), sink.Unavailable},
-		{apiErr("AccessDeniedException", 400, smithy.FaultClient), sink.Unavailable},
-		{apiErr("KmsDisabled", 400, smithy.FaultClient), sink.Unavailable},
-		{apiErr("", 500, smithy.FaultServer), sink.Unavailable},
-		{apiErr("InvalidParameterValue", 400, smithy.FaultClient), sink.Permanent},
-		{apiErr("BatchRequestTooLong", 400, smithy.FaultClient), sink.Permanent},
-		{apiErr("SomethingNew", 400, smithy.FaultClient), sink.Transient},
-		{&smithyhttp.RequestSendError{Err: errors.New("connection refused")}, sink.Unavailable},
-		{&credentialsError{errors.New("no EC2 IMDS role found")}, sink.Unavailable},
-		{fmt.Errorf("wrapped: %w", context.DeadlineExceeded), sink.Unavailable},
+		{apiErr("RequestThrottled", 400, smithy.FaultClient), fault.Unavailable},
+		{apiErr("ThrottlingException", 400, smithy.FaultClient), fault.Unavailable},
+		{apiErr("InvalidClientTokenId", 403, smithy.FaultClient), fault.Unavailable},
+		{apiErr("ServiceUnavailable", 503, smithy.FaultServer), fault.Unavailable},
+		{apiErr("", 502, smithy.FaultServer), fault.Unavailable},
+		{apiErr("InternalError", 500, smithy.FaultServer), fault.Unavailable},
+		{apiErr("QueueDoesNotExist", 400, smithy.FaultClient), fault.Unavailable},
+		{apiErr("AWS.SimpleQueueService.NonExistentQueue", 400, smithy.FaultClient), fault.Unavailable},
+		{apiErr("AccessDenied", 403, smithy.FaultClient), fault.Unavailable},
+		{apiErr("AccessDeniedException", 400, smithy.FaultClient), fault.Unavailable},
+		{apiErr("KmsDisabled", 400, smithy.FaultClient), fault.Unavailable},
+		{apiErr("", 500, smithy.FaultServer), fault.Unavailable},
+		{apiErr("InvalidParameterValue", 400, smithy.FaultClient), fault.Permanent},
+		{apiErr("BatchRequestTooLong", 400, smithy.FaultClient), fault.Permanent},
+		{apiErr("SomethingNew", 400, smithy.FaultClient), fault.Transient},
+		{&smithyhttp.RequestSendError{Err: errors.New("connection refused")}, fault.Unavailable},
+		{&credentialsError{errors.New("no EC2 IMDS role found")}, fault.Unavailable},
+		{fmt.Errorf("wrapped: %w", context.DeadlineExceeded), fault.Unavailable},
 	}
 	for _, c := range cases {
-		if got := sink.ClassOf(s.classify(ctx, c.err)); got != c.want {
+		if got := fault.ClassOf(s.classify(ctx, c.err)); got != c.want {
 			t.Errorf("classify(%v) = %v, want %v", c.err, got, c.want)
 		}
 	}
 
 	cctx, cancel := context.WithCancelCause(ctx)
 	cancel(errClosed)
-	if err := s.classify(cctx, context.Canceled); sink.ClassOf(err) != sink.Unavailable || !errors.Is(err, errClosed) {
-		t.Errorf("classify after Close = %v (%v), want unavailable errClosed", err, sink.ClassOf(err))
+	if err := s.classify(cctx, context.Canceled); fault.ClassOf(err) != fault.Unavailable || !errors.Is(err, errClosed) {
+		t.Errorf("classify after Close = %v (%v), want unavailable errClosed", err, fault.ClassOf(err))
 	}
 
 	entries := []struct {
 		code   string
 		sender bool
-		want   sink.Class
+		want   fault.Class
 	}{
-		{"InvalidParameterValue", true, sink.Permanent},
-		{"InvalidMessageContents", true, sink.Permanent},
-		{"SomethingNew", true, sink.Permanent},
-		{"InternalError", false, sink.Unavailable},
-		{"SomethingNew", false, sink.Transient},
-		{"RequestThrottled", true, sink.Unavailable},
-		{"KmsThrottled", false, sink.Unavailable},
-		{"KmsAccessDenied", true, sink.Unavailable},
+		{"InvalidParameterValue", true, fault.Permanent},
+		{"InvalidMessageContents", true, fault.Permanent},
+		{"SomethingNew", true, fault.Permanent},
+		{"InternalError", false, fault.Unavailable},
+		{"SomethingNew", false, fault.Transient},
+		{"RequestThrottled", true, fault.Unavailable},
+		{"KmsThrottled", false, fault.Unavailable},
+		{"KmsAccessDenied", true, fault.Unavailable},
 	}
 	for _, c := range entries {
 		err := entryError(types.BatchResultErrorEntry{Code: aws.String(c.code), Id: aws.String("0"), SenderFault: c.sender, Message: aws.String("m")})
-		if got := sink.ClassOf(err); got != c.want {
+		if got := fault.ClassOf(err); got != c.want {
 			t.Errorf("entry %s (sender fault %v) = %v, want %v", c.code, c.sender, got, c.want)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -75,7 +76,7 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 		for _, it := range items {
 			it.msg = newMessage(batch[it.i], q.fifo)
 			if it.msg.size > maxMessageBytes {
-				errs[it.i] = sink.AsPermanent(fmt.Errorf("message of %d bytes (body and attributes) is over the SQS limit of %d bytes", it.msg.size, maxMessageBytes))
+				errs[it.i] = fault.AsPermanent(fmt.Errorf("message of %d bytes (body and attributes) is over the SQS limit of %d bytes", it.msg.size, maxMessageBytes))
 				continue
 			}
 			sendable = append(sendable, it)
@@ -251,26 +252,26 @@ func (e *entryFailure) Error() string {
 
 // entryError classifies a failed entry: a code of the queue or of SQS is
 // unavailable, a sender fault permanent and any other fault transient,
-// both suspect (sink.AsSuspect).
+// both suspect (fault.AsSuspect).
 func entryError(f types.BatchResultErrorEntry) error {
 	err := &entryFailure{code: aws.ToString(f.Code), msg: aws.ToString(f.Message), senderFault: f.SenderFault}
 	switch {
 	case unavailable[err.code]:
-		return sink.AsUnavailable(err)
+		return fault.AsUnavailable(err)
 	case malformed[err.code], err.senderFault:
-		return sink.AsSuspect(sink.AsPermanent(err))
+		return fault.AsSuspect(fault.AsPermanent(err))
 	}
-	return sink.AsSuspect(err)
+	return fault.AsSuspect(err)
 }
 
-// classify marks a request error with its sink.Class; ctx is the Publish
+// classify marks a request error with its fault.Class; ctx is the Publish
 // call's context, whose cause tells a closed sink from a cancelled call.
 func (s *Sink) classify(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		if cause := context.Cause(ctx); errors.Is(cause, errClosed) {
-			return sink.AsUnavailable(errClosed)
+			return fault.AsUnavailable(errClosed)
 		}
-		return sink.AsUnavailable(err)
+		return fault.AsUnavailable(err)
 	}
 	code := apiCode(err)
 	var status int
@@ -281,15 +282,15 @@ func (s *Sink) classify(ctx context.Context, err error) error {
 	var credErr *credentialsError
 	switch {
 	case errors.As(err, &credErr):
-		return sink.AsUnavailable(fmt.Errorf("%w; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, a web identity or an instance role", err))
+		return fault.AsUnavailable(fmt.Errorf("%w; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, a web identity or an instance role", err))
 	case unavailable[code], status >= 500, status == 401, status == 403:
-		return sink.AsUnavailable(err)
+		return fault.AsUnavailable(err)
 	case malformed[code]:
-		return sink.AsSuspect(sink.AsPermanent(err))
+		return fault.AsSuspect(fault.AsPermanent(err))
 	case code == "" && isNetwork(err):
-		return sink.AsUnavailable(err)
+		return fault.AsUnavailable(err)
 	}
-	return sink.AsSuspect(err)
+	return fault.AsSuspect(err)
 }
 
 // isNetwork reports whether err is a failure to reach SQS or to get its

@@ -11,6 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -22,14 +23,14 @@ type resolution struct {
 }
 
 // queueName returns the name of e's queue. A rendered name that is too
-// long fails as sink.Permanent: no such queue can exist.
+// long fails as fault.Permanent: no such queue can exist.
 func (s *Sink) queueName(e *event.Event) (string, error) {
 	if s.fixed.url != "" {
 		return s.fixed.name, nil
 	}
 	name := s.tmpl.Render(e)
 	if len(name) > maxQueueName {
-		return "", sink.AsPermanent(fmt.Errorf("queue name %q from template %q is longer than %d characters", name, s.cfg.Queue, maxQueueName))
+		return "", fault.AsPermanent(fmt.Errorf("queue name %q from template %q is longer than %d characters", name, s.cfg.Queue, maxQueueName))
 	}
 	return name, nil
 }

@@ -295,7 +295,7 @@ func (s *Sink) Destination() string {
 var errClosed = errors.New("sqs sink closed")
 
 // Close fails in-flight and later Publish calls with an error classified
-// sink.Unavailable and closes idle connections. It is idempotent and
+// fault.Unavailable and closes idle connections. It is idempotent and
 // always returns nil.
 func (s *Sink) Close() error {
 	s.closeOnce.Do(func() {

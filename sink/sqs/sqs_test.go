@@ -22,6 +22,7 @@ import (
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/sinktest"
@@ -287,7 +288,7 @@ func TestEntryFailures(t *testing.T) {
 	}
 	var retry []*event.Event
 	for i, e := range batch {
-		if f := sink.Failed(err, i); f != nil && sink.ClassOf(f) != sink.Permanent {
+		if f := sink.Failed(err, i); f != nil && fault.ClassOf(f) != fault.Permanent {
 			retry = append(retry, e)
 		}
 	}
@@ -352,7 +353,7 @@ func TestQueueTemplate(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := s.Probe(ctx, "tpl-refund.fifo"); sink.ClassOf(err) != sink.Unavailable {
+	if err := s.Probe(ctx, "tpl-refund.fifo"); fault.ClassOf(err) != fault.Unavailable {
 		t.Errorf("Probe of a missing queue = %v, want unavailable", err)
 	}
 	for _, dest := range []string{"tpl-order.fifo", sink.Broker} {
@@ -383,7 +384,7 @@ func TestQueueTemplate(t *testing.T) {
 			t.Errorf("error does not name the queue: %v", sink.Failed(err, 1))
 		}
 	}
-	if err := s.Probe(ctx, "tpl-refund.fifo"); sink.ClassOf(err) != sink.Unavailable {
+	if err := s.Probe(ctx, "tpl-refund.fifo"); fault.ClassOf(err) != fault.Unavailable {
 		t.Errorf("Probe of a missing queue = %v, want unavailable", err)
 	}
 	for _, dest := range []string{"tpl-order.fifo", sink.Broker} {

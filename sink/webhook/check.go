@@ -8,6 +8,7 @@ import (
 	"net/http"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink"
 )
@@ -83,7 +84,7 @@ func (s *Sink) Probe(ctx context.Context, dest string) error {
 	defer resp.Body.Close()
 	_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return sink.AsUnavailable(fmt.Errorf("GET %s: %s", redact.String(s.health), resp.Status))
+		return fault.AsUnavailable(fmt.Errorf("GET %s: %s", redact.String(s.health), resp.Status))
 	}
 	return nil
 }

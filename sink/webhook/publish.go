@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink"
 )
@@ -53,9 +54,9 @@ const (
 // event, for connection, DNS and TLS failures, the per-request timeout,
 // ctx ending, Close, a redirect (3xx, not followed: the URL is wrong),
 // 401, 403, 404, 405, 407, 408, 410 and 429, and every 5xx but 500: these
-// are sink.Unavailable, never counted as attempts. 400, 413 and 422 are
-// sink.Permanent and 500 and the other 4xx transient, all marked
-// sink.AsSuspect: they count against the event only while other events to
+// are fault.Unavailable, never counted as attempts. 400, 413 and 422 are
+// fault.Permanent and 500 and the other 4xx transient, all marked
+// fault.AsSuspect: they count against the event only while other events to
 // the same URL succeed. A row header whose name HTTP cannot carry is
 // permanent. After a 429 or 503 with a Retry-After header the sink sends
 // no request until that time has passed (at most MaxRetryAfter), and the
@@ -90,15 +91,15 @@ var errClosed = errors.New("webhook sink closed")
 // in flight.
 func (s *Sink) acquire(ctx context.Context) error {
 	if s.closed.Err() != nil {
-		return sink.AsUnavailable(errClosed)
+		return fault.AsUnavailable(errClosed)
 	}
 	select {
 	case s.sem <- struct{}{}:
 		return nil
 	case <-ctx.Done():
-		return sink.AsUnavailable(ctx.Err())
+		return fault.AsUnavailable(ctx.Err())
 	case <-s.closed.Done():
-		return sink.AsUnavailable(errClosed)
+		return fault.AsUnavailable(errClosed)
 	}
 }
 
@@ -109,7 +110,7 @@ func (s *Sink) post(ctx context.Context, e *event.Event) error {
 	target := s.target(e)
 	h, err := s.header(e)
 	if err != nil {
-		return s.wrap(e, target, sink.AsPermanent(err))
+		return s.wrap(e, target, fault.AsPermanent(err))
 	}
 	if err := s.gate.wait(ctx, s.closed); err != nil {
 		return s.wrap(e, target, err)
@@ -121,7 +122,7 @@ func (s *Sink) post(ctx context.Context, e *event.Event) error {
 	defer stop()
 	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, target, bytes.NewReader(e.Payload))
 	if err != nil {
-		return s.wrap(e, target, sink.AsPermanent(redact.Error(err)))
+		return s.wrap(e, target, fault.AsPermanent(redact.Error(err)))
 	}
 	req.Header = h
 	if s.secret != nil {
@@ -168,11 +169,11 @@ func (s *Sink) target(e *event.Event) string {
 
 // wrap adds the event and URL to err, keeping its class.
 func (s *Sink) wrap(e *event.Event, target string, err error) error {
-	switch sink.ClassOf(err) {
-	case sink.Permanent:
-		return sink.AsPermanent(fmt.Errorf("POST %s for event %s: %w", redact.String(target), e.ID, err))
-	case sink.Unavailable:
-		return sink.AsUnavailable(fmt.Errorf("POST %s for event %s: %w", redact.String(target), e.ID, err))
+	switch fault.ClassOf(err) {
+	case fault.Permanent:
+		return fault.AsPermanent(fmt.Errorf("POST %s for event %s: %w", redact.String(target), e.ID, err))
+	case fault.Unavailable:
+		return fault.AsUnavailable(fmt.Errorf("POST %s for event %s: %w", redact.String(target), e.ID, err))
 	}
 	return fmt.Errorf("POST %s for event %s: %w", redact.String(target), e.ID, err)
 }
@@ -340,16 +341,16 @@ func (e *StatusError) Error() string {
 // { RetryAfter() time.Duration }.
 func (e *StatusError) RetryAfter() time.Duration { return e.Delay }
 
-// classifyStatus marks a non-2xx response with its sink.Class and scope
+// classifyStatus marks a non-2xx response with its fault.Class and scope
 // (see Publish).
 func classifyStatus(e *StatusError) error {
 	switch c := e.StatusCode; {
 	case c == http.StatusBadRequest, c == http.StatusRequestEntityTooLarge, c == http.StatusUnprocessableEntity:
-		return sink.AsSuspect(sink.AsPermanent(e))
+		return fault.AsSuspect(fault.AsPermanent(e))
 	case c >= 300 && c < 400, receiverDown[c], c > 500:
-		return sink.AsUnavailable(e)
+		return fault.AsUnavailable(e)
 	case c >= 400:
-		return sink.AsSuspect(e)
+		return fault.AsSuspect(e)
 	}
 	return e // 1xx that net/http did not handle
 }
@@ -363,7 +364,7 @@ var receiverDown = map[int]bool{
 }
 
 // transportError classifies a failed round trip. Every failure to reach the
-// receiver or to get its answer in time is sink.Unavailable.
+// receiver or to get its answer in time is fault.Unavailable.
 func (s *Sink) transportError(ctx, reqCtx context.Context, err error) error {
 	var ue *url.Error
 	if errors.As(err, &ue) {
@@ -372,13 +373,13 @@ func (s *Sink) transportError(ctx, reqCtx context.Context, err error) error {
 	err = redact.Error(err)
 	switch {
 	case s.closed.Err() != nil:
-		return sink.AsUnavailable(errClosed)
+		return fault.AsUnavailable(errClosed)
 	case ctx.Err() != nil:
-		return sink.AsUnavailable(err)
+		return fault.AsUnavailable(err)
 	case errors.Is(reqCtx.Err(), context.DeadlineExceeded):
-		return sink.AsUnavailable(fmt.Errorf("no response within %s (sink.webhook.timeout): %w", s.timeout, context.DeadlineExceeded))
+		return fault.AsUnavailable(fmt.Errorf("no response within %s (sink.webhook.timeout): %w", s.timeout, context.DeadlineExceeded))
 	}
-	return sink.AsUnavailable(err)
+	return fault.AsUnavailable(err)
 }
 
 // parseRetryAfter reads a Retry-After value: delay seconds or an HTTP date.
@@ -423,7 +424,7 @@ func (g *gate) hold(t time.Time) bool {
 }
 
 // wait returns when requests may flow, or with an error classified
-// sink.Unavailable when ctx ends or closed is done first.
+// fault.Unavailable when ctx ends or closed is done first.
 func (g *gate) wait(ctx, closed context.Context) error {
 	for {
 		g.mu.Lock()
@@ -437,10 +438,10 @@ func (g *gate) wait(ctx, closed context.Context) error {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return sink.AsUnavailable(fmt.Errorf("waiting for the receiver's Retry-After: %w", ctx.Err()))
+			return fault.AsUnavailable(fmt.Errorf("waiting for the receiver's Retry-After: %w", ctx.Err()))
 		case <-closed.Done():
 			t.Stop()
-			return sink.AsUnavailable(errClosed)
+			return fault.AsUnavailable(errClosed)
 		}
 	}
 }

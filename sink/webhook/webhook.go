@@ -191,7 +191,7 @@ func newTransport(n int, proxy func(*http.Request) (*url.URL, error)) *http.Tran
 }
 
 // Close fails the requests in flight and those waiting for a slot with an
-// error classified sink.Unavailable, and closes idle connections. Close is
+// error classified fault.Unavailable, and closes idle connections. Close is
 // idempotent and always returns nil.
 func (s *Sink) Close() error {
 	s.closeOnce.Do(func() {

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/sinktest"
 )
@@ -715,7 +716,7 @@ func TestProbe(t *testing.T) {
 		t.Errorf("Probe = %v", err)
 	}
 	healthy.Store(false)
-	if err := s.Probe(ctx, sink.Broker); sink.ClassOf(err) != sink.Unavailable || !strings.Contains(err.Error(), "401") {
+	if err := s.Probe(ctx, sink.Broker); fault.ClassOf(err) != fault.Unavailable || !strings.Contains(err.Error(), "401") {
 		t.Errorf("Probe of an unhealthy receiver = %v, want unavailable naming 401", err)
 	}
 }

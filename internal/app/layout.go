@@ -1,0 +1,21 @@
+package app
+
+import (
+	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/schema"
+)
+
+// layoutOf builds the table layout from a loaded config.
+func layoutOf(cfg *config.Config) schema.Layout {
+	o := cfg.Outbox
+	return schema.Layout{
+		Outbox: schema.ParseTable(o.Table),
+		Cols: schema.Columns{
+			ID: o.Column("id"), AggregateType: o.Column("aggregate_type"), AggregateID: o.Column("aggregate_id"),
+			EventType: o.Column("event_type"), Payload: o.Column("payload"), Headers: o.Column("headers"),
+			CreatedAt: o.Column("created_at"), Seq: o.Column("seq"),
+		},
+		DeadLetter: schema.ParseTable(cfg.DeadLetter.Table),
+		Archive:    schema.ParseTable(cfg.Archive.Table),
+	}
+}
