@@ -164,8 +164,12 @@ func RunConfig(ctx context.Context, cfg *config.Config, log *slog.Logger) error 
 // deleted.
 const pruneInterval = time.Minute
 
+// pruneBatch is the most archived rows one prune statement deletes.
+const pruneBatch = 5000
+
 // prune deletes archived rows older than archive.retention every
-// pruneInterval until ctx ends. Failures are logged and retried.
+// pruneInterval until ctx ends, in statements of at most pruneBatch rows.
+// Failures are logged and retried.
 func (r *Relay) prune(ctx context.Context) error {
 	stmt := layoutOf(r.cfg).PruneArchive(r.cfg.Archive.Mode)
 	if stmt == "" {
@@ -174,19 +178,32 @@ func (r *Relay) prune(ctx context.Context) error {
 	t := time.NewTicker(pruneInterval)
 	defer t.Stop()
 	for {
-		tag, err := r.pool.Exec(ctx, stmt, r.cfg.Archive.Retention.D())
+		n, err := r.pruneOnce(ctx, stmt)
 		switch {
 		case ctx.Err() != nil:
 			return nil
 		case err != nil:
 			r.log.Warn("prune archive failed", "err", err)
-		case tag.RowsAffected() > 0:
-			r.log.Info("pruned archived rows", "rows", tag.RowsAffected(), "retention", r.cfg.Archive.Retention.D())
+		case n > 0:
+			r.log.Info("pruned archived rows", "rows", n, "retention", r.cfg.Archive.Retention.D())
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		}
+	}
+}
+
+// pruneOnce runs stmt until it deletes fewer than pruneBatch rows and
+// returns how many it deleted.
+func (r *Relay) pruneOnce(ctx context.Context, stmt string) (int64, error) {
+	var total int64
+	for {
+		tag, err := r.pool.Exec(ctx, stmt, r.cfg.Archive.Retention.D(), pruneBatch)
+		total += tag.RowsAffected()
+		if err != nil || tag.RowsAffected() < pruneBatch {
+			return total, err
 		}
 	}
 }

@@ -97,16 +97,20 @@ func (l Layout) archiveIndex() index {
 	return index{table: l.Archive, suffix: "_archived_at_idx", def: "(archived_at)"}
 }
 
-// PruneArchive returns the statement deleting archived rows older than the
-// interval $1, or "" when mode keeps no archive.
+// PruneArchive returns the statement deleting at most $2 archived rows
+// older than the interval $1, or "" when mode keeps no archive. Callers
+// repeat it until it deletes fewer than $2, so no statement runs long.
 func (l Layout) PruneArchive(mode string) string {
+	table, col := l.Archive.Ident(), "archived_at"
 	switch mode {
 	case ArchiveMark:
-		return fmt.Sprintf(`DELETE FROM %s WHERE %s < now() - $1::interval`, l.Outbox.Ident(), Q(PublishedAt))
+		table, col = l.Outbox.Ident(), Q(PublishedAt)
 	case ArchiveMove:
-		return fmt.Sprintf(`DELETE FROM %s WHERE archived_at < now() - $1::interval`, l.Archive.Ident())
+	default:
+		return ""
 	}
-	return ""
+	return fmt.Sprintf(`DELETE FROM %s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %s WHERE %s < now() - $1::interval LIMIT $2))`,
+		table, table, col)
 }
 
 // EnsureArchive prepares archive mode: for move it creates the archive
