@@ -111,7 +111,8 @@ func brokenDestination(t *testing.T, failure error, after int64) {
 	waitFor(t, "destination b's events to go through", 10*time.Second, func() bool {
 		return snk.ackedCount("") >= 200+int(after)
 	})
-	time.Sleep(100 * time.Millisecond) // a few probes
+	probed := w.seen.Load()
+	waitFor(t, "a few probes of destination a", 10*time.Second, func() bool { return w.seen.Load() >= probed+3 })
 	w.open.Store(false)
 	waitFor(t, "both batches to complete", 10*time.Second, func() bool { return r.src.countCompleted() == 2 })
 	if !r.p.Stats().Ready.Load() || len(r.p.Destinations()) != 0 {
