@@ -258,6 +258,8 @@ func TestStandbyTakesOver(t *testing.T) {
 		want = append(want, insert(t, pool, "a", i+1))
 	}
 	collect(t, leader, 5, 10*time.Second)
+	// A standby waiting for the leader's lock does nothing observable, so
+	// only a window can show that it captures nothing meanwhile.
 	time.Sleep(1500 * time.Millisecond)
 	select {
 	case id := <-got:
@@ -296,7 +298,16 @@ func TestReconnectAfterWalsenderEnds(t *testing.T) {
 	a := insert(t, pool, "a", 1)
 	complete(t, collect(t, src, 1, 10*time.Second)[0])
 	b := insert(t, pool, "a", 2)
-	time.Sleep(200 * time.Millisecond) // b is received, maybe handed out, not archived
+	var end string
+	if err := pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&end); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the walsender to send b", func() bool { // b may be handed out, is not archived
+		var sent bool
+		err := pool.QueryRow(context.Background(), `SELECT r.sent_lsn >= $2::pg_lsn FROM pg_stat_replication r
+			JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, o.Slot, end).Scan(&sent)
+		return err == nil && sent
+	})
 	mustExec(t, pool, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, o.Slot)
 	c := insert(t, pool, "a", 3)
 	var got []string                 // first deliveries; b may come twice
@@ -369,7 +380,8 @@ func TestPostgresRestartMidStream(t *testing.T) {
 	if err := pg.Restart(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second)
+	restarted := snk.n.Load()
+	waitFor(t, 30*time.Second, "events published after the restart", func() bool { return snk.n.Load() > restarted+200 })
 	cancel()
 	wg.Wait()
 	t.Logf("%s", p.waitDelivered(t, 30*time.Second))

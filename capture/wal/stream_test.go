@@ -174,7 +174,10 @@ func TestConfirmedNeverPassesUnarchived(t *testing.T) {
 	for _, b := range slices.Backward(bs[1:]) {
 		complete(t, b)
 	}
-	time.Sleep(5 * o.StatusInterval)
+	for range 3 { // status updates sent after the archives report what the source confirms
+		r := replyTime(t, pool, o.Slot)
+		waitFor(t, 10*time.Second, "a status update", func() bool { return replyTime(t, pool, o.Slot).After(r) })
+	}
 	if c := confirmed(t, pool, o.Slot); c > first {
 		t.Fatalf("confirmed %s passed the unarchived event at %s (start %s)", c, first, start)
 	}
@@ -246,6 +249,18 @@ func activePID(t testing.TB, q schema.Querier, slot string) int {
 		t.Fatal("slot not active")
 	}
 	return *pid
+}
+
+// replyTime returns when the walsender of slot last received a status
+// update.
+func replyTime(t testing.TB, q schema.Querier, slot string) time.Time {
+	t.Helper()
+	var at time.Time
+	if err := q.QueryRow(context.Background(), `SELECT coalesce(r.reply_time, '-infinity') FROM pg_stat_replication r
+		JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, slot).Scan(&at); err != nil {
+		t.Fatal(err)
+	}
+	return at
 }
 
 // TestIdleOutboxBusyDatabaseAdvancesSlot writes only to another table: the
