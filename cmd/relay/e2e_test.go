@@ -81,7 +81,7 @@ func TestGracefulStop(t *testing.T) {
 	defer cancel()
 	produced := make(chan struct{})
 	go func() { s.produce(ctx, 6000, 500, 4); close(produced) }()
-	time.Sleep(500 * time.Millisecond)
+	s.waitPublishing()
 	if code := relay.stop(t, 15*time.Second); code != 0 {
 		t.Fatalf("relay exited %d after SIGTERM, want 0:\n%s", code, relay.logs.String())
 	}
@@ -201,7 +201,11 @@ func TestParkAggregate(t *testing.T) {
 	relay := s.start()
 	defer relay.stop(t, 15*time.Second)
 	waitFor(t, func() bool { return s.outboxRows() == 2 })
-	time.Sleep(500 * time.Millisecond)
+	// Events written now are published only after the relay has looked at
+	// the parked aggregate again: once they are on the wire, the parked
+	// rows must still be waiting.
+	s.produce(ctx, 40, 40, 4)
+	waitFor(t, func() bool { return len(s.wire.Check().Missing) <= 3 && s.outboxRows() <= 2 })
 	if n := s.outboxRows(); n != 2 {
 		t.Fatalf("%d rows in the outbox, want the 2 parked ones", n)
 	}

@@ -59,7 +59,7 @@ func brokerOutage(t *testing.T, mode string, outage time.Duration) {
 	defer cancel()
 	produced := make(chan struct{})
 	go func() { s.produce(ctx, 4000, 500, 4); close(produced) }()
-	time.Sleep(300 * time.Millisecond)
+	s.waitPublishing()
 	s.nats.Stop()
 	stopped := time.Now()
 	wctx, stopWatching := context.WithCancel(ctx)
@@ -245,7 +245,7 @@ func TestThreePollRelaysOneKilled(t *testing.T) {
 	defer cancel()
 	produced := make(chan struct{})
 	go func() { s.produce(ctx, 12000, 600, 8); close(produced) }()
-	time.Sleep(1500 * time.Millisecond)
+	waitFor(t, func() bool { return s.wire.Deliveries() >= 1000 })
 	relays[1].kill()
 	killed := time.Now()
 	<-produced

@@ -457,7 +457,7 @@ func (s *stack) syncWire() {
 // database it cannot reach makes it exit 1).
 func (s *stack) waitPublishing() {
 	s.t.Helper()
-	waitFor(s.t, func() bool { return s.wire.Deliveries() > 0 })
+	waitFor(s.t, func() bool { s.syncWire(); return s.wire.Deliveries() > 0 })
 }
 
 // waitDrained waits until every written event is on the wire and the

@@ -45,7 +45,7 @@ func testSink(t *testing.T, mode string, start func(t *testing.T) (string, func(
 	ctx := context.Background()
 	s.produce(ctx, 1500, 150, 4)
 	relay := s.start()
-	time.Sleep(300 * time.Millisecond)
+	s.waitPublishing()
 	relay.kill()
 	s.produce(ctx, 1500, 150, 4)
 	relay = s.start()
