@@ -1,0 +1,114 @@
+package schema
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxrelay/relay/internal/testenv"
+)
+
+// TestArchiveByKeyPerMode runs each archive mode's statement on a real
+// outbox of three rows, archiving two by seq: delete removes them, mark
+// sets published_at so that Unpublished keeps only the third, move puts
+// them into the archive table with their ids. Other rows stay untouched.
+func TestArchiveByKeyPerMode(t *testing.T) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testenv.NewDB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, mode := range []string{ArchiveDelete, ArchiveMark, ArchiveMove} {
+		t.Run(mode, func(t *testing.T) {
+			l := Layout{
+				Outbox: ParseTable("outbox_" + mode),
+				Cols: Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", EventType: "event_type",
+					Payload: "payload", Headers: "headers", CreatedAt: "created_at", Seq: "seq"},
+				Archive: ParseTable("archive_" + mode),
+			}
+			for _, stmt := range append([]string{l.CreateOutbox()}, l.ArchiveDDL(mode, nil)...) {
+				if _, err := conn.Exec(ctx, stmt); err != nil {
+					t.Fatalf("%v\n%s", err, stmt)
+				}
+			}
+			var ids []string
+			var seqs []int64
+			for range 3 {
+				id := uuid.NewString()
+				var seq int64
+				if err := conn.QueryRow(ctx, "INSERT INTO "+l.Outbox.Ident()+" ("+l.insertColumns()+
+					") VALUES ($1, 't', 'a', 'e', '{}', NULL, now()) RETURNING seq", id).Scan(&seq); err != nil {
+					t.Fatal(err)
+				}
+				ids, seqs = append(ids, id), append(seqs, seq)
+			}
+			tag, err := conn.Exec(ctx, l.ArchiveByKey(mode, l.Cols.Seq, "bigint"), seqs[:2])
+			if err != nil || tag.RowsAffected() != 2 {
+				t.Fatalf("archived %d rows, %v; want 2\n%s", tag.RowsAffected(), err, l.ArchiveByKey(mode, l.Cols.Seq, "bigint"))
+			}
+			left := idsOf(t, conn, "SELECT id::text FROM "+l.Outbox.Ident()+" o WHERE true "+l.Unpublished(mode, "o"))
+			if !slices.Equal(left, ids[2:]) {
+				t.Errorf("unpublished rows %v, want %v", left, ids[2:])
+			}
+			all := idsOf(t, conn, "SELECT id::text FROM "+l.Outbox.Ident())
+			var archived []string
+			switch mode {
+			case ArchiveMark:
+				if !slices.Equal(all, sorted(ids)) {
+					t.Errorf("outbox holds %v, want every row %v, marked", all, ids)
+				}
+			case ArchiveMove:
+				archived = idsOf(t, conn, "SELECT id::text FROM "+l.Archive.Ident()+" WHERE archived_at IS NOT NULL")
+				fallthrough
+			default:
+				if !slices.Equal(all, ids[2:]) {
+					t.Errorf("outbox holds %v, want %v", all, ids[2:])
+				}
+			}
+			if want := sorted(ids[:2]); mode == ArchiveMove && !slices.Equal(archived, want) {
+				t.Errorf("archive table holds %v, want %v", archived, want)
+			}
+		})
+	}
+}
+
+// TestUnpublished checks the mark mode's filter text, with and without an
+// alias, and that the other modes filter nothing.
+func TestUnpublished(t *testing.T) {
+	var l Layout
+	for _, tc := range []struct{ mode, alias, want string }{
+		{ArchiveMark, "", `AND "published_at" IS NULL`},
+		{ArchiveMark, "o", `AND o."published_at" IS NULL`},
+		{ArchiveDelete, "o", ""},
+		{ArchiveMove, "", ""},
+	} {
+		if got := l.Unpublished(tc.mode, tc.alias); got != tc.want {
+			t.Errorf("Unpublished(%s, %q) = %q, want %q", tc.mode, tc.alias, got, tc.want)
+		}
+	}
+}
+
+func sorted(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
+}
+
+// idsOf returns the ids query selects, sorted.
+func idsOf(t *testing.T, conn *pgx.Conn, query string) []string {
+	t.Helper()
+	rows, err := conn.Query(context.Background(), query+" ORDER BY 1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(fmt.Errorf("%s: %w", query, err))
+	}
+	return ids
+}
