@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -293,4 +295,67 @@ func scrapeCounter(t *testing.T, addr, name string) float64 {
 		}
 	}
 	return -1
+}
+
+// TestNATSStreamDeletedMidStream: the JetStream stream is deleted for a few
+// seconds in the middle of a stream, then created again with the same
+// config, with retry.max_attempts 1. Publishes meanwhile get no responders
+// (no stream takes the subject), a failure of the destination: nothing is
+// dead-lettered and everything is delivered in order. Before deleting it,
+// the test takes the subjects off the stream and reads what it holds, since
+// deleting drops its messages. Both capture modes.
+func TestNATSStreamDeletedMidStream(t *testing.T) {
+	for _, mode := range []string{"poll", "wal"} {
+		t.Run(mode, func(t *testing.T) {
+			addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+			s := newStack(t, stackOptions{Mode: mode, Extra: "http:\n  listen: " + addr + "\nretry:\n  max_attempts: 1\n"})
+			relay := s.start()
+			waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			produced := make(chan struct{})
+			go func() { s.produce(ctx, 2000, 100, 4); close(produced) }()
+			waitFor(t, func() bool { return scrapeCounter(t, addr, "relay_events_published_total") >= 200 })
+
+			nc, err := nats.Connect(s.nats.URL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			js, _ := jetstream.New(nc)
+			st, err := js.Stream(ctx, "OUTBOX")
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := st.CachedInfo().Config
+			off := cfg
+			off.Subjects = []string{"parked.>"}
+			if _, err := js.UpdateStream(ctx, off); err != nil {
+				t.Fatal(err)
+			}
+			s.readStream()
+			before := s.stream.Deliveries()
+			if err := js.DeleteStream(ctx, "OUTBOX"); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, func() bool {
+				code, body := readyzBody(addr)
+				return code == http.StatusServiceUnavailable && strings.Contains(body, "outbox.order")
+			})
+			time.Sleep(3 * time.Second)
+			if _, err := js.CreateStream(ctx, cfg); err != nil {
+				t.Fatal(err)
+			}
+			<-produced
+			s.waitDrained(60 * time.Second)
+			if code := relay.stop(t, 15*time.Second); code != 0 {
+				t.Fatalf("exit %d", code)
+			}
+			_, stream := s.verify()
+			if n := s.deadLetters(); n != 0 {
+				t.Fatalf("%d events dead-lettered while the stream was missing", n)
+			}
+			t.Logf("%s: %d events stored before the stream was deleted; %s", mode, before, stream)
+		})
+	}
 }
