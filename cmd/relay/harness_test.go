@@ -383,9 +383,18 @@ func delivery(h nats.Header, data []byte) verify.Delivery {
 // readStream records the stream's messages in stream order.
 func (s *stack) readStream() {
 	s.t.Helper()
-	nc, err := nats.Connect(s.nats.URL())
+	for _, d := range streamDeliveries(s.t, s.nats.URL()) {
+		s.stream.Delivered(d)
+	}
+}
+
+// streamDeliveries returns the messages the stream OUTBOX on the NATS
+// server at url holds, in stream order.
+func streamDeliveries(t *testing.T, url string) []verify.Delivery {
+	t.Helper()
+	nc, err := nats.Connect(url)
 	if err != nil {
-		s.t.Fatal(err)
+		t.Fatal(err)
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
@@ -393,29 +402,31 @@ func (s *stack) readStream() {
 	defer cancel()
 	st, err := js.Stream(ctx, "OUTBOX")
 	if err != nil {
-		s.t.Fatal(err)
+		t.Fatal(err)
 	}
 	info, _ := st.Info(ctx)
 	c, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
 	if err != nil {
-		s.t.Fatal(err)
+		t.Fatal(err)
 	}
+	var ds []verify.Delivery
 	for left := int(info.State.Msgs); left > 0; {
 		if ctx.Err() != nil {
-			s.t.Fatalf("read stream: %d messages not received", left)
+			t.Fatalf("read stream: %d messages not received", left)
 		}
 		batch, err := c.Fetch(min(left, 1000), jetstream.FetchMaxWait(time.Second))
 		if err != nil {
-			s.t.Fatalf("read stream: %v", err)
+			t.Fatalf("read stream: %v", err)
 		}
 		for m := range batch.Messages() {
-			s.stream.Delivered(delivery(m.Headers(), m.Data()))
+			ds = append(ds, delivery(m.Headers(), m.Data()))
 			left--
 		}
 		if err := batch.Error(); err != nil {
-			s.t.Fatalf("read stream: %v", err)
+			t.Fatalf("read stream: %v", err)
 		}
 	}
+	return ds
 }
 
 // rewriteDSN points the relay's config at another address of the database.

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/internal/verify"
 )
 
@@ -300,15 +302,21 @@ func scrapeCounter(t *testing.T, addr, name string) float64 {
 // TestNATSStreamDeletedMidStream: the JetStream stream is deleted for a few
 // seconds in the middle of a stream, then created again with the same
 // config, with retry.max_attempts 1. Publishes meanwhile get no responders
-// (no stream takes the subject), a failure of the destination: nothing is
-// dead-lettered and everything is delivered in order. Before deleting it,
-// the test takes the subjects off the stream and reads what it holds, since
-// deleting drops its messages. Both capture modes.
+// (nothing subscribes to the subject), a failure of the destination:
+// nothing is dead-lettered and everything is delivered in order. Deleting
+// drops the stream's messages, so the test first takes the subjects off
+// the stream and reads what it holds; deliveries are what the stream held
+// then and holds at the end (no core subscriber, which would stand in for
+// the missing stream and turn no responders into ack timeouts). Both
+// capture modes.
 func TestNATSStreamDeletedMidStream(t *testing.T) {
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
+			var s *stack
+			var before []verify.Delivery
 			addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-			s := newStack(t, stackOptions{Mode: mode, Extra: "http:\n  listen: " + addr + "\nretry:\n  max_attempts: 1\n"})
+			s = newStack(t, stackOptions{Mode: mode, Extra: "http:\n  listen: " + addr + "\nretry:\n  max_attempts: 1\n",
+				Collect: func() []verify.Delivery { return append(slices.Clip(before), streamDeliveries(t, s.nats.URL())...) }})
 			relay := s.start()
 			waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
 			ctx, cancel := context.WithCancel(context.Background())
@@ -333,8 +341,7 @@ func TestNATSStreamDeletedMidStream(t *testing.T) {
 			if _, err := js.UpdateStream(ctx, off); err != nil {
 				t.Fatal(err)
 			}
-			s.readStream()
-			before := s.stream.Deliveries()
+			before = streamDeliveries(t, s.nats.URL())
 			if err := js.DeleteStream(ctx, "OUTBOX"); err != nil {
 				t.Fatal(err)
 			}
@@ -351,11 +358,70 @@ func TestNATSStreamDeletedMidStream(t *testing.T) {
 			if code := relay.stop(t, 15*time.Second); code != 0 {
 				t.Fatalf("exit %d", code)
 			}
-			_, stream := s.verify()
+			wire, _ := s.verify()
 			if n := s.deadLetters(); n != 0 {
 				t.Fatalf("%d events dead-lettered while the stream was missing", n)
 			}
-			t.Logf("%s: %d events stored before the stream was deleted; %s", mode, before, stream)
+			t.Logf("%s: %d events stored before the stream was deleted; %s; relay logged %d no-responders failures", mode, len(before), wire,
+				strings.Count(relay.logs.String(), "no responders"))
+		})
+	}
+}
+
+// TestSQSQueueDeletedMidStream: the FIFO queue is deleted for a few seconds
+// in the middle of a stream, then created again with the same name and
+// attributes, with retry.max_attempts 1. Sends meanwhile get
+// QueueDoesNotExist, a failure of the destination: nothing is dead-lettered
+// and everything is delivered in order to the new queue. Deleting drops the
+// queue's messages, so the test first stalls the relay's connection (a
+// proxy), receives what the queue holds, deletes it, and cuts the stalled
+// connections so that no send answered after that counts. Both capture
+// modes.
+func TestSQSQueueDeletedMidStream(t *testing.T) {
+	for _, mode := range []string{"poll", "wal"} {
+		t.Run(mode, func(t *testing.T) {
+			srv, url, collect := startSQSQueue(t)
+			proxy, err := testenv.StartProxy(strings.TrimPrefix(srv.Endpoint(), "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(proxy.Close)
+			addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+			s := newStack(t, stackOptions{Mode: mode, Collect: collect, Sink: sqsSink("http://" + proxy.Addr()),
+				Extra: "http:\n  listen: " + addr + "\nretry:\n  max_attempts: 1\n"})
+			relay := s.start()
+			waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			produced := make(chan struct{})
+			go func() { s.produce(ctx, 2000, 100, 4); close(produced) }()
+			waitFor(t, func() bool { return scrapeCounter(t, addr, "relay_events_published_total") >= 200 })
+
+			proxy.Stall()
+			before := len(collect())
+			if err := srv.DeleteQueue(url); err != nil {
+				t.Fatal(err)
+			}
+			proxy.Cut()
+			proxy.Resume()
+			waitFor(t, func() bool {
+				code, body := readyzBody(addr)
+				return code == http.StatusServiceUnavailable && strings.Contains(body, sqsQueue)
+			})
+			time.Sleep(3 * time.Second)
+			if again, err := srv.CreateQueue(sqsQueue, map[string]string{"FifoQueue": "true"}); err != nil || again != url {
+				t.Fatalf("create the queue again: %q, %v; want %s", again, err, url)
+			}
+			<-produced
+			s.waitDrained(60 * time.Second)
+			if code := relay.stop(t, 15*time.Second); code != 0 {
+				t.Fatalf("exit %d", code)
+			}
+			wire, _ := s.verify()
+			if n := s.deadLetters(); n != 0 {
+				t.Fatalf("%d events dead-lettered while the queue was missing", n)
+			}
+			t.Logf("%s: %d events received before the queue was deleted; %s", mode, before, wire)
 		})
 	}
 }

@@ -111,12 +111,28 @@ func startKafkaCluster(t *testing.T) (*kafkatest.Cluster, string, func() []verif
 }
 
 func startSQS(t *testing.T) (string, func() []verify.Delivery) {
+	srv, _, collect := startSQSQueue(t)
+	return sqsSink(srv.Endpoint()), collect
+}
+
+// sqsSink is the config's sink block for SQS at endpoint.
+func sqsSink(endpoint string) string {
+	return fmt.Sprintf("sink:\n  type: sqs\n  sqs:\n    region: us-east-1\n    endpoint: %s\n    queue: outbox-{aggregate_type}.fifo\n", endpoint)
+}
+
+// sqsQueue is the name of the FIFO queue startSQSQueue creates.
+const sqsQueue = "outbox-order.fifo"
+
+// startSQSQueue starts the SQS emulator with the FIFO queue sqsQueue and
+// returns it, the queue's URL and a collector that receives (and deletes)
+// the queue's messages, adding them to those it received before.
+func startSQSQueue(t *testing.T) (*testenv.SQS, string, func() []verify.Delivery) {
 	srv, err := testenv.StartSQS()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	url, err := srv.CreateQueue("outbox-order.fifo", map[string]string{"FifoQueue": "true"})
+	url, err := srv.CreateQueue(sqsQueue, map[string]string{"FifoQueue": "true"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +160,7 @@ func startSQS(t *testing.T) (string, func() []verify.Delivery) {
 		}
 		return append([]verify.Delivery(nil), ds...)
 	}
-	return fmt.Sprintf("sink:\n  type: sqs\n  sqs:\n    region: us-east-1\n    endpoint: %s\n    queue: outbox-{aggregate_type}.fifo\n", srv.Endpoint()), collect
+	return srv, url, collect
 }
 
 // startWebhook starts a receiver that fails the first attempt of about one

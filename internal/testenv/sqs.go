@@ -338,6 +338,14 @@ func (s *SQS) CreateQueue(name string, attrs map[string]string) (string, error) 
 	return out.QueueUrl, nil
 }
 
+// DeleteQueue deletes the queue at queueURL with its messages.
+func (s *SQS) DeleteQueue(queueURL string) error {
+	if err := sqsCall(s.Endpoint(), "DeleteQueue", map[string]any{"QueueUrl": queueURL}, nil); err != nil {
+		return fmt.Errorf("testenv: delete sqs queue %s: %w", queueURL, err)
+	}
+	return nil
+}
+
 // SQSMessage is a message ReceiveAll returned.
 type SQSMessage struct {
 	MessageID string `json:"MessageId"`
