@@ -405,7 +405,9 @@ func streamDeliveries(t *testing.T, url string) []verify.Delivery {
 		t.Fatal(err)
 	}
 	info, _ := st.Info(ctx)
-	c, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	// The server drops the consumer soon after the read: tests that poll
+	// the stream must not pile consumers up.
+	c, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{InactiveThreshold: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
