@@ -362,8 +362,7 @@ func TestNATSStreamDeletedMidStream(t *testing.T) {
 			if n := s.deadLetters(); n != 0 {
 				t.Fatalf("%d events dead-lettered while the stream was missing", n)
 			}
-			t.Logf("%s: %d events stored before the stream was deleted; %s; relay logged %d no-responders failures", mode, len(before), wire,
-				strings.Count(relay.logs.String(), "no responders"))
+			t.Logf("%s: %d events stored before the stream was deleted; %s", mode, len(before), wire)
 		})
 	}
 }
