@@ -18,8 +18,8 @@ import (
 // postgres.fatal_after has passed, with every row still in the outbox.
 func TestLastingDatabaseFailure(t *testing.T) {
 	for _, tc := range []struct{ mode, missing, fix string }{
-		{"poll", "UPDATE", `GRANT SELECT, DELETE, UPDATE ("id") ON "public"."outbox"`},
-		{"wal", "DELETE", `GRANT SELECT, DELETE ON "public"."outbox"`},
+		{"poll", "UPDATE", `GRANT SELECT, DELETE, UPDATE ("id") ON TABLE "public"."outbox"`},
+		{"wal", "DELETE", `GRANT SELECT, DELETE, UPDATE ("id") ON TABLE "public"."outbox"`},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
 			s := newStack(t, stackOptions{Mode: tc.mode, Extra: "retry:\n  initial: 50ms\n  max: 500ms\n"})

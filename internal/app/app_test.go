@@ -142,12 +142,12 @@ func TestGuardFix(t *testing.T) {
 		err              error
 		want             string
 	}{
-		{"delete", "poll", denied("table outbox"), `GRANT SELECT, DELETE, UPDATE ("id") ON "public"."outbox" TO "relay"`},
-		{"mark", "poll", denied("table outbox"), `GRANT SELECT, DELETE, UPDATE ON "public"."outbox" TO "relay"`},
-		{"delete", "wal", denied("table outbox"), `GRANT SELECT, DELETE ON "public"."outbox" TO "relay"`},
-		{"delete", "poll", denied("table outbox_dead_letter"), `GRANT SELECT, INSERT, DELETE ON "public"."outbox_dead_letter" TO "relay"`},
-		{"move", "poll", denied("table outbox_archive"), `GRANT INSERT ON "public"."outbox_archive" TO "relay"`},
-		{"delete", "wal", denied("table outbox_relay_drain"), `GRANT SELECT, INSERT, UPDATE, DELETE ON "public"."outbox_relay_drain" TO "relay"`},
+		{"delete", "poll", denied("table outbox"), `GRANT SELECT, DELETE, UPDATE ("id") ON TABLE "public"."outbox" TO "relay"`},
+		{"mark", "poll", denied("table outbox"), `GRANT SELECT, DELETE, UPDATE ("id", "published_at") ON TABLE "public"."outbox" TO "relay"`},
+		{"delete", "wal", denied("table outbox"), `GRANT SELECT, DELETE, UPDATE ("id") ON TABLE "public"."outbox" TO "relay"`},
+		{"delete", "poll", denied("table outbox_dead_letter"), `GRANT SELECT, INSERT, DELETE ON TABLE "public"."outbox_dead_letter" TO "relay"`},
+		{"move", "poll", denied("table outbox_archive"), `GRANT INSERT ON TABLE "public"."outbox_archive" TO "relay"`},
+		{"delete", "wal", denied("table outbox_relay_drain"), `GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "public"."outbox_relay_drain" TO "relay"`},
 		{"delete", "poll", denied("table other"), "grant what `relay check` lists to relay"},
 		{"delete", "poll", denied("sequence outbox_seq_seq"), `GRANT SELECT ON SEQUENCE "outbox_seq_seq" TO "relay"`},
 		{"delete", "poll", denied("schema events"), `GRANT USAGE ON SCHEMA "events" TO "relay"`},

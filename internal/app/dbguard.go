@@ -126,8 +126,8 @@ func (g *dbGuard) fix(err error) string {
 		kind, name, _ := strings.Cut(strings.TrimPrefix(pe.Message, "permission denied for "), " ")
 		switch kind {
 		case "table":
-			if privs := g.tablePrivileges(name); privs != "" {
-				return fmt.Sprintf("GRANT %s TO %s", privs, schema.Q(g.role))
+			if grant := g.tableGrant(name); grant != "" {
+				return grant
 			}
 		case "sequence":
 			return fmt.Sprintf("GRANT SELECT ON SEQUENCE %s TO %s", schema.Q(name), schema.Q(g.role))
@@ -141,26 +141,25 @@ func (g *dbGuard) fix(err error) string {
 	return "run `relay init` to create what is missing, or fix outbox.table / outbox.columns"
 }
 
-// tablePrivileges returns "PRIVILEGES ON table" for the relay's table of
-// that (unqualified) name, or "".
-func (g *dbGuard) tablePrivileges(name string) string {
+// tableGrant returns the GRANT statement giving the role what `relay run`
+// needs (schema.RunPrivileges) on the relay's table of that unqualified
+// name, or "".
+func (g *dbGuard) tableGrant(name string) string {
 	l := g.layout
-	switch name {
-	case l.Outbox.Name:
-		privs := "SELECT, DELETE"
-		switch {
-		case g.cfg.Archive.Mode == "mark":
-			privs += ", UPDATE"
-		case g.cfg.Capture.Mode == "poll":
-			privs += ", UPDATE (" + schema.Q(l.Cols.ID) + ")"
+	needs := l.RunPrivileges(runNeeds(g.cfg, ""))
+	for _, t := range []schema.Table{l.Outbox, l.DeadLetter, l.Archive, l.DrainTable()} {
+		if t.Name != name {
+			continue
 		}
-		return privs + " ON " + l.Outbox.Ident()
-	case l.DeadLetter.Name:
-		return "SELECT, INSERT, DELETE ON " + l.DeadLetter.Ident()
-	case l.Archive.Name:
-		return "INSERT ON " + l.Archive.Ident()
-	case l.DrainTable().Name:
-		return "SELECT, INSERT, UPDATE, DELETE ON " + l.DrainTable().Ident()
+		var on []schema.Privilege
+		for _, p := range needs {
+			if p.Kind == "TABLE" && p.Object == t.Ident() {
+				on = append(on, p)
+			}
+		}
+		if len(on) > 0 {
+			return schema.GrantSQL(on, g.role)[0]
+		}
 	}
 	return ""
 }
