@@ -95,6 +95,21 @@ type Sink struct {
 	Kafka   Kafka   `yaml:"kafka"`
 	SQS     SQS     `yaml:"sqs"`
 	Webhook Webhook `yaml:"webhook"`
+	// Envelope is none or cloudevents: CloudEvents 1.0, binary content
+	// mode for kafka, nats and webhook, structured for sqs (see
+	// docs/configuration.md, CloudEvents). Default none: the payload as it
+	// is, with the contract's headers only.
+	Envelope    string      `yaml:"envelope"`
+	CloudEvents CloudEvents `yaml:"cloudevents"`
+}
+
+// CloudEvents configures the cloudevents envelope.
+type CloudEvents struct {
+	// Source is the prefix of every event's source attribute: a URI
+	// reference without query or fragment, joined with the aggregate_type
+	// by "/" (none when it ends in "/" or ":"). Required with envelope
+	// cloudevents.
+	Source string `yaml:"source"`
 }
 
 // NATS configures the NATS JetStream sink.

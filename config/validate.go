@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxrelay/relay/internal/destname"
 	"github.com/outboxrelay/relay/internal/redact"
+	"github.com/outboxrelay/relay/sink/envelope"
 	"github.com/outboxrelay/relay/sink/template"
 )
 
@@ -49,6 +50,7 @@ func setDefaults(c *Config) {
 	orDefault(&c.Sink.NATS.Stream, "OUTBOX")
 	orDefault(&c.Sink.Kafka.Topic, "outbox.{aggregate_type}")
 	orDefault(&c.Sink.Webhook.Timeout, Duration(5*time.Second))
+	orDefault(&c.Sink.Envelope, "none")
 	orDefault(&c.Archive.Mode, "delete")
 	orDefault(&c.Archive.Table, "public.outbox_archive")
 	orDefault(&c.Retry.Initial, Duration(100*time.Millisecond))
@@ -137,6 +139,26 @@ func (l *loader) checkSink(s Sink) {
 		l.checkSQS(s.SQS)
 	case "webhook":
 		l.checkWebhook(s.Webhook)
+	}
+	l.checkEnvelope(s)
+}
+
+// checkEnvelope checks sink.envelope and, with cloudevents, the source
+// prefix; sink.cloudevents without that envelope is a mistake.
+func (l *loader) checkEnvelope(s Sink) {
+	if !l.choice("sink.envelope", s.Envelope, "none", "cloudevents") {
+		return
+	}
+	if s.Envelope != "cloudevents" {
+		if _, set := l.lines["sink.cloudevents"]; set {
+			l.invalid("sink.cloudevents", "has no effect unless sink.envelope is cloudevents")
+		}
+		return
+	}
+	if l.required("sink.cloudevents.source", s.CloudEvents.Source, "a URI reference such as urn:example:orders; each event's source is it joined with the aggregate_type") {
+		if err := envelope.CheckSource(s.CloudEvents.Source); err != nil {
+			l.invalid("sink.cloudevents.source", "%s", err)
+		}
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/sink/envelope"
 	kafkasink "github.com/outboxrelay/relay/sink/kafka"
 	natssink "github.com/outboxrelay/relay/sink/nats"
 	sqssink "github.com/outboxrelay/relay/sink/sqs"
@@ -37,9 +38,13 @@ type brokerSink struct {
 // openSink connects the sink cfg.Sink.Type selects. window is the
 // pipeline's in-flight window, for sinks that buffer.
 func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window int) (*brokerSink, error) {
+	env, err := cloudEvents(cfg.Sink)
+	if err != nil {
+		return nil, err
+	}
 	switch c := cfg.Sink; c.Type {
 	case "nats":
-		s, err := natssink.New(ctx, natsConfig(c.NATS), natssink.Options{Logger: log})
+		s, err := natssink.New(ctx, natsConfig(c.NATS), natssink.Options{Logger: log, Envelope: env})
 		if err != nil {
 			return nil, err
 		}
@@ -48,14 +53,14 @@ func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window 
 				return "nats: stream " + c.NATS.Stream + " ready", s.EnsureStream(ctx)
 			}}, nil
 	case "kafka":
-		s, err := kafkasink.New(ctx, kafkaConfig(c.Kafka), kafkasink.Options{Logger: log, MaxBufferedRecords: window})
+		s, err := kafkasink.New(ctx, kafkaConfig(c.Kafka), kafkasink.Options{Logger: log, MaxBufferedRecords: window, Envelope: env})
 		if err != nil {
 			return nil, err
 		}
 		return &brokerSink{routedSink: s, name: "kafka " + strings.Join(c.Kafka.Brokers, ","), check: s.Check,
 			prepare: func(ctx context.Context) (string, error) { return kafkaTopics(ctx, s, c.Kafka.Topic) }}, nil
 	case "sqs":
-		s, err := sqssink.New(ctx, sqsConfig(c.SQS), sqssink.Options{Logger: log})
+		s, err := sqssink.New(ctx, sqsConfig(c.SQS), sqssink.Options{Logger: log, Envelope: env})
 		if err != nil {
 			return nil, err
 		}
@@ -64,7 +69,7 @@ func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window 
 				return "sqs: the relay creates no queues; create " + s.Destination() + " if missing", nil
 			}}, nil
 	case "webhook":
-		s, err := webhook.New(webhookConfig(c.Webhook), webhook.Options{Logger: log})
+		s, err := webhook.New(webhookConfig(c.Webhook), webhook.Options{Logger: log, Envelope: env})
 		if err != nil {
 			return nil, err
 		}
@@ -72,6 +77,18 @@ func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window 
 			prepare: func(context.Context) (string, error) { return "webhook: nothing to create", nil }}, nil
 	}
 	return nil, &UsageError{Err: fmt.Errorf("sink.type %q is not supported", cfg.Sink.Type)}
+}
+
+// cloudEvents returns the envelope sink.envelope selects: nil for none.
+func cloudEvents(c config.Sink) (*envelope.CloudEvents, error) {
+	if c.Envelope != "cloudevents" {
+		return nil, nil
+	}
+	env, err := envelope.New(c.CloudEvents.Source)
+	if err != nil {
+		return nil, &UsageError{Err: fmt.Errorf("sink.cloudevents.source: %w", err)}
+	}
+	return env, nil
 }
 
 // natsConfig maps sink.nats to the NATS sink's settings.

@@ -33,6 +33,7 @@ import (
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/destname"
+	"github.com/outboxrelay/relay/sink/envelope"
 	"github.com/outboxrelay/relay/sink/template"
 )
 
@@ -112,6 +113,9 @@ type Options struct {
 	// Logger receives the client's warnings and errors, topic creation, and
 	// a warning for SASL PLAIN without TLS. Default slog.Default().
 	Logger *slog.Logger
+	// Envelope, when set, adds the CloudEvents attributes to every record
+	// as ce_ headers (binary content mode). Default nil: no envelope.
+	Envelope *envelope.CloudEvents
 }
 
 func (o Options) withDefaults() Options {

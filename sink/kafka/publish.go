@@ -18,6 +18,7 @@ import (
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/sink/envelope"
 )
 
 // Publish produces every event of batch without waiting in between, then
@@ -44,6 +45,9 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 			err = s.ready(ctx, topics[i])
 			prepared[topics[i]] = err
 		}
+		if err == nil && s.opts.Envelope != nil {
+			err = s.opts.Envelope.Check(e)
+		}
 		errs[i] = err
 	}
 
@@ -59,6 +63,9 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 		}
 		pending++
 		r := record(e, topics[i])
+		if s.opts.Envelope != nil {
+			r.Headers = cloudEvent(r.Headers, e, s.opts.Envelope)
+		}
 		s.cl.Produce(ctx, r, func(_ *kgo.Record, err error) { results <- result{i, err} })
 	}
 
@@ -124,6 +131,15 @@ func record(e *event.Event, topic string) *kgo.Record {
 		key = []byte{} // an empty aggregate ID is an empty key, not a null one
 	}
 	return &kgo.Record{Topic: topic, Key: key, Value: value, Headers: headers}
+}
+
+// cloudEvent returns h without the headers in the ce_ namespace, which a
+// row cannot set, followed by e's CloudEvents attributes; the content-type
+// header is already its datacontenttype.
+func cloudEvent(h []kgo.RecordHeader, e *event.Event, env *envelope.CloudEvents) []kgo.RecordHeader {
+	h = slices.DeleteFunc(h, func(rh kgo.RecordHeader) bool { return envelope.Kafka.Owns(rh.Key) })
+	env.Binary(e, envelope.Kafka, func(k, v string) { h = append(h, kgo.RecordHeader{Key: k, Value: []byte(v)}) })
+	return h
 }
 
 // batchBytes finds the batch size in franz-go's message for a batch the

@@ -20,6 +20,7 @@ import (
 
 	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/redact"
+	"github.com/outboxrelay/relay/sink/envelope"
 	"github.com/outboxrelay/relay/sink/template"
 )
 
@@ -48,6 +49,9 @@ type Options struct {
 	// Logger receives connection events (disconnects, reconnects,
 	// asynchronous errors) and stream creation. Default slog.Default().
 	Logger *slog.Logger
+	// Envelope, when set, adds the CloudEvents attributes to every message
+	// as ce- headers (binary content mode). Default nil: no envelope.
+	Envelope *envelope.CloudEvents
 }
 
 func (o Options) withDefaults() Options {

@@ -13,6 +13,7 @@ import (
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/sink/envelope"
 )
 
 // Publish sends every event of batch without waiting in between, then waits
@@ -54,6 +55,12 @@ func (s *Sink) send(ctx context.Context, subject string, e *event.Event) (jetstr
 		stall = max(min(stall, time.Until(dl)), time.Millisecond)
 	}
 	msg := &nats.Msg{Subject: subject, Header: headers(e), Data: e.Payload}
+	if env := s.opts.Envelope; env != nil {
+		if err := env.Check(e); err != nil {
+			return nil, err
+		}
+		cloudEvent(msg.Header, e, env)
+	}
 	return s.js.PublishMsgAsync(msg, jetstream.WithStallWait(stall))
 }
 
@@ -81,6 +88,17 @@ func headers(e *event.Event) nats.Header {
 	return h
 }
 
+// cloudEvent replaces the headers of h in the ce- namespace, which a row
+// cannot set, with e's CloudEvents attributes.
+func cloudEvent(h nats.Header, e *event.Event, env *envelope.CloudEvents) {
+	for k := range h {
+		if envelope.NATS.Owns(k) {
+			delete(h, k)
+		}
+	}
+	env.Binary(e, envelope.NATS, func(k, v string) { h[k] = []string{v} })
+}
+
 // errClosed fails the publishes waiting for acks when the sink is closed.
 var errClosed = errors.New("nats sink closed")
 
@@ -99,7 +117,7 @@ func (s *Sink) await(ctx context.Context, f jetstream.PubAckFuture) error {
 
 // classify marks err with its fault.Class. A message over the server's
 // max_payload or the stream's max message size, or with a header name NATS
-// cannot carry, is permanent. A failure of the destination is
+// cannot carry, or an event the envelope rejects, is permanent. A failure of the destination is
 // unavailable: a lost or closed connection, an ack timeout, ctx ending,
 // failed authentication or authorization, a missing stream, and no
 // responders (no stream covers the subject). Anything else is transient and
@@ -107,6 +125,8 @@ func (s *Sink) await(ctx context.Context, f jetstream.PubAckFuture) error {
 // events to the subject succeed.
 func classify(err error) error {
 	switch {
+	case fault.ClassOf(err) == fault.Permanent:
+		return err
 	case errors.Is(err, nats.ErrMaxPayload),
 		errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum),
 		errors.Is(err, nats.ErrBadHeaderMsg):

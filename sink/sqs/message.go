@@ -15,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/sink/envelope"
 )
 
 // Message attribute names the sink sets. maxAttributes is SQS's limit per
@@ -82,6 +83,14 @@ func newMessage(e *event.Event, fifo bool) message {
 		m.dedupID = fifoID(e.ID)
 	}
 	return m
+}
+
+// structured returns a copy of e whose payload is e in the CloudEvents JSON
+// event format.
+func structured(e *event.Event, env *envelope.CloudEvents) *event.Event {
+	c := *e
+	c.Payload, c.ContentType = env.Structured(e), envelope.StructuredContentType
+	return &c
 }
 
 // set adds an attribute unless value is empty: a String attribute, or a

@@ -74,7 +74,14 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 		}
 		var sendable []*item
 		for _, it := range items {
-			it.msg = newMessage(batch[it.i], q.fifo)
+			e := batch[it.i]
+			if env := s.opts.Envelope; env != nil {
+				if errs[it.i] = env.Check(e); errs[it.i] != nil {
+					continue
+				}
+				e = structured(e, env)
+			}
+			it.msg = newMessage(e, q.fifo)
 			if it.msg.size > maxMessageBytes {
 				errs[it.i] = fault.AsPermanent(fmt.Errorf("message of %d bytes (body and attributes) is over the SQS limit of %d bytes", it.msg.size, maxMessageBytes))
 				continue

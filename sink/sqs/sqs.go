@@ -30,6 +30,7 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	"github.com/outboxrelay/relay/sink/envelope"
 	"github.com/outboxrelay/relay/sink/template"
 )
 
@@ -84,6 +85,10 @@ type Options struct {
 	Credentials aws.CredentialsProvider
 	// Logger receives queue resolutions. Default slog.Default().
 	Logger *slog.Logger
+	// Envelope, when set, sends every event as a CloudEvent in structured
+	// content mode: the body is the JSON event format. Default nil: no
+	// envelope.
+	Envelope *envelope.CloudEvents
 }
 
 func (o Options) withDefaults() Options {

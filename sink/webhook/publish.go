@@ -21,6 +21,7 @@ import (
 	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/sink/envelope"
 )
 
 // Header names the sink sets on every request. The contract's names with an
@@ -210,7 +211,26 @@ func (s *Sink) header(e *event.Event) (http.Header, error) {
 	h[HeaderEventType] = []string{headerValue(e.EventType)}
 	h[HeaderAggregateType] = []string{headerValue(e.AggregateType)}
 	h[HeaderAggregateID] = []string{headerValue(e.AggregateID)}
+	if s.env != nil {
+		return h, cloudEvent(h, e, s.env)
+	}
 	return h, nil
+}
+
+// cloudEvent replaces the headers of h in the Ce- namespace, from the row
+// or sink.webhook.headers, with e's CloudEvents attributes; Content-Type is
+// already its datacontenttype.
+func cloudEvent(h http.Header, e *event.Event, env *envelope.CloudEvents) error {
+	if err := env.Check(e); err != nil {
+		return err
+	}
+	for k := range h {
+		if envelope.HTTP.Owns(k) {
+			delete(h, k)
+		}
+	}
+	env.Binary(e, envelope.HTTP, func(k, v string) { h[textproto.CanonicalMIMEHeaderKey(k)] = []string{v} })
+	return nil
 }
 
 // headerValue returns v with each control character other than horizontal

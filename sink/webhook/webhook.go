@@ -21,6 +21,7 @@ import (
 	"github.com/outboxrelay/relay/internal/destname"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/sink/envelope"
 	"github.com/outboxrelay/relay/sink/template"
 )
 
@@ -79,6 +80,9 @@ type Options struct {
 	// HTTPS_PROXY, HTTP_PROXY and NO_PROXY, and attempts HTTP/2 over TLS.
 	// Tests use it to count or fail connections.
 	Transport http.RoundTripper
+	// Envelope, when set, adds the CloudEvents attributes to every request
+	// as Ce- headers (binary content mode). Default nil: no envelope.
+	Envelope *envelope.CloudEvents
 }
 
 // Sink POSTs events to a webhook receiver. It implements sink.Sink; its
@@ -87,9 +91,10 @@ type Sink struct {
 	log     *slog.Logger
 	url     *urlTemplate
 	timeout time.Duration
-	headers http.Header // static headers from sink.webhook.headers
-	secret  []byte      // nil: requests are not signed
-	health  string      // sink.webhook.health_url; empty: none
+	headers http.Header           // static headers from sink.webhook.headers
+	secret  []byte                // nil: requests are not signed
+	env     *envelope.CloudEvents // nil: no envelope
+	health  string                // sink.webhook.health_url; empty: none
 	client  *http.Client
 	proxy   func(*http.Request) (*url.URL, error) // nil when Options.Transport was given
 
@@ -152,6 +157,7 @@ func New(cfg Config, opts Options) (*Sink, error) {
 		headers: headers,
 		sem:     make(chan struct{}, n),
 		health:  cfg.HealthURL,
+		env:     opts.Envelope,
 	}
 	if cfg.Secret != "" {
 		s.secret = []byte(cfg.Secret)
