@@ -97,8 +97,8 @@ type Sink struct {
 	Webhook Webhook `yaml:"webhook"`
 	// Envelope is none or cloudevents: CloudEvents 1.0, binary content
 	// mode for kafka, nats and webhook, structured for sqs (see
-	// docs/configuration.md, CloudEvents). Default none: the payload as it
-	// is, with the contract's headers only.
+	// docs/configuration.md, CloudEvents). Default none (also when empty):
+	// the payload as it is, with the contract's headers only.
 	Envelope    string      `yaml:"envelope"`
 	CloudEvents CloudEvents `yaml:"cloudevents"`
 }

@@ -50,7 +50,6 @@ func setDefaults(c *Config) {
 	orDefault(&c.Sink.NATS.Stream, "OUTBOX")
 	orDefault(&c.Sink.Kafka.Topic, "outbox.{aggregate_type}")
 	orDefault(&c.Sink.Webhook.Timeout, Duration(5*time.Second))
-	orDefault(&c.Sink.Envelope, "none")
 	orDefault(&c.Archive.Mode, "delete")
 	orDefault(&c.Archive.Table, "public.outbox_archive")
 	orDefault(&c.Retry.Initial, Duration(100*time.Millisecond))
@@ -143,10 +142,11 @@ func (l *loader) checkSink(s Sink) {
 	l.checkEnvelope(s)
 }
 
-// checkEnvelope checks sink.envelope and, with cloudevents, the source
-// prefix; sink.cloudevents without that envelope is a mistake.
+// checkEnvelope checks sink.envelope (empty means none) and, with
+// cloudevents, the source prefix; sink.cloudevents without that envelope is
+// a mistake.
 func (l *loader) checkEnvelope(s Sink) {
-	if !l.choice("sink.envelope", s.Envelope, "none", "cloudevents") {
+	if _, set := l.lines["sink.envelope"]; set && !l.choice("sink.envelope", s.Envelope, "none", "cloudevents") {
 		return
 	}
 	if s.Envelope != "cloudevents" {
