@@ -43,10 +43,15 @@ func TestCloudEventsErrors(t *testing.T) {
 		{"empty envelope", "  envelope: \"\"\n", 7, "sink.envelope", "must not be empty (none or cloudevents)"},
 		{"source without envelope", "  cloudevents:\n    source: urn:x\n", 7, "sink.cloudevents", "has no effect unless sink.envelope is cloudevents"},
 		{"unknown key", "  cloudevents:\n    sources: urn:x\n", 8, "sink.cloudevents.sources", "unknown key (expected one of source)"},
+		{"static ce- header", "  envelope: cloudevents\n  cloudevents:\n    source: urn:x\n  webhook:\n    url: http://h/\n    headers:\n      ce-source: x\n", 13, "sink.webhook.headers.ce-source", "the cloudevents envelope sets the Ce- headers"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := parse("config.yaml", []byte(sinkCase("nats", tt.section)), env(nil))
+			typ := "nats"
+			if strings.Contains(tt.section, "webhook:") {
+				typ = "webhook"
+			}
+			_, err := parse("config.yaml", []byte(sinkCase(typ, tt.section)), env(nil))
 			if err == nil {
 				t.Fatal("no error")
 			}

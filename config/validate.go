@@ -160,6 +160,13 @@ func (l *loader) checkEnvelope(s Sink) {
 			l.invalid("sink.cloudevents.source", "%s", err)
 		}
 	}
+	if s.Type == "webhook" {
+		for _, name := range slices.Sorted(maps.Keys(s.Webhook.Headers)) {
+			if envelope.HTTP.Owns(name) {
+				l.invalid("sink.webhook.headers."+name, "the cloudevents envelope sets the Ce- headers; remove this one")
+			}
+		}
+	}
 }
 
 // maxWebhookConcurrency bounds sink.webhook.max_concurrency.
