@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/event"
 )
 
 // TestSinkConfigsMapEveryKey fills every field of each sink's config
@@ -25,8 +26,28 @@ func TestSinkConfigsMapEveryKey(t *testing.T) {
 	if got := webhookConfig(s.Webhook).Timeout; got != s.Webhook.Timeout.D() {
 		t.Errorf("webhook timeout = %s, want %s", got, s.Webhook.Timeout.D())
 	}
-	if n, c := reflect.TypeFor[config.Sink]().NumField(), 5; n != c {
+	if n, c := reflect.TypeFor[config.Sink]().NumField(), 7; n != c {
 		t.Errorf("config.Sink has %d fields, this test maps %d: add the new sink", n, c)
+	}
+}
+
+// TestCloudEventsMapped checks that sink.envelope and
+// sink.cloudevents.source reach the envelope the sinks get.
+func TestCloudEventsMapped(t *testing.T) {
+	env, err := cloudEvents(config.Sink{Envelope: "cloudevents", CloudEvents: config.CloudEvents{Source: "urn:example:orders"}})
+	if err != nil || env == nil {
+		t.Fatalf("cloudevents: %v, %v", env, err)
+	}
+	if got := env.Source(&event.Event{AggregateType: "order"}); got != "urn:example:orders/order" {
+		t.Errorf("source %q", got)
+	}
+	for _, none := range []string{"", "none"} {
+		if env, err := cloudEvents(config.Sink{Envelope: none, CloudEvents: config.CloudEvents{Source: "urn:x"}}); env != nil || err != nil {
+			t.Errorf("envelope %q: %v, %v; want none", none, env, err)
+		}
+	}
+	if _, err := cloudEvents(config.Sink{Envelope: "cloudevents"}); !IsUsage(err) {
+		t.Errorf("no source: %v, want a usage error", err)
 	}
 }
 
