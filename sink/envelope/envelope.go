@@ -104,10 +104,28 @@ func (c *CloudEvents) Check(e *event.Event) error {
 // forbidden reports whether CloudEvents forbids r in attribute values.
 func forbidden(r rune) bool { return r <= 0x1f || r >= 0x7f && r <= 0x9f }
 
+// The attributes Binary sets, in order.
+const (
+	attrSpecVersion = iota
+	attrID
+	attrSource
+	attrType
+	attrSubject
+	attrTime
+	attrDataContentType
+	attrTraceParent
+	attrTraceState
+	numAttrs
+)
+
+var attrNames = [numAttrs]string{"specversion", "id", "source", "type", "subject", "time", "datacontenttype", traceParent, traceState}
+
 // Binding says how a protocol binding carries the attributes in binary
 // content mode.
 type Binding struct {
 	prefix string
+	// names are the header names of the attributes: prefix and name.
+	names [numAttrs]string
 	// percent: values are percent-encoded (HTTP and NATS bindings).
 	percent bool
 	// dataContentType: datacontenttype is a prefixed header too (NATS);
@@ -115,17 +133,25 @@ type Binding struct {
 	dataContentType bool
 }
 
+func newBinding(prefix string, percent, dataContentType bool) *Binding {
+	b := &Binding{prefix: prefix, percent: percent, dataContentType: dataContentType}
+	for i, name := range attrNames {
+		b.names[i] = prefix + name
+	}
+	return b
+}
+
 // The bindings of the binary content mode.
 var (
 	// Kafka: ce_ headers with the values as they are; the content-type
 	// header is the datacontenttype.
-	Kafka = &Binding{prefix: "ce_"}
+	Kafka = newBinding("ce_", false, false)
 	// HTTP: ce- headers with percent-encoded values; Content-Type is the
 	// datacontenttype.
-	HTTP = &Binding{prefix: "ce-", percent: true}
+	HTTP = newBinding("ce-", true, false)
 	// NATS: ce- headers with percent-encoded values, datacontenttype
 	// included as ce-datacontenttype.
-	NATS = &Binding{prefix: "ce-", percent: true, dataContentType: true}
+	NATS = newBinding("ce-", true, true)
 )
 
 // Owns reports whether a header name is in the binding's namespace (it
@@ -139,26 +165,26 @@ func (b *Binding) Owns(name string) bool {
 // name with b's prefix, the value encoded as b requires. Optional
 // attributes without a value are left out.
 func (c *CloudEvents) Binary(e *event.Event, b *Binding, set func(name, value string)) {
-	put := func(name, value string) {
+	put := func(attr int, value string) {
 		if value == "" {
 			return
 		}
 		if b.percent {
 			value = PercentEncode(value)
 		}
-		set(b.prefix+name, value)
+		set(b.names[attr], value)
 	}
-	put("specversion", SpecVersion)
-	put("id", e.ID)
-	put("source", c.Source(e))
-	put("type", e.EventType)
-	put("subject", e.AggregateID)
-	put("time", timeOf(e))
+	put(attrSpecVersion, SpecVersion)
+	put(attrID, e.ID)
+	put(attrSource, c.Source(e))
+	put(attrType, e.EventType)
+	put(attrSubject, e.AggregateID)
+	put(attrTime, timeOf(e))
 	if b.dataContentType {
-		put("datacontenttype", e.ContentType)
+		put(attrDataContentType, e.ContentType)
 	}
-	put(traceParent, e.Headers[traceParent])
-	put(traceState, e.Headers[traceState])
+	put(attrTraceParent, e.Headers[traceParent])
+	put(attrTraceState, e.Headers[traceState])
 }
 
 // timeOf returns e's created_at in RFC 3339, or "" when it is not set.

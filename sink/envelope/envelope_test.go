@@ -193,3 +193,27 @@ func check(t *testing.T, name string, got *ce.Event, err error, e *event.Event) 
 		t.Errorf("%s: %v", name, err)
 	}
 }
+
+func BenchmarkBinary(b *testing.B) {
+	env, e := newEnvelopeB(b), testEvent()
+	b.ReportAllocs()
+	for b.Loop() {
+		env.Binary(e, envelope.NATS, func(string, string) {})
+	}
+}
+
+func BenchmarkStructured(b *testing.B) {
+	env, e := newEnvelopeB(b), testEvent()
+	b.ReportAllocs()
+	for b.Loop() {
+		env.Structured(e)
+	}
+}
+
+func newEnvelopeB(b *testing.B) *envelope.CloudEvents {
+	env, err := envelope.New("urn:example:orders")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return env
+}

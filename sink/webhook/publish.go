@@ -58,8 +58,8 @@ const (
 // are fault.Unavailable, never counted as attempts. 400, 413 and 422 are
 // fault.Permanent and 500 and the other 4xx transient, all marked
 // fault.AsSuspect: they count against the event only while other events to
-// the same URL succeed. A row header whose name HTTP cannot carry is
-// permanent. After a 429 or 503 with a Retry-After header the sink sends
+// the same URL succeed. A row header whose name HTTP cannot carry, and with
+// an envelope an event that cannot be a CloudEvent, is permanent. After a 429 or 503 with a Retry-After header the sink sends
 // no request until that time has passed (at most MaxRetryAfter), and the
 // error's RetryAfter method returns the delay. Publish is safe for
 // concurrent use.
@@ -181,8 +181,9 @@ func (s *Sink) wrap(e *event.Event, target string, err error) error {
 
 // header returns the request headers of e: its Headers map (names in
 // canonical form), then the static headers, then the contract headers, each
-// overriding the ones before it. Row headers the contract sets or that HTTP
-// reserves for the connection are left out.
+// overriding the ones before it, and with an envelope the CloudEvents
+// headers in place of any other Ce- header. Row headers the contract sets or
+// that HTTP reserves for the connection are left out.
 func (s *Sink) header(e *event.Event) (http.Header, error) {
 	h := make(http.Header, len(e.Headers)+len(s.headers)+8)
 	for k, v := range e.Headers {
