@@ -31,12 +31,14 @@ type batchState struct {
 	archive archiveState
 }
 
-// aggQueue holds an aggregate's events in source order. Only its head is
-// ever published, and only by one Publish call at a time.
+// aggQueue holds an aggregate's events in source order. Only its first
+// events are ever published, by one Publish call at a time: the head alone,
+// or with a sink.Ordered sink up to perAggregate events that share the
+// head's destination.
 type aggQueue struct {
 	id      string
 	items   []*item
-	busy    bool      // the head is being published
+	sending int       // how many of the first items are being published
 	retryAt time.Time // the head waits for a retry until then
 	queued  bool      // in the ready list
 	held    bool      // held by its destination's open breaker
@@ -44,10 +46,17 @@ type aggQueue struct {
 	heapIdx int
 }
 
-// result is the outcome of one Publish call.
+// run is the first n events of an aggregate's queue in one Publish call.
+type run struct {
+	q *aggQueue
+	n int
+}
+
+// result is the outcome of one Publish call; its batch holds the runs'
+// events one run after another.
 type result struct {
-	queues []*aggQueue
-	err    error
+	runs []run
+	err  error
 }
 
 // engine is the pipeline's state; it is owned by the goroutine running loop.
@@ -65,6 +74,7 @@ type engine struct {
 	timer    *time.Timer
 	parked   map[string]*park // see park.go
 	received int              // batches received from the source
+	perAgg   int              // most events of one aggregate in a Publish call (sink.Ordered)
 
 	router    sink.Destinations // nil when the sink names no destinations
 	dests     map[string]*destState
@@ -88,6 +98,10 @@ func newEngine(p *Pipeline, ctx context.Context) *engine {
 		nextIdle: time.Now(),
 	}
 	e.router, _ = p.snk.(sink.Destinations)
+	e.perAgg = 1
+	if o, ok := p.snk.(sink.Ordered); ok {
+		e.perAgg = max(o.MaxPerAggregate(), 1)
+	}
 	e.publishStatus()
 	return e
 }
@@ -179,7 +193,7 @@ func (e *engine) add(b capture.Batch) {
 }
 
 func (e *engine) markReady(q *aggQueue) {
-	if q.queued || q.busy || q.held || q.heapIdx >= 0 || len(q.items) == 0 {
+	if q.queued || q.sending > 0 || q.held || q.heapIdx >= 0 || len(q.items) == 0 {
 		return
 	}
 	q.queued = true
@@ -191,8 +205,9 @@ func (e *engine) markReady(q *aggQueue) {
 func (e *engine) dispatch() {
 	e.dueProbes(time.Now())
 	for e.inFlight < e.p.opts.Concurrency && len(e.ready) > 0 {
-		qs := make([]*aggQueue, 0, min(len(e.ready), e.p.opts.BatchSize))
-		for len(e.ready) > 0 && len(qs) < e.p.opts.BatchSize {
+		var runs []run
+		var batch []*event.Event
+		for len(e.ready) > 0 && len(batch) < e.p.opts.BatchSize {
 			q := e.ready[0]
 			e.ready[0] = nil
 			e.ready = e.ready[1:]
@@ -201,22 +216,22 @@ func (e *engine) dispatch() {
 				e.hold(d, q)
 				continue
 			}
-			q.busy = true
-			qs = append(qs, q)
+			n := e.runLength(q, e.p.opts.BatchSize-len(batch))
+			q.sending = n
+			runs = append(runs, run{q: q, n: n})
+			for _, it := range q.items[:n] {
+				batch = append(batch, it.ev)
+			}
 		}
-		if len(qs) == 0 {
+		if len(runs) == 0 {
 			continue
-		}
-		batch := make([]*event.Event, len(qs))
-		for i, q := range qs {
-			batch[i] = q.items[0].ev
 		}
 		e.inFlight++
 		go func() {
 			start := time.Now()
 			err := e.p.snk.Publish(e.ctx, batch)
 			e.p.opts.Metrics.publishDone(time.Since(start))
-			e.results <- result{queues: qs, err: err}
+			e.results <- result{runs: runs, err: err}
 		}()
 	}
 	if len(e.ready) == 0 {
@@ -224,9 +239,28 @@ func (e *engine) dispatch() {
 	}
 }
 
-// settle applies the result of one Publish call. A failure of the
-// destination holds the aggregate without counting an attempt; a failure of
-// the event counts one and retries or dead-letters it.
+// runLength returns how many of q's first events go in one Publish call
+// with room for at most room more: the head alone, or with a sink.Ordered
+// sink up to perAgg consecutive events sharing the head's destination. A
+// probe is the head alone.
+func (e *engine) runLength(q *aggQueue, room int) int {
+	limit := min(e.perAgg, room, len(q.items))
+	if q.probe {
+		limit = 1
+	}
+	n, d := 1, q.items[0].dest
+	for n < limit && q.items[n].dest == d {
+		n++
+	}
+	return n
+}
+
+// settle applies the result of one Publish call. Each run's events count as
+// published up to its first failure; that event is handled as the head of
+// its queue: a failure of the destination holds the aggregate without
+// counting an attempt, a failure of the event counts one and retries or
+// dead-letters it. The run's later events stay queued behind it, whatever
+// the sink reported for them, and count no attempt.
 func (e *engine) settle(r result) {
 	e.inFlight--
 	if e.ctx.Err() != nil {
@@ -234,42 +268,78 @@ func (e *engine) settle(r result) {
 	}
 	now := time.Now()
 	okIn := make(map[*destState]bool)
-	for i, q := range r.queues {
-		if err := sink.Failed(r.err, i); err == nil {
-			okIn[q.items[0].dest] = true
-		} else if fault.IsSuspect(err) {
-			e.suspected(q.items[0])
+	off := 0
+	for _, rn := range r.runs {
+		for j, it := range rn.q.items[:rn.n] {
+			err := sink.Failed(r.err, off+j)
+			if err == nil {
+				okIn[it.dest] = true
+				continue
+			}
+			if fault.IsSuspect(err) && !heldBack(err, j) {
+				e.suspected(it)
+			}
+			break
 		}
+		off += rn.n
 	}
-	for i, q := range r.queues {
+	off = 0
+	for _, rn := range r.runs {
+		e.settleRun(rn, r.err, off, okIn, now)
+		off += rn.n
+	}
+}
+
+// heldBack reports whether err, the failure of the j-th event of a run, is
+// a sink.Ordered sink holding the event back rather than a failure of it.
+func heldBack(err error, j int) bool {
+	return j > 0 && errors.Is(err, sink.ErrHeldBack)
+}
+
+// settleRun settles one run whose first event is at index off of the batch.
+func (e *engine) settleRun(rn run, batchErr error, off int, okIn map[*destState]bool, now time.Time) {
+	q, probe := rn.q, rn.q.probe
+	q.probe = false
+	if probe {
+		q.items[0].dest.probing = false
+	}
+	var err error
+	j := 0
+	for ; j < rn.n; j++ {
 		it := q.items[0]
-		d, probe := it.dest, q.probe
-		q.busy, q.probe = false, false
-		if probe {
-			d.probing = false
+		it.dest.lastUsed = now
+		if err = sink.Failed(batchErr, off+j); err != nil {
+			break
 		}
-		d.lastUsed = now
-		err := sink.Failed(r.err, i)
-		if err == nil {
-			e.ok(d, probe, now)
-			e.p.opts.Metrics.acked(it.ev, now)
-			e.pop(q, nil, now)
-			continue
+		e.ok(it.dest, probe, now)
+		e.p.opts.Metrics.acked(it.ev, now)
+		e.popHead(q, nil, now)
+	}
+	q.sending = 0
+	if err == nil || heldBack(err, j) {
+		e.next(q)
+		return
+	}
+	it := q.items[0]
+	d := it.dest
+	it.lastErr = err
+	class := fault.ClassOf(err)
+	e.p.opts.Metrics.failed(class)
+	switch {
+	case e.destLevel(d, it, err, okIn[d]):
+		e.trip(d, err, probe, now)
+		e.hold(d, q)
+	case e.failed(it, class, now):
+		bs := it.batch
+		e.popHead(q, it, now)
+		if e.p.opts.ParkAggregate {
+			e.parkAggregate(q, bs)
 		}
-		it.lastErr = err
-		class := fault.ClassOf(err)
-		e.p.opts.Metrics.failed(class)
-		switch {
-		case e.destLevel(d, it, err, okIn[d]):
-			e.trip(d, err, probe, now)
-			e.hold(d, q)
-		case e.failed(it, class, now):
-			e.pop(q, it, now)
-		default:
-			e.p.stats.Retries.Add(1)
-			q.retryAt = now.Add(e.p.opts.Retry.delay(it.attempts))
-			heap.Push(&e.retries, q)
-		}
+		e.next(q)
+	default:
+		e.p.stats.Retries.Add(1)
+		q.retryAt = now.Add(e.p.opts.Retry.delay(it.attempts))
+		heap.Push(&e.retries, q)
 	}
 }
 
@@ -289,9 +359,9 @@ func (e *engine) failed(it *item, class fault.Class, now time.Time) bool {
 	return dead
 }
 
-// pop settles the head of q: published when dead is nil, dead-lettered
-// otherwise.
-func (e *engine) pop(q *aggQueue, dead *item, now time.Time) {
+// popHead settles the head of q: published when dead is nil,
+// dead-lettered otherwise.
+func (e *engine) popHead(q *aggQueue, dead *item, now time.Time) {
 	it := q.items[0]
 	q.items[0] = nil
 	q.items = q.items[1:]
@@ -310,9 +380,10 @@ func (e *engine) pop(q *aggQueue, dead *item, now time.Time) {
 	if bs.pending--; bs.pending == 0 {
 		e.done.complete(bs)
 	}
-	if dead != nil && e.p.opts.ParkAggregate {
-		e.parkAggregate(q, bs)
-	}
+}
+
+// next forgets q when it is empty and marks it ready otherwise.
+func (e *engine) next(q *aggQueue) {
 	if len(q.items) == 0 {
 		delete(e.queues, q.id)
 		return

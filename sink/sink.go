@@ -15,10 +15,10 @@ import (
 // Publish sends every event of batch and returns only when the broker
 // acknowledged each of them or the attempt failed. It returns nil when all
 // events were acknowledged, a *BatchError when some were not, or another error
-// when none were. The pipeline never puts two events of one aggregate in the
-// same batch, and never has two batches in flight that share an aggregate, so
-// a sink needs no ordering logic of its own. Publish is called from several
-// goroutines at once.
+// when none were. The pipeline never has two batches in flight that share an
+// aggregate, and puts two events of one aggregate in the same batch only when
+// the sink implements Ordered; otherwise a sink needs no ordering logic of its
+// own. Publish is called from several goroutines at once.
 type Sink interface {
 	Publish(ctx context.Context, batch []*event.Event) error
 	// Close releases the sink's connections. In-flight publishes fail.
@@ -57,6 +57,31 @@ func Failed(err error, i int) error {
 	}
 	return err
 }
+
+// Ordered is implemented by sinks that can take several events of one
+// aggregate in one Publish call without breaking the aggregate's order. The
+// pipeline then sends up to MaxPerAggregate consecutive events of an
+// aggregate that go to the same destination in one call, in their order,
+// instead of one event per call.
+//
+// Such a sink delivers the events of one aggregate in a batch in batch
+// order, and when one of them fails it reports every later event of that
+// aggregate in the batch as failed too. It must never let a later event be
+// stored while an earlier one of the same aggregate in the batch failed and
+// was not (or may not have been) stored before it; an event it did not try
+// to publish for that reason fails with an error wrapping ErrHeldBack. The
+// pipeline publishes the events after a failed one again, after it, without
+// counting an attempt against them, whatever the sink reported for them.
+type Ordered interface {
+	// MaxPerAggregate returns the most events of one aggregate one Publish
+	// call may carry; values below 2 turn the capability off.
+	MaxPerAggregate() int
+}
+
+// ErrHeldBack marks an event a sink implementing Ordered did not publish
+// because an earlier event of its aggregate in the same batch failed or
+// had to be published alone. The event is not at fault.
+var ErrHeldBack = errors.New("held back behind an earlier event of its aggregate")
 
 // Destinations is implemented by sinks that publish to more than one
 // destination or can check one without publishing. The pipeline keeps one

@@ -21,9 +21,12 @@ import (
 	"github.com/outboxrelay/relay/sink/envelope"
 )
 
-// Publish produces every event of batch without waiting in between, then
-// waits for each acknowledgement, for at most AckTimeout. It returns nil
-// when all were acknowledged and a *sink.BatchError otherwise.
+// Publish produces every event of batch without waiting in between, in
+// batch order, then waits for each acknowledgement, for at most AckTimeout.
+// It returns nil when all were acknowledged and a *sink.BatchError
+// otherwise. Several events of one aggregate may share a batch (see
+// MaxPerAggregate): once one of them fails, the later ones fail too, with
+// sink.ErrHeldBack when they were not produced.
 //
 // Before the first publish to a topic, Publish makes sure the topic exists
 // (see docs/design.md, Kafka). Errors are classified by classify.
@@ -57,15 +60,36 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	}
 	results := make(chan result, len(batch)) // promises never block
 	pending := 0
+	keys := make([]string, len(batch))
+	seen := make(map[string]bool) // keys with an earlier event in batch
+	held := make(map[string]bool) // keys whose later events are held back
 	for i, e := range batch {
-		if errs[i] != nil {
-			continue
-		}
-		pending++
 		r := record(e, topics[i])
 		if s.opts.Envelope != nil {
 			r.Headers = cloudEvent(r.Headers, e, s.opts.Envelope)
 		}
+		k := topics[i] + "\x00" + string(r.Key)
+		keys[i] = k
+		// The client fails a record too large for a batch on its own,
+		// without the records behind it: such a record goes alone.
+		large := s.mayBeTooLarge(r, topics[i])
+		if held[k] || large && seen[k] {
+			errs[i], held[k] = sink.ErrHeldBack, true
+			continue
+		}
+		seen[k] = true
+		if errs[i] == nil && ctx.Err() != nil {
+			// Produce buffers a record even with a done context when the
+			// client has room; a later record of the key must not be.
+			errs[i] = s.explain(ctx.Err())
+		}
+		if errs[i] != nil || large {
+			held[k] = true
+		}
+		if errs[i] != nil {
+			continue
+		}
+		pending++
 		s.cl.Produce(ctx, r, func(_ *kgo.Record, err error) { results <- result{i, err} })
 	}
 
@@ -84,17 +108,30 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	}
 
 	failed := false
+	firstErr := make(map[string]error) // key -> failure of its first failed event
 	for i, e := range batch {
 		err := errs[i]
 		if err == nil && !settled[i] {
 			err = waitErr
 		}
-		if err != nil {
+		first, after := firstErr[keys[i]]
+		if err == nil && !after {
+			continue
+		}
+		failed = true
+		switch {
+		case after:
+			// Carries the class of the first failure.
+			err = fmt.Errorf("%w (%w)", sink.ErrHeldBack, first)
+		case !errors.Is(err, sink.ErrHeldBack):
 			if errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.UnknownTopicID) {
 				s.forget(topics[i])
 			}
-			errs[i] = fmt.Errorf("publish %s to %s: %w", e.ID, topics[i], classifyRecord(err, e))
-			failed = true
+			err = classifyRecord(err, e)
+		}
+		errs[i] = fmt.Errorf("publish %s to %s: %w", e.ID, topics[i], err)
+		if !after {
+			firstErr[keys[i]] = errs[i]
 		}
 	}
 	if failed {
@@ -102,6 +139,26 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	}
 	return nil
 }
+
+// MaxPerAggregate implements sink.Ordered: within a partition, the
+// idempotent producer keeps records in order and fails every record behind
+// a failed one, so a batch may carry as many events of one aggregate as the
+// client can buffer (see docs/design.md, Kafka).
+func (s *Sink) MaxPerAggregate() int { return s.opts.MaxBufferedRecords }
+
+// mayBeTooLarge reports whether r may not fit in an empty record batch of
+// topic, so that the client might fail it alone.
+func (s *Sink) mayBeTooLarge(r *kgo.Record, topic string) bool {
+	n := len(r.Key) + len(r.Value) + tooLargeMargin
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value) + 10
+	}
+	return n > int(s.maxMessageBytes(topic))
+}
+
+// tooLargeMargin over-estimates a record's and its batch's framing, in
+// bytes.
+const tooLargeMargin = 512
 
 // errClosed fails the publishes waiting for acks when the sink is closed.
 var errClosed = errors.New("kafka sink closed")
