@@ -35,6 +35,16 @@ type brokerSink struct {
 	check func(ctx context.Context) error
 }
 
+// MaxPerAggregate implements sink.Ordered for the pipeline: the wrapped
+// sink's value, or 1 (one event of an aggregate per publish) when it does
+// not implement it.
+func (b *brokerSink) MaxPerAggregate() int {
+	if o, ok := b.routedSink.(sink.Ordered); ok {
+		return o.MaxPerAggregate()
+	}
+	return 1
+}
+
 // openSink connects the sink cfg.Sink.Type selects. window is the
 // pipeline's in-flight window, for sinks that buffer.
 func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window int) (*brokerSink, error) {
