@@ -1,19 +1,24 @@
 package kafka
 
 import (
+	"bytes"
 	"context"
-	"fmt"
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/pipeline"
+	"github.com/outboxrelay/relay/sink"
 )
 
 // sliceSource is a capture.Source that hands out events in batches and
@@ -45,7 +50,7 @@ type sliceBatch struct {
 	evs []*event.Event
 }
 
-func (b *sliceBatch) Events() []*event.Event { return b.evs }
+func (b *sliceBatch) Events() []*event.Event  { return b.evs }
 func (b *sliceBatch) Abandon(context.Context) {}
 func (b *sliceBatch) Complete(_ context.Context, o capture.Outcome) error {
 	b.src.mu.Lock()
@@ -147,4 +152,106 @@ func firstDiff(a, b []string) int {
 	return min(len(a), len(b))
 }
 
-var _ = fmt.Sprint
+// failProduce makes c answer the nth produce request (1-based) with code
+// for every partition in it, without storing anything.
+func failProduce(c *kfake.Cluster, nth int32, code int16) {
+	var seen atomic.Int32
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if seen.Add(1) != nth {
+			return nil, nil, false
+		}
+		pr := req.(*kmsg.ProduceRequest)
+		resp := pr.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range pr.Topics {
+			t := kmsg.NewProduceResponseTopic()
+			t.Topic, t.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				p := kmsg.NewProduceResponseTopicPartition()
+				p.Partition, p.ErrorCode, p.BaseOffset = rp.Partition, code, -1
+				t.Partitions = append(t.Partitions, p)
+			}
+			resp.Topics = append(resp.Topics, t)
+		}
+		return resp, nil, true
+	})
+}
+
+// TestHotAggregateFailureMidWindow rejects, as an invalid record, the third
+// produce request of a stream of one aggregate's events, while later
+// requests of the same partition are in flight (the topic's 16 KiB batch
+// limit splits each publish into many requests): the first event of the
+// rejected request is dead-lettered, every other event is stored, and the
+// first deliveries are in order.
+func TestHotAggregateFailureMidWindow(t *testing.T) {
+	const n = 3000
+	c := newCluster(t)
+	withTopicLimit(t, c, "t", 1, 16*1024)
+	s := newSink(t, c.ListenAddrs(), "t", Options{})
+	failProduce(c, 3, kerr.InvalidRecord.Code)
+	src := hotSource(n)
+	runPipeline(t, src, s, n)
+
+	if len(src.dead) != 1 {
+		ids := deadIDs(src.dead)
+		t.Fatalf("%d dead letters, want 1: %v", len(ids), ids[:min(len(ids), 5)])
+	}
+	dead := src.dead[0].Event.ID
+	var want []string
+	for i := range n {
+		if id := testEvent(i, "order", "hot").ID; id != dead {
+			want = append(want, id)
+		}
+	}
+	var first []string
+	seen := map[string]bool{}
+	for _, r := range readTopics(t, c.ListenAddrs(), "t") {
+		id, _ := header(r, "message_id")
+		if !seen[id] {
+			seen[id] = true
+			first = append(first, id)
+		}
+	}
+	if !slices.Equal(first, want) {
+		t.Fatalf("%d first deliveries, want %d in order; first difference at %d", len(first), len(want), firstDiff(first, want))
+	}
+	t.Logf("dead letter %s (%s)", dead, src.dead[0].Err)
+}
+
+func deadIDs(ds []capture.DeadEvent) []string {
+	var ids []string
+	for _, d := range ds {
+		ids = append(ids, d.Event.ID)
+	}
+	return ids
+}
+
+// TestOversizedGoesAlone publishes ten events of one aggregate with the
+// sixth over the topic's limit, which the client fails on its own: the
+// sixth and the ones after it are held back, so none of them is stored
+// ahead of it; published alone, it fails as permanent.
+func TestOversizedGoesAlone(t *testing.T) {
+	c := newCluster(t)
+	withTopicLimit(t, c, "big", 1, 16*1024)
+	s := newSink(t, c.ListenAddrs(), "big", Options{})
+	batch := make([]*event.Event, 10)
+	for i := range batch {
+		batch[i] = testEvent(i, "order", "hot")
+	}
+	batch[5].Payload = bytes.Repeat([]byte("x"), 20*1024)
+
+	err := s.Publish(context.Background(), batch)
+	for i := range batch {
+		f := sink.Failed(err, i)
+		if (i < 5) != (f == nil) || i >= 5 && !errors.Is(f, sink.ErrHeldBack) {
+			t.Errorf("event %d: %v", i, f)
+		}
+	}
+	if n := len(readTopics(t, c.ListenAddrs(), "big")); n != 5 {
+		t.Errorf("topic holds %d records, want the 5 before the oversized event", n)
+	}
+	err = s.Publish(context.Background(), batch[5:])
+	if f := sink.Failed(err, 0); fault.ClassOf(f) != fault.Permanent {
+		t.Errorf("oversized event alone: %v, want permanent", f)
+	}
+}
