@@ -143,7 +143,7 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 // MaxPerAggregate implements sink.Ordered: within a partition, the
 // idempotent producer keeps records in order and fails every record behind
 // a failed one, so a batch may carry as many events of one aggregate as the
-// client can buffer (see docs/design.md, Kafka).
+// client can buffer (see docs/design.md, Hot aggregates).
 func (s *Sink) MaxPerAggregate() int { return s.opts.MaxBufferedRecords }
 
 // mayBeTooLarge reports whether r may not fit in an empty record batch of

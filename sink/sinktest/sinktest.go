@@ -50,6 +50,8 @@
 //	cancel/before          an already cancelled context
 //	cancel/during          a context cancelled while a large batch is being published; the sink stays usable
 //	cancel/stalled         a broker that never acknowledges (NewStalled): Publish returns soon after ctx ends
+//	ordered/runs           a sink.Ordered sink given runs of several events per aggregate, retried from each aggregate's first failure: no loss, first deliveries in order, never an event acknowledged after an earlier one of its aggregate in the call failed
+//	ordered/oversize       a sink.Ordered sink given a run with an event over MaxMessageBytes in the middle: it fails as permanent, and the events after it arrive once each, after the ones before it
 package sinktest
 
 import (
@@ -234,6 +236,7 @@ func Run(t *testing.T, h Harness) {
 	s.run(t, "outage", s.testOutage)
 	s.run(t, "oversize", s.testOversize)
 	s.run(t, "cancel", s.testCancel)
+	s.run(t, "ordered", s.testOrdered)
 }
 
 // subtests lists every subtest by the name Harness.Skip takes.
@@ -245,6 +248,7 @@ var subtests = []string{
 	"destination/combined", "destination/fixed", "destination/sanitize",
 	"ack", "duplicates", "restart", "outage", "oversize",
 	"cancel/before", "cancel/during", "cancel/stalled",
+	"ordered/runs", "ordered/oversize",
 }
 
 // knownSubtest reports whether name is a subtest or a group of subtests.
