@@ -1,12 +1,18 @@
 package app
 
 import (
+	"context"
+	"fmt"
+	"log/slog"
 	"reflect"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
+
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/sink"
 )
 
 // TestSinkConfigsMapEveryKey fills every field of each sink's config
@@ -90,5 +96,38 @@ func checkSet(t *testing.T, path string, v reflect.Value) {
 	}
 	if v.IsZero() {
 		t.Errorf("%s is not mapped from the config", path)
+	}
+}
+
+// TestSinkOrderedPassedOn checks that the sink the pipeline gets declares
+// the wrapped sink's sink.Ordered: several events of one aggregate per
+// publish with Kafka, one with a sink that does not implement it.
+func TestSinkOrderedPassedOn(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cfg := parse(t, fmt.Sprintf(`postgres:
+  url: postgres://app@localhost/app
+capture:
+  mode: poll
+sink:
+  type: kafka
+  kafka:
+    brokers: [%s]
+    topic: outbox.{aggregate_type}
+`, c.ListenAddrs()[0]))
+	snk, err := openSink(context.Background(), cfg, slog.New(slog.DiscardHandler), 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snk.Close()
+	var o sink.Ordered = snk
+	if n := o.MaxPerAggregate(); n < 2 {
+		t.Errorf("kafka: MaxPerAggregate %d, want several events of an aggregate per publish", n)
+	}
+	if n := (&brokerSink{}).MaxPerAggregate(); n != 1 {
+		t.Errorf("a sink without sink.Ordered: MaxPerAggregate %d, want 1", n)
 	}
 }
