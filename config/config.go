@@ -85,6 +85,10 @@ type WAL struct {
 	// Publication is the publication, created if missing. Default
 	// outbox_relay.
 	Publication string `yaml:"publication"`
+	// Failover creates the slot with failover enabled, so that a standby
+	// synchronizing slots keeps its position across a promotion
+	// (PostgreSQL 17 and later). Default false.
+	Failover bool `yaml:"failover"`
 }
 
 // Sink selects and configures the broker.

@@ -98,7 +98,7 @@ func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, ni
 // updates.
 func options(t testing.TB, pool *pgxpool.Pool, l schema.Layout, batch int) wal.Options {
 	return wal.Options{Pool: pool, Layout: l, Slot: newSlotName(), Publication: "relay_pub", BatchSize: batch,
-		StatusInterval: 100 * time.Millisecond, Logger: testLog(t)}
+		StatusInterval: 100 * time.Millisecond, GuardInterval: 100 * time.Millisecond, Logger: testLog(t)}
 }
 
 func newSource(t testing.TB, o wal.Options) *wal.Source {

@@ -425,7 +425,6 @@ func TestLostSlotRecovered(t *testing.T) {
 		t.Errorf("SlotRecreated(lost) = %d, want 1", got)
 	}
 	waitFor(t, 5*time.Second, "the slot's health to show it reserved", func() bool {
-		_, status, _ := src.SlotHealth()
-		return status == "reserved"
+		return src.Slot().WALStatus == "reserved"
 	})
 }

@@ -42,7 +42,7 @@ func TestRoleWithoutReplication(t *testing.T) {
 		t.Errorf("New: %v (class %v), want a permanent error saying %q", err, fault.ClassOf(err), want)
 	}
 	found := map[string]error{}
-	for _, f := range wal.Check(ctx, rolePool, layout, o.Slot, o.Publication) {
+	for _, f := range wal.Check(ctx, rolePool, layout, o.Slot, o.Publication, false) {
 		found[f.What] = f.Err
 	}
 	if err := found["wal_level = logical"]; err != nil {

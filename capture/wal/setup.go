@@ -15,12 +15,12 @@ import (
 // SetupSQL returns the statements Setup runs, for `relay init --dry-run`:
 // the drain table, the publication (only when missing) and the slot with
 // its pending drain (only when the slot is missing).
-func SetupSQL(l schema.Layout, slot, publication string) []string {
+func SetupSQL(l schema.Layout, slot, publication string, failover bool) []string {
 	stmts := []string{
 		l.DrainTableStep().SQL(),
 		"-- publication " + publication + ", when missing:\n" + l.CreatePublication(publication),
 	}
-	for i, stmt := range l.CreateSlot(slot) {
+	for i, stmt := range createSlotSQL(l, slot, failover) {
 		if i == 0 {
 			stmt = "-- replication slot " + slot + ", when missing:\n" + stmt
 		}
@@ -32,15 +32,20 @@ func SetupSQL(l schema.Layout, slot, publication string) []string {
 // Setup creates what wal capture needs besides the outbox and dead-letter
 // tables when it is missing: the drain table, the publication and the
 // replication slot, with a pending drain so that the first `relay run`
-// publishes the rows written before the slot. `relay init` calls it;
+// publishes the rows written before the slot; with failover the slot is
+// created with failover enabled (PostgreSQL 17 and later, else a permanent
+// error). `relay init` calls it;
 // `relay run` does the same by itself. A publication that exists without
 // covering the outbox table is a permanent error naming both. Setup is
 // idempotent and issues no DDL for what exists.
-func Setup(ctx context.Context, q schema.Querier, l schema.Layout, slot, publication string) error {
+func Setup(ctx context.Context, q schema.Querier, l schema.Layout, slot, publication string, failover bool) error {
 	if !slotName.MatchString(slot) {
 		return fmt.Errorf("replication slot name %q must match %s", slot, slotName)
 	}
 	if err := checkServer(ctx, q); err != nil {
+		return err
+	}
+	if err := checkFailover(ctx, q, failover); err != nil {
 		return err
 	}
 	if err := schema.EnsureDrainTable(ctx, q, l); err != nil {
@@ -53,7 +58,7 @@ func Setup(ctx context.Context, q schema.Querier, l schema.Layout, slot, publica
 	if err != nil || info.exists {
 		return err
 	}
-	return createSlot(ctx, q, l, slot)
+	return createSlot(ctx, q, l, slot, failover)
 }
 
 // Finding is the outcome of one check of Check: Err is nil when it passed,
@@ -70,7 +75,7 @@ type Finding struct {
 // replication privilege is the REPLICATION attribute, superuser, or
 // membership in rds_replication where that role exists (Amazon RDS and
 // Aurora).
-func Check(ctx context.Context, pool *pgxpool.Pool, l schema.Layout, slot, publication string) []Finding {
+func Check(ctx context.Context, pool *pgxpool.Pool, l schema.Layout, slot, publication string, failover bool) []Finding {
 	level, role, canReplicate, err := readServer(ctx, pool)
 	if err == nil {
 		err = checkWALLevel(level)
@@ -89,7 +94,11 @@ func Check(ctx context.Context, pool *pgxpool.Pool, l schema.Layout, slot, publi
 		fix = "run `relay init` (or `relay run` as a role that may create it)"
 	}
 	out = append(out, Finding{What: "publication " + publication, Err: err, Fix: fix})
-	return append(out, checkSlot(ctx, pool, slot))
+	if failover {
+		out = append(out, Finding{What: "capture.wal.failover: PostgreSQL 17 or later", Err: checkFailover(ctx, pool, true),
+			Fix: "set capture.wal.failover to false, or upgrade PostgreSQL"})
+	}
+	return append(out, checkSlot(ctx, pool, l, slot))
 }
 
 // replicationFix says how to give role the replication privilege.
@@ -108,7 +117,7 @@ func checkReplConn(ctx context.Context, pool *pgxpool.Pool) error {
 	return err
 }
 
-func checkSlot(ctx context.Context, pool *pgxpool.Pool, slot string) Finding {
+func checkSlot(ctx context.Context, pool *pgxpool.Pool, l schema.Layout, slot string) Finding {
 	f := Finding{What: "replication slot " + slot, Fix: "run `relay init` (or `relay run`, which creates it)"}
 	info, err := inspectSlot(ctx, pool, slot)
 	switch {
@@ -120,11 +129,22 @@ func checkSlot(ctx context.Context, pool *pgxpool.Pool, slot string) Finding {
 		f.Err = errors.New("lost: the WAL it needs was removed (max_slot_wal_keep_size)")
 		f.Fix = "`relay run` recreates it and publishes the outbox backlog first; consider raising max_slot_wal_keep_size"
 	default:
-		var h health
-		if err := h.refresh(ctx, pool, slot); err == nil {
-			lag, status, _ := h.get()
-			f.What += fmt.Sprintf(" (wal_status %s, %d bytes behind)", status, lag)
+		if st, _, _, err := newGuard(l, "").read(ctx, pool, slot); err == nil {
+			f.What += fmt.Sprintf(" (wal_status %s, %d bytes behind, %d bytes of WAL retained)", st.WALStatus, st.LagBytes, st.RetainedBytes)
 		}
 	}
 	return f
+}
+
+// Warnings reports, for `relay check`, settings that put the database at
+// risk without stopping wal capture: an unlimited max_slot_wal_keep_size.
+func Warnings(ctx context.Context, q schema.Querier) []Finding {
+	var keep string
+	if err := q.QueryRow(ctx, `SELECT current_setting('max_slot_wal_keep_size')`).Scan(&keep); err != nil || keep != "-1" {
+		return nil
+	}
+	return []Finding{{What: "max_slot_wal_keep_size",
+		Err: errors.New("-1 (unlimited): while the relay does not stream (stopped, or stalled), its slot keeps every WAL segment, until the database's disk is full and PostgreSQL stops"),
+		Fix: "bound it (size it to hold a few hours of WAL; a slot that passes it is lost and the relay then republishes the outbox from the table): " +
+			"ALTER SYSTEM SET max_slot_wal_keep_size = '10GB'; SELECT pg_reload_conf();"}}
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -44,19 +43,20 @@ func permanentIfDenied(err error) error {
 type slotInfo struct {
 	exists    bool
 	lost      bool // invalidated: the WAL it needs is gone
+	failover  bool // synchronized to standbys (PostgreSQL 17+)
 	confirmed pglogrepl.LSN
 }
 
 // inspectSlot reads the slot's state. A slot of the name that is not a
 // pgoutput slot of this database is a permanent error.
 func inspectSlot(ctx context.Context, q schema.Querier, slot string) (slotInfo, error) {
-	var ours, lost bool
+	var ours, lost, failover bool
 	var confirmed *string
 	err := q.QueryRow(ctx, `SELECT slot_type = 'logical' AND plugin = 'pgoutput' AND database = current_database(),
 		  coalesce(wal_status = 'lost', false) OR coalesce((to_jsonb(s)->>'conflicting')::bool, false)
 		    OR to_jsonb(s)->>'invalidation_reason' IS NOT NULL,
-		  confirmed_flush_lsn::text
-		FROM pg_replication_slots s WHERE slot_name = $1`, slot).Scan(&ours, &lost, &confirmed)
+		  confirmed_flush_lsn::text, coalesce((to_jsonb(s)->>'failover')::bool, false)
+		FROM pg_replication_slots s WHERE slot_name = $1`, slot).Scan(&ours, &lost, &confirmed, &failover)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return slotInfo{}, nil
 	}
@@ -66,7 +66,7 @@ func inspectSlot(ctx context.Context, q schema.Querier, slot string) (slotInfo, 
 	if !ours {
 		return slotInfo{}, fault.AsPermanent(fmt.Errorf("replication slot %s exists but is not a pgoutput slot of this database; set capture.wal.slot to another name", slot))
 	}
-	info := slotInfo{exists: true, lost: lost}
+	info := slotInfo{exists: true, lost: lost, failover: failover}
 	if confirmed != nil {
 		if info.confirmed, err = pglogrepl.ParseLSN(*confirmed); err != nil {
 			return slotInfo{}, fmt.Errorf("replication slot %s: %w", slot, err)
@@ -75,11 +75,12 @@ func inspectSlot(ctx context.Context, q schema.Querier, slot string) (slotInfo, 
 	return info, nil
 }
 
-// createSlot creates the slot with a pending drain of the rows committed
-// before it (see schema.Layout.CreateSlot). A slot created concurrently by
-// another process is fine: its drain is recorded too.
-func createSlot(ctx context.Context, q schema.Querier, l schema.Layout, slot string) error {
-	for i, stmt := range l.CreateSlot(slot) {
+// createSlot creates the slot, with failover enabled when asked, with a
+// pending drain of the rows committed before it (see
+// schema.Layout.CreateSlot). A slot created concurrently by another process
+// is fine: its drain is recorded too.
+func createSlot(ctx context.Context, q schema.Querier, l schema.Layout, slot string, failover bool) error {
+	for i, stmt := range createSlotSQL(l, slot, failover) {
 		_, err := q.Exec(ctx, stmt)
 		if i == 1 && hasCode(err, codeDuplicateObject) {
 			err = nil
@@ -193,32 +194,12 @@ func checkPublishedColumns(table []byte, l schema.Layout, pub string) error {
 	return nil
 }
 
-// health is the slot's last observed state; safe for concurrent use.
-type health struct {
-	mu       sync.Mutex
-	lag      int64
-	status   string
-	safeSize int64
-}
-
-func (h *health) get() (int64, string, int64) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.lag, h.status, h.safeSize
-}
-
-// refresh reads the slot's lag behind the server's WAL, wal_status and
-// safe_wal_size. A missing slot reads as lag -1 and status "missing".
-func (h *health) refresh(ctx context.Context, q schema.Querier, slot string) error {
-	lag, status, safeSize := int64(-1), "missing", int64(-1)
-	err := q.QueryRow(ctx, `SELECT coalesce((pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, -1),
-		  coalesce(wal_status, ''), coalesce(safe_wal_size, -1)
-		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&lag, &status, &safeSize)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("read replication slot %s health: %w", slot, err)
+// createSlotSQL returns schema.Layout.CreateSlot's statements, creating the
+// slot with failover enabled when asked (PostgreSQL 17 and later).
+func createSlotSQL(l schema.Layout, slot string, failover bool) []string {
+	stmts := l.CreateSlot(slot)
+	if failover {
+		stmts[1] = fmt.Sprintf(`SELECT pg_create_logical_replication_slot(%s, 'pgoutput', failover => true)`, schema.Literal(slot))
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.lag, h.status, h.safeSize = lag, status, safeSize
-	return nil
+	return stmts
 }

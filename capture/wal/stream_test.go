@@ -282,9 +282,8 @@ func TestIdleOutboxBusyDatabaseAdvancesSlot(t *testing.T) {
 	waitFor(t, 10*time.Second, fmt.Sprintf("the slot to advance from %s to the WAL end %s", start, end), func() bool {
 		return confirmed(t, pool, o.Slot) >= end
 	})
-	lag, status, _ := src.SlotHealth()
 	waitFor(t, 5*time.Second, "slot health", func() bool {
-		lag, status, _ = src.SlotHealth()
-		return status == "reserved" && lag >= 0 && lag < 1<<20
+		st := src.Slot()
+		return st.WALStatus == "reserved" && st.LagBytes >= 0 && st.LagBytes < 1<<20
 	})
 }

@@ -34,7 +34,6 @@ import (
 	"github.com/outboxrelay/relay/capture/poll"
 	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/schema"
-	"github.com/outboxrelay/relay/internal/wait"
 )
 
 // Options configures a Source. Zero values take the defaults given.
@@ -61,11 +60,24 @@ type Options struct {
 	ArchiveMode string
 	// BatchSize is the most rows in one batch. Default 500.
 	BatchSize int
-	// StatusInterval is the longest time between standby status updates,
-	// and between slot health checks. It is lowered to a third of the
+	// StatusInterval is the longest time between standby status updates.
+	// It is lowered to a third of the
 	// connection's wal_sender_timeout. Default 1s, so that a crash replays
 	// little more than a second of already archived events.
 	StatusInterval time.Duration
+	// GuardInterval is the time between observations of the slot (one
+	// short query on the pool; see Slot). Default 10s.
+	GuardInterval time.Duration
+	// StallAfter is how long the slot's confirmed position may stay put
+	// while the outbox holds rows this relay does not hold before the
+	// leader reconnects its stream, and then publishes the outbox from the
+	// table (see Slot). Default 1m.
+	StallAfter time.Duration
+	// Failover creates the slot with failover enabled, so that standbys
+	// with sync_replication_slots keep it (PostgreSQL 17 and later; older
+	// servers are a permanent error), and enables it on an existing slot.
+	// Default false.
+	Failover bool
 	// Logger receives the source's logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -93,6 +105,12 @@ func (o *Options) setDefaults() error {
 	if o.StatusInterval <= 0 {
 		o.StatusInterval = time.Second
 	}
+	if o.GuardInterval <= 0 {
+		o.GuardInterval = 10 * time.Second
+	}
+	if o.StallAfter <= 0 {
+		o.StallAfter = time.Minute
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -100,7 +118,7 @@ func (o *Options) setDefaults() error {
 }
 
 // Source is a wal-mode capture.Source. Next must be called from one
-// goroutine; batches may be completed from others; SlotHealth is safe for
+// goroutine; batches may be completed from others; Slot is safe for
 // concurrent use.
 type Source struct {
 	opts   Options
@@ -109,9 +127,17 @@ type Source struct {
 	arch   *archiver
 	repl   *pgconn.Config
 	lead   *leadership
-	health health
+	guard  guard
 	stop   context.CancelFunc
 	wg     sync.WaitGroup
+
+	// Shared between Next and the guard: the last stream opened, the
+	// cancellation of a stream being opened, whether a drain runs, and a
+	// drain the guard asks for.
+	cur      atomic.Pointer[stream]
+	opening  atomic.Pointer[context.CancelCauseFunc]
+	draining atomic.Bool
+	fallback atomic.Bool
 
 	// Used by Next only: at most one of them is set.
 	st    *stream
@@ -153,6 +179,9 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	if err := checkServer(ctx, opts.Pool); err != nil {
 		return nil, err
 	}
+	if err := checkFailover(ctx, opts.Pool, opts.Failover); err != nil {
+		return nil, err
+	}
 	if err := prepare(ctx, opts.Pool, opts.Layout, info, opts.Publication); err != nil {
 		return nil, err
 	}
@@ -162,7 +191,7 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	s := &Source{opts: opts, log: opts.Logger, sql: buildQueries(opts.Layout, opts.ArchiveMode, info), repl: replConfig(opts),
 		unsettled: map[*drained]bool{}, recreated: map[string]*atomic.Int64{},
 		lead: newLeadership(opts.Pool.Config().ConnConfig.Copy(), opts.Layout.Outbox.String(), opts.Logger)}
-	s.health.lag = -1
+	s.guard = *newGuard(opts.Layout, opts.ArchiveMode)
 	for _, r := range SlotRecreateReasons {
 		s.recreated[r] = new(atomic.Int64)
 	}
@@ -170,7 +199,7 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	s.stop = stop
 	s.arch = newArchiver(bg, opts.Pool, s.sql.archive, maxUnarchivedBatches*opts.BatchSize)
 	s.wg.Go(func() { s.lead.run(bg) })
-	s.wg.Go(func() { s.watchHealth(bg) })
+	s.wg.Go(func() { s.watchSlot(bg) })
 	return s, nil
 }
 
@@ -300,7 +329,7 @@ func (s *Source) start(ctx, term context.Context) error {
 		if err := ensurePublication(ctx, pool, l, s.opts.Publication); err != nil {
 			return err
 		}
-		if err := createSlot(ctx, pool, l, name); err != nil {
+		if err := createSlot(ctx, pool, l, name, s.opts.Failover); err != nil {
 			return err
 		}
 		if reason != "" {
@@ -312,6 +341,11 @@ func (s *Source) start(ctx, term context.Context) error {
 		}
 	}
 	s.timeline = timeline
+	if s.fallback.Swap(false) {
+		if err := recordDrain(ctx, pool, l, name); err != nil {
+			return err
+		}
+	}
 	to, pending, err := pendingDrain(ctx, pool, l, name)
 	if err != nil {
 		return err
@@ -326,9 +360,13 @@ func (s *Source) start(ctx, term context.Context) error {
 		if s.drain, err = s.newDrain(ctx, to); err != nil {
 			return err
 		}
+		s.draining.Store(true)
 		s.log.Info("publishing outbox rows committed before the slot existed through the poll path, then streaming",
 			"slot", name, "drain_to_seq", to)
 		return nil
+	}
+	if s.opts.Failover && !slot.failover {
+		s.enableFailover(ctx)
 	}
 	s.st, err = s.openStream(ctx, term, slot.confirmed)
 	return err
@@ -358,11 +396,18 @@ func (s *Source) drainNext(ctx, term context.Context) (capture.Batch, error) {
 func (s *Source) endDrain() {
 	s.drain.src.Close()
 	s.drain = nil
+	s.draining.Store(false)
 }
 
 // openStream connects for replication and starts streaming from the slot
 // at start.
 func (s *Source) openStream(ctx, term context.Context, start pglogrepl.LSN) (*stream, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	s.opening.Store(&cancel)
+	defer func() {
+		s.opening.Store(nil)
+		cancel(nil)
+	}()
 	conn, err := pgconn.ConnectConfig(ctx, s.repl)
 	if err != nil {
 		return nil, permanentIfDenied(fmt.Errorf("open replication connection: %w", err))
@@ -382,6 +427,7 @@ func (s *Source) openStream(ctx, term context.Context, start pglogrepl.LSN) (*st
 	st := newStream(s, conn, start, every)
 	sctx, stop := context.WithCancelCause(term)
 	st.stop = stop
+	s.cur.Store(st)
 	s.wg.Go(func() {
 		defer stop(nil)
 		st.run(sctx)
@@ -394,15 +440,6 @@ func (s *Source) openStream(ctx, term context.Context, start pglogrepl.LSN) (*st
 // START_REPLICATION, whose parser only doubles quotes and knows no
 // E-prefixed strings (so schema.Literal does not fit).
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-
-// SlotHealth returns the slot's last observed lag behind the server's
-// current WAL position in bytes, its wal_status and its safe_wal_size (-1
-// when unlimited). They are refreshed every StatusInterval; before the
-// first check the lag is -1 and the status empty, and while the slot does
-// not exist they are -1 and "missing". It is safe for concurrent use.
-func (s *Source) SlotHealth() (lagBytes int64, walStatus string, safeWALSize int64) {
-	return s.health.get()
-}
 
 // Reasons the source recreates its slot, the label values of
 // SlotRecreated.
@@ -465,17 +502,6 @@ func currentTimeline(ctx context.Context, q schema.Querier) (int64, error) {
 // Leading reports whether this relay is the one streaming (the others
 // stand by). It is safe for concurrent use.
 func (s *Source) Leading() bool { return s.lead.leading() }
-
-func (s *Source) watchHealth(ctx context.Context) {
-	for {
-		if err := s.health.refresh(ctx, s.opts.Pool, s.opts.Slot); err != nil && ctx.Err() == nil {
-			s.log.Debug("slot health check failed", "err", err)
-		}
-		if wait.Sleep(ctx, s.opts.StatusInterval) != nil {
-			return
-		}
-	}
-}
 
 // Close stops streaming, confirms what was archived, releases leadership
 // and the connections. Batches not completed are abandoned: they are

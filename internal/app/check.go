@@ -52,9 +52,10 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logge
 			checkPrivileges(ctx, pool, cfg, l, info, report)
 		}
 		if cfg.Capture.Mode == "wal" {
-			for _, f := range wal.Check(ctx, pool, l, cfg.Capture.WAL.Slot, cfg.Capture.WAL.Publication) {
+			for _, f := range wal.Check(ctx, pool, l, cfg.Capture.WAL.Slot, cfg.Capture.WAL.Publication, cfg.Capture.WAL.Failover) {
 				report(f.What, f.Err, f.Fix)
 			}
+			warnWAL(ctx, pool, w)
 		}
 		pool.Close()
 	}
@@ -103,5 +104,13 @@ func checkPrivileges(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config
 		strings.Join(schema.GrantSQL(missing, role), ";\n        ")+";")
 	for _, obj := range absent {
 		report(obj, errors.New("missing"), "run `relay init`")
+	}
+}
+
+// warnWAL prints wal capture's warnings (wal.Warnings): risks that do not
+// stop the relay, so they do not fail the check.
+func warnWAL(ctx context.Context, pool *pgxpool.Pool, w io.Writer) {
+	for _, f := range wal.Warnings(ctx, pool) {
+		fmt.Fprintf(w, "WARN  %s: %v\n      fix: %s\n", f.What, f.Err, f.Fix)
 	}
 }

@@ -30,8 +30,9 @@ type leader interface{ Leading() bool }
 // slotWatcher is implemented by sources that stream from a replication
 // slot.
 type slotWatcher interface {
-	SlotHealth() (lagBytes int64, walStatus string, safeWALSize int64)
+	Slot() wal.SlotState
 	SlotRecreated(reason string) int64
+	StallRecoveries(action string) int64
 }
 
 // walStatuses are the values of pg_replication_slots.wal_status.
@@ -73,21 +74,7 @@ func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backl
 	gauge("capture_ready", "1 while capture works.", func() float64 { return boolFloat(st.Capturing.Load()) })
 	gauge("oldest_unpublished_age_seconds", "Age of the oldest row still in the outbox (by seq), 0 when empty.", backlog.load)
 	if w, ok := src.(slotWatcher); ok {
-		gauge("replication_slot_lag_bytes", "WAL retained by the slot beyond its confirmed position (-1 when missing).",
-			func() float64 { lag, _, _ := w.SlotHealth(); return float64(lag) })
-		gauge("replication_slot_safe_wal_size_bytes", "WAL that can still be written before the slot is lost (pg_replication_slots.safe_wal_size).",
-			func() float64 { _, _, safe := w.SlotHealth(); return float64(safe) })
-		for _, reason := range wal.SlotRecreateReasons {
-			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Name: "replication_slot_recreated_total",
-				Help:        "Replication slots recreated (the rows committed before the new slot are published from the table), by reason: failover (missing on a promoted standby), dropped, lost.",
-				ConstLabels: prometheus.Labels{"reason": reason}},
-				func() float64 { return float64(w.SlotRecreated(reason)) }))
-		}
-		for _, status := range walStatuses {
-			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Name: "replication_slot_wal_status",
-				Help: "1 for the slot's current wal_status.", ConstLabels: prometheus.Labels{"status": status}},
-				func() float64 { _, s, _ := w.SlotHealth(); return boolFloat(s == status) }))
-		}
+		registerSlot(reg, w)
 	}
 	if l, ok := src.(leader); ok {
 		gauge("capture_leader", "1 while this relay streams, 0 while it stands by.", func() float64 { return boolFloat(l.Leading()) })
@@ -96,6 +83,57 @@ func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backl
 		gauge("partitions_held", "Poll partitions this relay leases.", func() float64 { h, _ := p.Partitions(); return float64(h) })
 		gauge("partitions_total", "Poll partitions of the outbox.", func() float64 { _, t := p.Partitions(); return float64(t) })
 	}
+}
+
+// registerSlot exposes the replication slot's state, as the source last
+// observed it, on reg.
+func registerSlot(reg prometheus.Registerer, w slotWatcher) {
+	gauge := func(name, help string, f func(wal.SlotState) float64) {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Name: name, Help: help},
+			func() float64 { return f(w.Slot()) }))
+	}
+	gauge("replication_slot_lag_bytes", "WAL between the slot's confirmed_flush_lsn and the server's current position (-1 when missing).",
+		func(s wal.SlotState) float64 { return float64(s.LagBytes) })
+	gauge("replication_slot_retained_wal_bytes", "WAL the server keeps for the slot: from its restart_lsn to the current position (-1 when missing).",
+		func(s wal.SlotState) float64 { return float64(s.RetainedBytes) })
+	gauge("replication_slot_safe_wal_size_bytes", "WAL that can still be written before the slot is lost (pg_replication_slots.safe_wal_size; -1 when max_slot_wal_keep_size is unlimited).",
+		func(s wal.SlotState) float64 { return float64(s.SafeWALSize) })
+	gauge("replication_slot_wal_keep_size_bytes", "The server's max_slot_wal_keep_size (-1 when unlimited).",
+		func(s wal.SlotState) float64 { return float64(s.KeepSize) })
+	gauge("replication_slot_safe_wal_fraction", "safe_wal_size as a fraction of max_slot_wal_keep_size: 1 with all the room left, 0 when the slot is about to be lost; NaN when unlimited or unknown.",
+		safeFraction)
+	gauge("replication_slot_active", "1 while a walsender streams from the slot (this relay or another), 0 while none does or the slot is missing.",
+		func(s wal.SlotState) float64 { return boolFloat(s.Active) })
+	gauge("replication_slot_failover", "1 when the slot is synchronized to standbys (PostgreSQL 17 failover slots).",
+		func(s wal.SlotState) float64 { return boolFloat(s.Failover) })
+	gauge("replication_slot_stalled_seconds", "How long the slot's confirmed_flush_lsn has not moved while the outbox held unpublished rows; 0 when it moved or the outbox is empty.",
+		func(s wal.SlotState) float64 { return s.StalledFor.Seconds() })
+	for _, status := range walStatuses {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Name: "replication_slot_wal_status",
+			Help: "1 for the slot's current wal_status.", ConstLabels: prometheus.Labels{"status": status}},
+			func() float64 { return boolFloat(w.Slot().WALStatus == status) }))
+	}
+	for _, reason := range wal.SlotRecreateReasons {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Name: "replication_slot_recreated_total",
+			Help:        "Replication slots recreated (the rows committed before the new slot are published from the table), by reason: failover (missing on a promoted standby), dropped, lost.",
+			ConstLabels: prometheus.Labels{"reason": reason}},
+			func() float64 { return float64(w.SlotRecreated(reason)) }))
+	}
+	for _, action := range wal.StallActions {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Name: "replication_slot_stall_recoveries_total",
+			Help:        "Recovery steps taken because the slot stalled, by action: reconnect (the stream), drain (the outbox published from the table).",
+			ConstLabels: prometheus.Labels{"action": action}},
+			func() float64 { return float64(w.StallRecoveries(action)) }))
+	}
+}
+
+// safeFraction returns safe_wal_size / max_slot_wal_keep_size, or NaN when
+// either is unknown or unlimited.
+func safeFraction(s wal.SlotState) float64 {
+	if !s.Exists || s.KeepSize <= 0 || s.WALStatus == "lost" {
+		return math.NaN()
+	}
+	return float64(max(s.SafeWALSize, 0)) / float64(s.KeepSize)
 }
 
 // destinationCollector exposes the broken destinations, at most 32 of

@@ -135,7 +135,7 @@ func openSource(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, log
 	if cfg.Capture.Mode == "wal" {
 		return wal.New(ctx, wal.Options{Pool: pool, Layout: l,
 			Slot: cfg.Capture.WAL.Slot, Publication: cfg.Capture.WAL.Publication,
-			ArchiveMode: cfg.Archive.Mode, BatchSize: cfg.Capture.Poll.BatchSize, Logger: log})
+			ArchiveMode: cfg.Archive.Mode, BatchSize: cfg.Capture.Poll.BatchSize, Failover: cfg.Capture.WAL.Failover, Logger: log})
 	}
 	return poll.New(ctx, poll.Options{
 		Pool: pool, Layout: l, BatchSize: cfg.Capture.Poll.BatchSize,
