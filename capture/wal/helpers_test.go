@@ -23,6 +23,7 @@ import (
 	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/internal/verify"
 	"github.com/outboxrelay/relay/pipeline"
+	"github.com/outboxrelay/relay/sink"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -264,7 +265,7 @@ func (r *recorder) Close() error { return nil }
 
 // run runs a pipeline from src to snk until stop is called; stop waits for
 // the pipeline to drain and return.
-func run(t testing.TB, src capture.Source, snk *recorder) (stop func()) {
+func run(t testing.TB, src capture.Source, snk sink.Sink) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	p := pipeline.New(src, snk, pipeline.Options{Logger: discard(), ShutdownTimeout: 10 * time.Second,

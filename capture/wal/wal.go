@@ -121,15 +121,15 @@ func (o *Options) setDefaults() error {
 // goroutine; batches may be completed from others; Slot is safe for
 // concurrent use.
 type Source struct {
-	opts   Options
-	log    *slog.Logger
-	sql    queries
-	arch   *archiver
-	repl   *pgconn.Config
-	lead   *leadership
-	guard  guard
-	stop   context.CancelFunc
-	wg     sync.WaitGroup
+	opts  Options
+	log   *slog.Logger
+	sql   queries
+	arch  *archiver
+	repl  *pgconn.Config
+	lead  *leadership
+	guard guard
+	stop  context.CancelFunc
+	wg    sync.WaitGroup
 
 	// Shared between Next and the guard: the last stream opened, the
 	// cancellation of a stream being opened, whether a drain runs, and a

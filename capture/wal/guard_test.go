@@ -1,0 +1,179 @@
+package wal_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxrelay/relay/capture/wal"
+	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
+	"github.com/outboxrelay/relay/internal/testenv"
+)
+
+// TestSlotStateAndWarnings reads the slot's WAL guardrails while a relay
+// streams, and from a relay that does not stream while nobody does: the
+// retained WAL grows, safe_wal_size shrinks within max_slot_wal_keep_size,
+// and the slot reads inactive. An unlimited max_slot_wal_keep_size is a
+// warning of wal.Warnings; a bounded one is not.
+func TestSlotStateAndWarnings(t *testing.T) {
+	ctx := context.Background()
+	_, pool := ownCluster(t, map[string]string{"max_slot_wal_keep_size": "256MB"})
+	if ws := wal.Warnings(ctx, pool); len(ws) != 0 {
+		t.Errorf("warnings with max_slot_wal_keep_size 256MB: %v", ws)
+	}
+	mustExec(t, pool, `CREATE TABLE other (x text)`)
+	o := options(t, pool, layout, 10)
+	src := newStreaming(t, o)
+	var st wal.SlotState
+	defer func() {
+		if t.Failed() {
+			t.Logf("last observed: %+v", st)
+		}
+	}()
+	waitFor(t, 30*time.Second, "an active, reserved slot with its keep size", func() bool {
+		st = src.Slot()
+		return st.Exists && st.Active && st.WALStatus == "reserved" && st.KeepSize == 256<<20 &&
+			st.SafeWALSize > st.KeepSize/2 && st.RetainedBytes >= 0 && st.LagBytes >= 0 && !st.Failover
+	})
+	t.Logf("streaming: %+v", st)
+	src.Close()
+
+	o.Logger = testLog(t)
+	idle := newSource(t, o) // never calls Next: it watches without streaming
+	waitFor(t, 30*time.Second, "the idle slot to read inactive", func() bool {
+		st = idle.Slot()
+		return st.Exists && !st.Active
+	})
+	before := st
+	mustExec(t, pool, `INSERT INTO other SELECT md5(g::text) FROM generate_series(1, 200000) g`)
+	waitFor(t, 30*time.Second, "the idle slot to retain more WAL, with less safe", func() bool {
+		st = idle.Slot()
+		return st.RetainedBytes > before.RetainedBytes+(10<<20) && st.SafeWALSize < before.SafeWALSize-(10<<20)
+	})
+	t.Logf("idle: %+v", st)
+	insert(t, pool, "a", 1)
+	waitFor(t, 10*time.Second, "the slot to read stalled: confirmed does not move while the outbox holds a row", func() bool {
+		return idle.Slot().StalledFor > 300*time.Millisecond
+	})
+	if n := idle.StallRecoveries(wal.StallReconnect) + idle.StallRecoveries(wal.StallDrain); n != 0 {
+		t.Errorf("a relay that does not stream took %d stall recovery steps", n)
+	}
+
+	shared := setup(t, layout)
+	var keep string
+	if err := shared.QueryRow(ctx, `SHOW max_slot_wal_keep_size`).Scan(&keep); err != nil {
+		t.Fatal(err)
+	}
+	ws := wal.Warnings(ctx, shared)
+	if keep == "-1" && (len(ws) != 1 || !strings.Contains(ws[0].Fix, "ALTER SYSTEM SET max_slot_wal_keep_size")) {
+		t.Errorf("max_slot_wal_keep_size -1: warnings %v, want one with the ALTER SYSTEM statement", ws)
+	}
+	if keep != "-1" {
+		t.Fatalf("the shared cluster's max_slot_wal_keep_size is %s; this test expects the default -1", keep)
+	}
+}
+
+// TestStallRecovered stalls the replication connection (a proxy that stops
+// forwarding but keeps it open) while rows keep coming: the relay
+// reconnects, and since the new connection stalls too, publishes the
+// outbox from the table; once the network recovers it streams again.
+// Nothing is lost or reordered.
+func TestStallRecovered(t *testing.T) {
+	pool := setup(t, layout)
+	proxy := replProxy(t, pool)
+	p := newProducer(pool)
+	o := options(t, pool, layout, 10)
+	o.ReplConfig = replThrough(pool, proxy)
+	o.StallAfter = time.Second
+	src := newStreaming(t, o)
+	snk := &recorder{log: p.log}
+	run(t, src, snk)
+	p.concurrently(t, 2, 20, 5)
+	p.waitDelivered(t, 30*time.Second)
+	waitFor(t, 10*time.Second, "the relay to stream", func() bool { return slotActive(t, pool, o.Slot) })
+
+	proxy.Stall()
+	p.concurrently(t, 2, 20, 5)
+	r := p.waitDelivered(t, 60*time.Second)
+	t.Logf("during the stall: %s", r)
+	if src.StallRecoveries(wal.StallReconnect) < 1 || src.StallRecoveries(wal.StallDrain) < 1 {
+		t.Fatalf("stall recoveries: reconnect %d, drain %d; want both", src.StallRecoveries(wal.StallReconnect), src.StallRecoveries(wal.StallDrain))
+	}
+	if n := count(t, pool, "outbox"); n != 0 {
+		t.Fatalf("%d rows left in the outbox", n)
+	}
+
+	proxy.Resume()
+	waitFor(t, 30*time.Second, "the relay to stream again", func() bool { return slotActive(t, pool, o.Slot) })
+	drains := src.StallRecoveries(wal.StallDrain)
+	p.concurrently(t, 2, 20, 5)
+	t.Logf("after the stall: %s", p.waitDelivered(t, 30*time.Second))
+	waitFor(t, 10*time.Second, "the stream to confirm past the new rows", func() bool { return src.Slot().StalledFor == 0 && count(t, pool, "outbox") == 0 })
+	if got := src.StallRecoveries(wal.StallDrain); got != drains {
+		t.Errorf("%d more drains after the network recovered", got-drains)
+	}
+}
+
+// TestBrokerOutageIsNoStall keeps the broker down while rows wait in the
+// outbox: the slot does not move, but the relay holds the rows, so it takes
+// no stall recovery step.
+func TestBrokerOutageIsNoStall(t *testing.T) {
+	pool := setup(t, layout)
+	p := newProducer(pool)
+	o := options(t, pool, layout, 10)
+	o.StallAfter = 300 * time.Millisecond
+	src := newStreaming(t, o)
+	snk := &downSink{recorder: recorder{log: p.log}, down: make(chan struct{})}
+	run(t, src, snk)
+	p.write(t, 10, 0, 3)
+	waitFor(t, 20*time.Second, "the slot to read stalled for 10 StallAfter", func() bool {
+		return src.Slot().StalledFor > 10*o.StallAfter
+	})
+	if n := src.StallRecoveries(wal.StallReconnect) + src.StallRecoveries(wal.StallDrain); n != 0 {
+		t.Fatalf("%d stall recovery steps during a broker outage", n)
+	}
+	close(snk.down)
+	p.waitDelivered(t, 30*time.Second)
+}
+
+// downSink fails as unavailable until down is closed.
+type downSink struct {
+	recorder
+	down chan struct{}
+}
+
+func (s *downSink) Publish(ctx context.Context, batch []*event.Event) error {
+	select {
+	case <-s.down:
+		return s.recorder.Publish(ctx, batch)
+	default:
+		return fault.AsUnavailable(errors.New("broker down"))
+	}
+}
+
+// replProxy returns a proxy in front of pool's server.
+func replProxy(t *testing.T, pool *pgxpool.Pool) *testenv.Proxy {
+	t.Helper()
+	c := pool.Config().ConnConfig
+	proxy, err := testenv.StartProxy(net.JoinHostPort(c.Host, strconv.Itoa(int(c.Port))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	return proxy
+}
+
+// replThrough returns pool's connection config pointed at proxy.
+func replThrough(pool *pgxpool.Pool, proxy *testenv.Proxy) *pgconn.Config {
+	c := pool.Config().ConnConfig.Config.Copy()
+	c.Host, c.Port, c.Fallbacks = "127.0.0.1", uint16(proxy.Port()), nil
+	return c
+}
