@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/outboxrelay/relay/internal/schema"
-	"github.com/outboxrelay/relay/internal/wait"
 )
 
 // SlotState is what the source last observed of its replication slot and
@@ -97,11 +96,13 @@ type guard struct {
 	steps      int       // recovery steps since confirmed last moved
 	warnedKeep bool      // the unlimited max_slot_wal_keep_size was logged
 
+	kick chan struct{} // signalled to observe at once, e.g. when streaming begins
+
 	reconnects, drains atomic.Int64
 }
 
 func newGuard(l schema.Layout, archiveMode string) *guard {
-	return &guard{state: SlotState{WALStatus: "", RetainedBytes: -1, LagBytes: -1, SafeWALSize: -1, KeepSize: -1},
+	return &guard{state: SlotState{RetainedBytes: -1, LagBytes: -1, SafeWALSize: -1, KeepSize: -1}, kick: make(chan struct{}, 1),
 		query: fmt.Sprintf(`SELECT s.slot_name IS NOT NULL, coalesce(s.active, false), coalesce(s.wal_status, 'missing'),
 		  coalesce((pg_current_wal_lsn() - s.restart_lsn)::bigint, -1),
 		  coalesce((pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint, -1),
@@ -126,14 +127,20 @@ func (g *guard) read(ctx context.Context, q schema.Querier, slot string) (st Slo
 	return st, confirmed, rows, nil
 }
 
-// watchSlot observes the slot every GuardInterval until ctx ends.
+// watchSlot observes the slot every GuardInterval, and when streaming
+// begins, until ctx ends.
 func (s *Source) watchSlot(ctx context.Context) {
+	t := time.NewTicker(s.opts.GuardInterval)
+	defer t.Stop()
 	for {
 		if err := s.observeSlot(ctx); err != nil && ctx.Err() == nil {
 			s.log.Debug("replication slot observation failed", "slot", s.opts.Slot, "err", err)
 		}
-		if wait.Sleep(ctx, s.opts.GuardInterval) != nil {
+		select {
+		case <-ctx.Done():
 			return
+		case <-t.C:
+		case <-s.guard.kick:
 		}
 	}
 }

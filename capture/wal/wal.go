@@ -428,6 +428,7 @@ func (s *Source) openStream(ctx, term context.Context, start pglogrepl.LSN) (*st
 	sctx, stop := context.WithCancelCause(term)
 	st.stop = stop
 	s.cur.Store(st)
+	signal(s.guard.kick)
 	s.wg.Go(func() {
 		defer stop(nil)
 		st.run(sctx)

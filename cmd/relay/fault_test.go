@@ -333,7 +333,7 @@ func TestMetricsAndHealth(t *testing.T) {
 				defer resp.Body.Close()
 				b, _ := io.ReadAll(resp.Body)
 				body = string(b)
-				return strings.Contains(body, "relay_events_published_total 200")
+				return strings.Contains(body, "relay_events_published_total 200") && (mode == "poll" || strings.Contains(body, "relay_replication_slot_active 1"))
 			})
 			wants := []string{
 				"relay_events_captured_total 200", "relay_sink_ready 1", "relay_capture_ready 1", "relay_build_info{commit=",
@@ -343,7 +343,9 @@ func TestMetricsAndHealth(t *testing.T) {
 			if mode == "poll" {
 				wants = append(wants, "relay_partitions_held 16")
 			} else {
-				wants = append(wants, "relay_capture_leader 1", "relay_replication_slot_lag_bytes", `relay_replication_slot_wal_status{status="reserved"} 1`)
+				wants = append(wants, "relay_capture_leader 1", "relay_replication_slot_lag_bytes", `relay_replication_slot_wal_status{status="reserved"} 1`,
+					"relay_replication_slot_active 1", "relay_replication_slot_retained_wal_bytes", "relay_replication_slot_wal_keep_size_bytes",
+					"relay_replication_slot_safe_wal_fraction", "relay_replication_slot_stalled_seconds", `relay_replication_slot_stall_recoveries_total{action="drain"} 0`)
 			}
 			for _, want := range wants {
 				if !strings.Contains(body, want) {
