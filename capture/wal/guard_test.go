@@ -177,3 +177,54 @@ func replThrough(pool *pgxpool.Pool, proxy *testenv.Proxy) *pgconn.Config {
 	c.Host, c.Port, c.Fallbacks = "127.0.0.1", uint16(proxy.Port()), nil
 	return c
 }
+
+// TestFailoverSlot checks capture.wal.failover on PostgreSQL 17: a new slot
+// is created with failover enabled, and an existing slot without it gets it
+// when the relay starts streaming.
+func TestFailoverSlot(t *testing.T) {
+	ctx := context.Background()
+	bin, err := testenv.PostgresBin(17)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{Bin: bin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Stop() })
+	pool, err := pgxpool.New(ctx, pg.DSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	mustExec(t, pool, layout.CreateOutbox())
+	failover := func(slot string) bool {
+		var on bool
+		if err := pool.QueryRow(ctx, `SELECT failover FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&on); err != nil {
+			t.Fatal(err)
+		}
+		return on
+	}
+
+	o := options(t, pool, layout, 10)
+	o.Failover = true
+	src := newStreaming(t, o)
+	if !failover(o.Slot) {
+		t.Error("a slot created with Failover has failover off")
+	}
+	waitFor(t, 30*time.Second, "Slot to report failover", func() bool { return src.Slot().Failover })
+	src.Close()
+
+	o = options(t, pool, layout, 10)
+	src = newStreaming(t, o)
+	src.Close()
+	if failover(o.Slot) {
+		t.Fatal("a slot created without Failover has failover on")
+	}
+	waitFor(t, 30*time.Second, "the walsender to end", func() bool { return !slotActive(t, pool, o.Slot) })
+	o.Failover, o.Logger = true, testLog(t)
+	newStreaming(t, o)
+	if !failover(o.Slot) {
+		t.Error("Failover did not enable failover on the existing slot")
+	}
+}
