@@ -179,7 +179,8 @@ func replThrough(pool *pgxpool.Pool, proxy *testenv.Proxy) *pgconn.Config {
 }
 
 // TestFailoverSlot checks capture.wal.failover on PostgreSQL 17: a new slot
-// is created with failover enabled, and an existing slot without it gets it
+// (of Setup, as `relay init` makes it, or of the source) is created with
+// failover enabled, and an existing slot without it gets it
 // when the relay starts streaming.
 func TestFailoverSlot(t *testing.T) {
 	ctx := context.Background()
@@ -207,6 +208,13 @@ func TestFailoverSlot(t *testing.T) {
 	}
 
 	o := options(t, pool, layout, 10)
+	if err := wal.Setup(ctx, pool, layout, o.Slot, o.Publication, true); err != nil {
+		t.Fatal(err)
+	}
+	if !failover(o.Slot) {
+		t.Error("Setup with failover created a slot with failover off")
+	}
+	o = options(t, pool, layout, 10)
 	o.Failover = true
 	src := newStreaming(t, o)
 	if !failover(o.Slot) {
