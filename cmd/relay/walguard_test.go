@@ -1,7 +1,14 @@
 package main
 
 import (
+	"context"
+	"regexp"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
 	"fmt"
+	"github.com/outboxrelay/relay/internal/testenv"
 	"os"
 	"strings"
 	"testing"
@@ -42,4 +49,121 @@ func TestCheckWALGuardrails(t *testing.T) {
 			t.Errorf("%s with failover on PostgreSQL %s: exit %d, want 1 and %q:\n%s", cmd, version, code, want, out)
 		}
 	}
+}
+
+// TestPostgres17FailoverSlot runs the wal relay against a PostgreSQL 17
+// primary and a synchronous standby that synchronizes failover slots
+// (sync_replication_slots, hot_standby_feedback, primary_slot_name, dbname
+// in primary_conninfo; synchronized_standby_slots on the primary). The
+// primary is killed mid-stream and the standby promoted. With
+// capture.wal.failover the relay continues from the synchronized slot: no
+// recreation, no drain of the table; without it the slot is missing and
+// recreated. Both lose nothing and keep order; the duplicates of each are
+// logged.
+func TestPostgres17FailoverSlot(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprintf("failover=%v", on), func(t *testing.T) { failoverSlot(t, on) })
+	}
+}
+
+func failoverSlot(t *testing.T, on bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	bin, err := testenv.PostgresBin(17)
+	if err != nil {
+		t.Fatal(err)
+	}
+	primary, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{Bin: bin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { primary.Stop() })
+	if _, err := primary.CreateDatabase(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	standby, err := primary.StartStandby(ctx, testenv.PostgresOptions{Settings: map[string]string{
+		"sync_replication_slots": "on", "hot_standby_feedback": "on"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { standby.Stop() })
+	admin, err := pgx.Connect(ctx, primary.DSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = admin.Exec(ctx, fmt.Sprintf(`ALTER SYSTEM SET synchronized_standby_slots = '%s'`, standby.PrimarySlot()))
+	if err == nil {
+		_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
+	}
+	admin.Close(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	dsn := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/app?sslmode=disable&target_session_attrs=read-write",
+		primary.Port(), standby.Port())
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	s := newStack(t, stackOptions{Mode: "wal", DSN: dsn, Extra: "http:\n  listen: " + addr + "\nretry:\n  max: 1s\n"})
+	b, err := os.ReadFile(s.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot := regexp.MustCompile(`slot: (\w+)`).FindStringSubmatch(string(b))[1]
+	if on {
+		s.cfgPath = writeConfig(t, strings.Replace(string(b), "  wal:\n", "  wal:\n    failover: true\n", 1))
+	}
+	relay := s.start()
+	marker := s.watchAggregate(markerAggregate)
+
+	if on { // the slot exists on the standby before the run the kill interrupts
+		sb, err := pgx.Connect(ctx, standby.DSN("app"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool {
+			var synced bool
+			err := sb.QueryRow(ctx, `SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&synced)
+			return err == nil && synced
+		})
+		sb.Close(ctx)
+	}
+	produced := make(chan struct{})
+	go func() { s.produce(ctx, 3000, 300, 3); close(produced) }()
+	waitFor(t, func() bool { return s.wire.Check().Distinct >= 600 })
+	atKill := s.wire.Check().Distinct
+	if err := primary.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	if err := standby.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := s.write(ctx, markerAggregate, 1); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case <-marker:
+	case <-time.After(60 * time.Second):
+		t.Fatal("no event written on the new primary was delivered within 60s")
+	}
+	resumed := time.Since(killed)
+	<-produced
+	s.waitDrained(60 * time.Second)
+	metrics := scrape(t, addr)
+	if code := relay.stop(t, 15*time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	wire, stream := s.verify()
+	recreated := `relay_replication_slot_recreated_total{reason="failover"} 1`
+	if on == strings.Contains(metrics, recreated) {
+		t.Errorf("failover %v: metrics have %q: %v, want %v", on, recreated, !on, on)
+	}
+	if on && !strings.Contains(metrics, "relay_replication_slot_failover 1") {
+		t.Errorf("failover on: metrics lack relay_replication_slot_failover 1:\n%s", relayLines(metrics))
+	}
+	t.Logf("PostgreSQL 17, capture.wal.failover %v: killed after %d deliveries; %d events written, %d lost, %d duplicates on the wire, %d order breaks; stream %s; publishing resumed %.2fs after the kill",
+		on, atKill, wire.Written, len(wire.Missing), wire.Duplicates, len(wire.OrderBreaks), stream, resumed.Seconds())
 }

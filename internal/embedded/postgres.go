@@ -41,6 +41,8 @@ type Postgres struct {
 	dir  string // temporary directory: data/, server.log, the unix socket
 	port int
 
+	primarySlot string // a standby's physical slot on its primary (StartStandby)
+
 	mu       sync.Mutex
 	removed  bool
 	watchdog *exec.Cmd // cleans up if this process dies without Stop

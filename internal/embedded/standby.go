@@ -2,9 +2,11 @@ package embedded
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,12 +18,16 @@ import (
 
 var standbySeq atomic.Int64
 
-// StartStandby builds a physical standby of p with pg_basebackup -R
-// (streaming the WAL it needs, with p's binaries, which must include
-// pg_basebackup), starts it on a free port and makes it p's synchronous
-// standby: p's synchronous_standby_names names it, so every commit p
-// acknowledges is flushed on the standby too. opts.Settings apply to the
-// standby on top of StartPostgres's defaults; opts.Bin is ignored. It
+// StartStandby builds a physical standby of p, starts it on a free port and
+// makes it p's synchronous standby: p's synchronous_standby_names names it,
+// so every commit p acknowledges is flushed on the standby too. With
+// pg_basebackup among p's binaries the standby is built with pg_basebackup
+// -R (streaming the WAL it needs); without it (the npm packages ship none),
+// by a copy of p's data directory between pg_backup_start and
+// pg_backup_stop (PostgreSQL 15 and later), streaming from p through a physical replication slot
+// named after the standby (see PrimarySlot), with dbname in
+// primary_conninfo, as slot synchronization needs. opts.Settings apply to
+// the standby on top of StartPostgres's defaults; opts.Bin is ignored. It
 // returns once the standby streams synchronously. Call Stop on both; use
 // Promote to make the standby a primary.
 func (p *Postgres) StartStandby(ctx context.Context, opts PostgresOptions) (*Postgres, error) {
@@ -31,9 +37,20 @@ func (p *Postgres) StartStandby(ctx context.Context, opts PostgresOptions) (*Pos
 		opts.Settings = map[string]string{}
 	}
 	opts.Settings["cluster_name"] = name // the walreceiver's application_name
+	copyData := !hasBin(p.bin, "pg_basebackup")
+	if copyData {
+		opts.Settings["primary_conninfo"] = fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=postgres", p.port, pgUser)
+		opts.Settings["primary_slot_name"] = name
+	}
 	s, err := startCluster(ctx, p.bin, opts, func(s *Postgres) error {
-		err := s.run(ctx, "pg_basebackup", "-D", s.dataDir(), "-h", "127.0.0.1", "-p", strconv.Itoa(p.port),
-			"-U", pgUser, "-R", "-X", "stream", "-c", "fast", "--no-sync")
+		var err error
+		if copyData {
+			s.primarySlot = name
+			err = s.copyBackupOf(ctx, p, name)
+		} else {
+			err = s.run(ctx, "pg_basebackup", "-D", s.dataDir(), "-h", "127.0.0.1", "-p", strconv.Itoa(p.port),
+				"-U", pgUser, "-R", "-X", "stream", "-c", "fast", "--no-sync")
+		}
 		if err == nil {
 			err = s.includeConfOf(p)
 		}
@@ -110,4 +127,103 @@ func (p *Postgres) Kill(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.withLog(p.stop(ctx, "immediate"))
+}
+
+// PrimarySlot returns the physical replication slot on the primary that a
+// standby StartStandby built by copying streams through, or "".
+func (p *Postgres) PrimarySlot() string { return p.primarySlot }
+
+// hasBin reports whether dir holds an executable name.
+func hasBin(dir, name string) bool {
+	fi, err := os.Stat(filepath.Join(dir, name))
+	return err == nil && fi.Mode()&0o111 != 0
+}
+
+// copyBackupOf fills p's data directory with a base backup of primary made
+// through SQL: it creates the physical slot slot (reserving WAL at once),
+// copies primary's data directory between pg_backup_start and
+// pg_backup_stop, leaving out what pg_basebackup leaves out, writes the
+// backup label and standby.signal. The standby fetches the WAL through the
+// slot.
+func (p *Postgres) copyBackupOf(ctx context.Context, primary *Postgres, slot string) error {
+	conn, err := pgx.Connect(ctx, primary.DSN("postgres"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, `SELECT pg_create_physical_replication_slot($1, true)`, slot); err != nil {
+		return fmt.Errorf("create the standby's slot: %w", err)
+	}
+	if _, err := conn.Exec(ctx, `SELECT pg_backup_start('embedded standby', true)`); err != nil {
+		return fmt.Errorf("pg_backup_start: %w", err)
+	}
+	copyErr := p.copyDataDir(ctx, primary.dataDir())
+	var label string
+	if err := conn.QueryRow(ctx, `SELECT labelfile FROM pg_backup_stop(true)`).Scan(&label); err != nil {
+		return errors.Join(copyErr, fmt.Errorf("pg_backup_stop: %w", err))
+	}
+	if copyErr != nil {
+		return copyErr
+	}
+	if err := p.writeOwned("backup_label", label); err != nil {
+		return err
+	}
+	return p.writeOwned("standby.signal", "")
+}
+
+// backupExcludes are the paths, relative to the data directory, a base
+// backup leaves out (as pg_basebackup does): the running server's files
+// and the contents of directories the standby makes afresh.
+var backupExcludes = []string{"./postmaster.pid", "./postmaster.opts", "./pg_wal/*", "./pg_replslot/*",
+	"./pg_dynshmem/*", "./pg_notify/*", "./pg_serial/*", "./pg_snapshots/*", "./pg_stat_tmp/*", "./pg_subtrans/*"}
+
+// copyDataDir copies dir into p's data directory with tar, as user
+// postgres when root.
+func (p *Postgres) copyDataDir(ctx context.Context, dir string) error {
+	args := []string{"-C", dir, "-cf", "-"}
+	for _, e := range backupExcludes {
+		args = append(args, "--exclude="+e)
+	}
+	if b, err := p.command(ctx, "mkdir", "-m", "700", p.dataDir()).CombinedOutput(); err != nil {
+		return fmt.Errorf("embedded: %w\n%s", err, b)
+	}
+	out := p.command(ctx, "tar", append(args, ".")...)
+	in := p.command(ctx, "tar", "-C", p.dataDir(), "-xf", "-")
+	pipe, err := out.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	in.Stdin = pipe
+	var outErr, inErr strings.Builder
+	out.Stderr, in.Stderr = &outErr, &inErr
+	if err := out.Start(); err != nil {
+		return err
+	}
+	if err := in.Run(); err != nil {
+		_ = out.Wait()
+		return fmt.Errorf("embedded: copy the data directory: %w\n%s", err, inErr.String())
+	}
+	if err := out.Wait(); err != nil {
+		return fmt.Errorf("embedded: copy the data directory: %w\n%s", err, outErr.String())
+	}
+	return nil
+}
+
+// command returns a command running name, as user postgres when root.
+func (p *Postgres) command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	if os.Geteuid() == 0 {
+		return exec.CommandContext(ctx, "runuser", append([]string{"-u", pgUser, "--", name}, args...)...)
+	}
+	return exec.CommandContext(ctx, name, args...)
+}
+
+// writeOwned writes a file of p's data directory, owned by user postgres
+// when root.
+func (p *Postgres) writeOwned(name, content string) error {
+	cmd := p.command(context.Background(), "tee", filepath.Join(p.dataDir(), name))
+	cmd.Stdin = strings.NewReader(content)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("embedded: write %s: %w\n%s", name, err, out)
+	}
+	return nil
 }
