@@ -16,6 +16,7 @@ import (
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/testenv"
+	"github.com/outboxrelay/relay/internal/verify"
 )
 
 // TestSlotStateAndWarnings reads the slot's WAL guardrails while a relay
@@ -31,7 +32,8 @@ func TestSlotStateAndWarnings(t *testing.T) {
 	}
 	mustExec(t, pool, `CREATE TABLE other (x text)`)
 	o := options(t, pool, layout, 10)
-	src := newStreaming(t, o)
+	src := newSource(t, o)
+	stop := run(t, src, &recorder{log: verify.NewLog()})
 	var st wal.SlotState
 	defer func() {
 		if t.Failed() {
@@ -44,6 +46,7 @@ func TestSlotStateAndWarnings(t *testing.T) {
 			st.SafeWALSize > st.KeepSize/2 && st.RetainedBytes >= 0 && st.LagBytes >= 0 && !st.Failover
 	})
 	t.Logf("streaming: %+v", st)
+	stop()
 	src.Close()
 
 	o.Logger = testLog(t)
