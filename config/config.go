@@ -105,6 +105,8 @@ type Sink struct {
 	// the payload as it is, with the contract's headers only.
 	Envelope    string      `yaml:"envelope"`
 	CloudEvents CloudEvents `yaml:"cloudevents"`
+	// RateLimit caps how fast the relay publishes. Default unlimited.
+	RateLimit RateLimit `yaml:"rate_limit"`
 }
 
 // CloudEvents configures the cloudevents envelope.
@@ -116,7 +118,20 @@ type CloudEvents struct {
 	Source string `yaml:"source"`
 }
 
-// NATS configures the NATS JetStream sink.
+// RateLimit caps the events the relay publishes per second, across all
+// destinations, so that draining a backlog does not overrun a receiver.
+// Events waiting for the limit are not publish attempts: they are never
+// retried or dead-lettered for it.
+type RateLimit struct {
+	// EventsPerSecond is the long-run rate. 0 means unlimited.
+	EventsPerSecond int `yaml:"events_per_second"`
+	// Burst is the most events published at once after an idle spell; it
+	// also caps the events of one publish call. 0 means a tenth of
+	// EventsPerSecond, at least 1.
+	Burst int `yaml:"burst"`
+}
+
+// NATS configures the NATS JetStream sink. See sink/nats.
 type NATS struct {
 	// URL of the NATS server(s), comma separated. Default nats://127.0.0.1:4222.
 	URL string `yaml:"url"`
@@ -124,6 +139,37 @@ type NATS struct {
 	Subject string `yaml:"subject"`
 	// Stream is the JetStream stream, created if missing. Default OUTBOX.
 	Stream string `yaml:"stream"`
+	// CredentialsFile is a NATS .creds file (user JWT and nkey seed), for
+	// servers in operator (decentralized JWT) mode. At most one of
+	// CredentialsFile, NKeyFile, Username and Token is set.
+	CredentialsFile string `yaml:"credentials_file"`
+	// NKeyFile is a file holding a user nkey seed (SU...), for servers
+	// that list the user's public nkey.
+	NKeyFile string `yaml:"nkey_file"`
+	// Username and Password authenticate with a user and password; set
+	// both or neither. Use ${VAR} for the password; it is never logged.
+	Username string `yaml:"username"`
+	Password string `yaml:"password"`
+	// Token authenticates with a token; it is never logged.
+	Token string `yaml:"token"`
+	// TLS configures encryption to the servers.
+	TLS TLS `yaml:"tls"`
+	// Replicas is the replica count of the stream the relay creates,
+	// between 1 and 5. 0 means 1, applied by the sink.
+	Replicas int `yaml:"replicas"`
+	// Storage is the storage of the stream the relay creates: file or
+	// memory. Empty means file, applied by the sink.
+	Storage string `yaml:"storage"`
+	// MaxAge, MaxBytes and MaxMsgs are the limits of the stream the relay
+	// creates; at a limit the oldest messages are removed. 0 means
+	// unlimited.
+	MaxAge   Duration `yaml:"max_age"`
+	MaxBytes int      `yaml:"max_bytes"`
+	MaxMsgs  int      `yaml:"max_msgs"`
+	// DuplicateWindow is how long the stream the relay creates remembers a
+	// message_id (Nats-Msg-Id) to drop a second publish of it. 0 means
+	// 2m, applied by the sink; at most MaxAge when that is set.
+	DuplicateWindow Duration `yaml:"duplicate_window"`
 }
 
 // Kafka configures the Kafka sink. See sink/kafka.
@@ -148,23 +194,23 @@ type Kafka struct {
 	// creates. 0 means the broker's default.replication.factor.
 	ReplicationFactor int `yaml:"replication_factor"`
 	// TLS configures encryption to the brokers.
-	TLS KafkaTLS `yaml:"tls"`
+	TLS TLS `yaml:"tls"`
 	// SASL configures authentication to the brokers.
 	SASL KafkaSASL `yaml:"sasl"`
 }
 
-// KafkaTLS configures TLS to the Kafka brokers.
-type KafkaTLS struct {
+// TLS configures TLS to a broker (sink.kafka.tls, sink.nats.tls).
+type TLS struct {
 	// Enabled turns TLS on. Default false; the other keys require it.
 	Enabled bool `yaml:"enabled"`
 	// CAFile is a PEM file of the certificate authorities that sign the
-	// brokers' certificates. Empty means the system's roots.
+	// servers' certificates. Empty means the system's roots.
 	CAFile string `yaml:"ca_file"`
 	// CertFile and KeyFile are the PEM client certificate and key for
 	// mutual TLS; set both or neither.
 	CertFile string `yaml:"cert_file"`
 	KeyFile  string `yaml:"key_file"`
-	// InsecureSkipVerify accepts any broker certificate. For tests only.
+	// InsecureSkipVerify accepts any server certificate. For tests only.
 	// Default false.
 	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
 }

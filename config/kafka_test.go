@@ -40,7 +40,7 @@ func TestKafkaAccepts(t *testing.T) {
 		ClientID:          "orders-relay",
 		Partitions:        12,
 		ReplicationFactor: 3,
-		TLS:               KafkaTLS{Enabled: true, CAFile: "/etc/kafka/ca.pem", CertFile: "/etc/kafka/client.pem", KeyFile: "/etc/kafka/client.key"},
+		TLS:               TLS{Enabled: true, CAFile: "/etc/kafka/ca.pem", CertFile: "/etc/kafka/client.pem", KeyFile: "/etc/kafka/client.key"},
 		SASL:              KafkaSASL{Mechanism: "SCRAM-SHA-512", Username: "relay", Password: "s3cret"},
 	}
 	if !reflect.DeepEqual(c.Sink.Kafka, want) {

@@ -126,6 +126,7 @@ func (l *loader) checkCapture(c Capture) {
 
 // checkSink checks the selected sink's settings; the others are ignored.
 func (l *loader) checkSink(s Sink) {
+	l.checkRateLimit(s.RateLimit)
 	if !l.choice("sink.type", s.Type, "kafka", "nats", "sqs", "webhook") {
 		return
 	}
@@ -133,7 +134,7 @@ func (l *loader) checkSink(s Sink) {
 	case "kafka":
 		l.checkKafka(s.Kafka)
 	case "nats":
-		l.template("sink.nats.subject", s.NATS.Subject)
+		l.checkNATS(s.NATS)
 	case "sqs":
 		l.checkSQS(s.SQS)
 	case "webhook":
@@ -254,25 +255,7 @@ func (l *loader) checkKafka(k Kafka) {
 	if k.ReplicationFactor < 0 || k.ReplicationFactor > maxKafkaReplication {
 		l.invalid("sink.kafka.replication_factor", "must be between 1 and %d (0 or unset: the broker's default.replication.factor), got %d", maxKafkaReplication, k.ReplicationFactor)
 	}
-	if !k.TLS.Enabled {
-		for _, key := range []struct {
-			name string
-			set  bool
-		}{
-			{"ca_file", k.TLS.CAFile != ""}, {"cert_file", k.TLS.CertFile != ""},
-			{"key_file", k.TLS.KeyFile != ""}, {"insecure_skip_verify", k.TLS.InsecureSkipVerify},
-		} {
-			if key.set {
-				l.invalid("sink.kafka.tls."+key.name, "has no effect unless sink.kafka.tls.enabled is true")
-			}
-		}
-	}
-	switch {
-	case k.TLS.CertFile != "" && k.TLS.KeyFile == "":
-		l.required("sink.kafka.tls.key_file", "", "the client key of sink.kafka.tls.cert_file")
-	case k.TLS.KeyFile != "" && k.TLS.CertFile == "":
-		l.required("sink.kafka.tls.cert_file", "", "the client certificate of sink.kafka.tls.key_file")
-	}
+	l.checkTLS("sink.kafka.tls", k.TLS)
 	if k.SASL.Mechanism == "" {
 		if k.SASL.Username != "" || k.SASL.Password != "" {
 			l.required("sink.kafka.sasl.mechanism", "", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, with sink.kafka.sasl.username and password")
@@ -282,6 +265,92 @@ func (l *loader) checkKafka(k Kafka) {
 	if l.choice("sink.kafka.sasl.mechanism", k.SASL.Mechanism, "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") {
 		l.required("sink.kafka.sasl.username", k.SASL.Username, "")
 		l.required("sink.kafka.sasl.password", k.SASL.Password, "use ${VAR} to read it from the environment")
+	}
+}
+
+// checkTLS checks the TLS block at key: its other keys need enabled, and a
+// client certificate needs its key and the other way round.
+func (l *loader) checkTLS(key string, t TLS) {
+	if !t.Enabled {
+		for _, k := range []struct {
+			name string
+			set  bool
+		}{
+			{"ca_file", t.CAFile != ""}, {"cert_file", t.CertFile != ""},
+			{"key_file", t.KeyFile != ""}, {"insecure_skip_verify", t.InsecureSkipVerify},
+		} {
+			if k.set {
+				l.invalid(key+"."+k.name, "has no effect unless %s.enabled is true", key)
+			}
+		}
+	}
+	switch {
+	case t.CertFile != "" && t.KeyFile == "":
+		l.required(key+".key_file", "", "the client key of "+key+".cert_file")
+	case t.KeyFile != "" && t.CertFile == "":
+		l.required(key+".cert_file", "", "the client certificate of "+key+".key_file")
+	}
+}
+
+// maxNATSReplicas is JetStream's largest replica count.
+const maxNATSReplicas = 5
+
+// checkNATS checks the nats sink: the subject template, at most one way to
+// authenticate, a password with its user, TLS, and the settings of the
+// stream the relay creates. Messages never repeat a password or token.
+func (l *loader) checkNATS(n NATS) {
+	l.template("sink.nats.subject", n.Subject)
+	var auth []string
+	for _, a := range []struct{ key, value string }{
+		{"sink.nats.credentials_file", n.CredentialsFile}, {"sink.nats.nkey_file", n.NKeyFile},
+		{"sink.nats.username", n.Username}, {"sink.nats.token", n.Token},
+	} {
+		if a.value != "" {
+			auth = append(auth, a.key)
+		} else if _, set := l.lines[a.key]; set {
+			// An unset ${VAR} must not silently connect without credentials.
+			l.required(a.key, "", "remove the key to connect without it")
+		}
+	}
+	if len(auth) > 1 {
+		l.invalid(auth[1], "set only one way to authenticate, got %s", orList(auth))
+	}
+	if n.Password != "" && n.Username == "" {
+		l.required("sink.nats.username", "", "the user of sink.nats.password")
+	} else if n.Username != "" {
+		l.required("sink.nats.password", n.Password, "use ${VAR} to read it from the environment")
+	}
+	l.checkTLS("sink.nats.tls", n.TLS)
+	if n.Replicas < 0 || n.Replicas > maxNATSReplicas {
+		l.invalid("sink.nats.replicas", "must be between 1 and %d (0 or unset: 1), got %d", maxNATSReplicas, n.Replicas)
+	}
+	if n.Storage != "" {
+		l.choice("sink.nats.storage", n.Storage, "file", "memory")
+	}
+	if n.MaxBytes < 0 {
+		l.invalid("sink.nats.max_bytes", "must be at least 0 (0: unlimited), got %d", n.MaxBytes)
+	}
+	if n.MaxMsgs < 0 {
+		l.invalid("sink.nats.max_msgs", "must be at least 0 (0: unlimited), got %d", n.MaxMsgs)
+	}
+	if n.MaxAge > 0 && n.DuplicateWindow > n.MaxAge {
+		l.invalid("sink.nats.duplicate_window", "must be at most sink.nats.max_age (%s), got %s", n.MaxAge.D(), n.DuplicateWindow.D())
+	} else if n.MaxAge > 0 && n.DuplicateWindow == 0 && n.MaxAge.D() < 2*time.Minute {
+		l.invalid("sink.nats.max_age", "is shorter than the default duplicate window (2m): set sink.nats.duplicate_window to at most %s", n.MaxAge.D())
+	}
+}
+
+// checkRateLimit checks sink.rate_limit: no negative values, and a burst
+// only with a rate.
+func (l *loader) checkRateLimit(r RateLimit) {
+	if r.EventsPerSecond < 0 {
+		l.invalid("sink.rate_limit.events_per_second", "must be at least 0 (0: unlimited), got %d", r.EventsPerSecond)
+	}
+	switch {
+	case r.Burst < 0:
+		l.invalid("sink.rate_limit.burst", "must be at least 0 (0: a tenth of events_per_second), got %d", r.Burst)
+	case r.Burst > 0 && r.EventsPerSecond == 0:
+		l.invalid("sink.rate_limit.burst", "has no effect without sink.rate_limit.events_per_second")
 	}
 }
 

@@ -85,6 +85,7 @@ func (r *Relay) open(ctx context.Context) error {
 	r.closers = append(r.closers, func() { src.Close() })
 
 	r.reg = newRegistry()
+	batch = limitRate(snk, cfg.Sink.RateLimit, r.reg, log, batch)
 	r.backlog = newBacklogAge(layoutOf(cfg), cfg.Archive.Mode)
 	r.guard = &dbGuard{Source: src, log: log, layout: layoutOf(cfg), cfg: cfg,
 		role: pool.Config().ConnConfig.User, initial: cfg.Retry.Initial.D(), max: cfg.Retry.Max.D(),
