@@ -389,10 +389,11 @@ func (s *stack) readStream() {
 }
 
 // streamDeliveries returns the messages the stream OUTBOX on the NATS
-// server at url holds, in stream order.
-func streamDeliveries(t *testing.T, url string) []verify.Delivery {
+// server at url holds, in stream order. opts are the connection's
+// credentials and TLS settings, if any.
+func streamDeliveries(t *testing.T, url string, opts ...nats.Option) []verify.Delivery {
 	t.Helper()
-	nc, err := nats.Connect(url)
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/redact"
+	"github.com/outboxrelay/relay/internal/tlsconf"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/envelope"
 	kafkasink "github.com/outboxrelay/relay/sink/kafka"
@@ -103,7 +104,15 @@ func cloudEvents(c config.Sink) (*envelope.CloudEvents, error) {
 
 // natsConfig maps sink.nats to the NATS sink's settings.
 func natsConfig(c config.NATS) natssink.Config {
-	return natssink.Config{URL: c.URL, Subject: c.Subject, Stream: c.Stream}
+	return natssink.Config{
+		URL: c.URL, Subject: c.Subject, Stream: c.Stream,
+		Auth: natssink.Auth{CredentialsFile: c.CredentialsFile, NKeyFile: c.NKeyFile,
+			Username: c.Username, Password: c.Password, Token: c.Token},
+		TLS: tlsconf.Files(c.TLS),
+		StreamSettings: natssink.StreamSettings{Replicas: c.Replicas, Memory: c.Storage == "memory",
+			MaxAge: c.MaxAge.D(), MaxBytes: int64(c.MaxBytes), MaxMsgs: int64(c.MaxMsgs),
+			DuplicateWindow: c.DuplicateWindow.D()},
+	}
 }
 
 // kafkaConfig maps sink.kafka to the Kafka sink's settings.

@@ -20,6 +20,9 @@ type NATSOptions struct {
 	// MaxPayload is the largest message the server accepts, in bytes,
 	// headers included. Zero keeps the server default of 1 MiB.
 	MaxPayload int32
+	// Configure, when set, changes the server's options before it first
+	// starts: users, TLS, operator mode. Host, Port and StoreDir must stay.
+	Configure func(*server.Options)
 }
 
 // NATS is an embedded NATS server with JetStream enabled, listening on a free
@@ -49,6 +52,9 @@ func StartNATS(opts NATSOptions) (*NATS, error) {
 		NoSigs:     true,
 		NoLog:      os.Getenv(NATSLogEnv) != "1",
 	}}
+	if opts.Configure != nil {
+		opts.Configure(&n.opts)
+	}
 	if err := n.Start(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err

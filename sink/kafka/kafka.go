@@ -12,12 +12,10 @@ package kafka
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,6 +31,7 @@ import (
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/destname"
+	"github.com/outboxrelay/relay/internal/tlsconf"
 	"github.com/outboxrelay/relay/sink/envelope"
 	"github.com/outboxrelay/relay/sink/template"
 )
@@ -300,28 +299,7 @@ func (s *Sink) explain(err error) error {
 
 // tlsConfig builds the TLS settings, or returns nil when TLS is off.
 func tlsConfig(c TLS) (*tls.Config, error) {
-	if !c.Enabled {
-		return nil, nil
-	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: c.InsecureSkipVerify} //nolint:gosec // opt-in, documented for tests only
-	if c.CAFile != "" {
-		pem, err := os.ReadFile(c.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("sink.kafka.tls.ca_file: %w", err)
-		}
-		tc.RootCAs = x509.NewCertPool()
-		if !tc.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("sink.kafka.tls.ca_file: no PEM certificate in %s", c.CAFile)
-		}
-	}
-	if c.CertFile != "" || c.KeyFile != "" {
-		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("sink.kafka.tls.cert_file and key_file: %w", err)
-		}
-		tc.Certificates = []tls.Certificate{cert}
-	}
-	return tc, nil
+	return tlsconf.Config("sink.kafka.tls", tlsconf.Files(c))
 }
 
 // saslMechanism returns the SASL mechanism, or nil when SASL is off.

@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/redact"
+	"github.com/outboxrelay/relay/internal/tlsconf"
 	"github.com/outboxrelay/relay/sink/envelope"
 	"github.com/outboxrelay/relay/sink/template"
 )
@@ -35,6 +37,49 @@ type Config struct {
 	// Stream is the JetStream stream that EnsureStream creates and Check
 	// verifies. Required for them.
 	Stream string
+	// Auth says how the sink authenticates. Default: as the URL says
+	// (user:password@ or token@ in it), else anonymously.
+	Auth Auth
+	// TLS configures encryption to the servers. Default off, unless the
+	// URL's scheme is tls:// or the server requires TLS: then with the
+	// system's roots.
+	TLS tlsconf.Files
+	// StreamSettings are the settings of a stream EnsureStream creates.
+	StreamSettings StreamSettings
+}
+
+// Auth holds the credentials of a NATS user; at most one way is set.
+// None of them is ever logged.
+type Auth struct {
+	// CredentialsFile is a .creds file holding a user JWT and nkey seed,
+	// for servers in operator (JWT) mode.
+	CredentialsFile string
+	// NKeyFile is a file holding a user nkey seed (SU...).
+	NKeyFile string
+	// Username and Password are a user and password.
+	Username, Password string
+	// Token is an authentication token.
+	Token string
+}
+
+// StreamSettings are the settings of a stream EnsureStream creates. The
+// zero value is one replica, file storage, no limits and a 2 minute
+// duplicate window.
+type StreamSettings struct {
+	// Replicas is the number of copies of each message in a cluster.
+	// Default 1.
+	Replicas int
+	// Memory keeps the messages in memory instead of files: faster, but
+	// lost when every replica restarts. Default false.
+	Memory bool
+	// MaxAge, MaxBytes and MaxMsgs limit the stream; at a limit the oldest
+	// messages are removed. Default 0: no limit.
+	MaxAge   time.Duration
+	MaxBytes int64
+	MaxMsgs  int64
+	// DuplicateWindow is how long the stream remembers a Nats-Msg-Id to
+	// drop another message with it. Default 2m.
+	DuplicateWindow time.Duration
 }
 
 // Options tunes a Sink. The zero value uses the defaults documented on each
@@ -76,8 +121,8 @@ const (
 	reconnectWait  = 250 * time.Millisecond
 	connectTimeout = 5 * time.Second
 	pingInterval   = 10 * time.Second
-	// duplicateWindow is the duplicate window of a stream EnsureStream
-	// creates.
+	// duplicateWindow is the default duplicate window of a stream
+	// EnsureStream creates.
 	duplicateWindow = 2 * time.Minute
 )
 
@@ -111,7 +156,11 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sink.nats.subject: %w", err)
 	}
-	nc, err := connect(ctx, cfg.URL, opts.Logger)
+	secure, err := securityOptions(cfg)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := connect(ctx, cfg.URL, opts.Logger, secure)
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +183,38 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 	}, nil
 }
 
-func connect(ctx context.Context, url string, log *slog.Logger) (*nats.Conn, error) {
+// securityOptions returns the connect options of cfg's credentials and
+// TLS settings. It fails, naming the key, when a file cannot be read.
+func securityOptions(cfg Config) ([]nats.Option, error) {
+	var opts []nats.Option
+	switch a := cfg.Auth; {
+	case a.CredentialsFile != "":
+		if _, err := os.Stat(a.CredentialsFile); err != nil {
+			return nil, fmt.Errorf("sink.nats.credentials_file: %w", err)
+		}
+		opts = append(opts, nats.UserCredentials(a.CredentialsFile))
+	case a.NKeyFile != "":
+		opt, err := nats.NkeyOptionFromSeed(a.NKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("sink.nats.nkey_file: %w", err)
+		}
+		opts = append(opts, opt)
+	case a.Username != "":
+		opts = append(opts, nats.UserInfo(a.Username, a.Password))
+	case a.Token != "":
+		opts = append(opts, nats.Token(a.Token))
+	}
+	tc, err := tlsconf.Config("sink.nats.tls", cfg.TLS)
+	if err != nil {
+		return nil, err
+	}
+	if tc != nil {
+		opts = append(opts, nats.Secure(tc))
+	}
+	return opts, nil
+}
+
+func connect(ctx context.Context, url string, log *slog.Logger, extra []nats.Option) (*nats.Conn, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fault.AsUnavailable(redact.Error(fmt.Errorf("connect to nats %s: %w", redact.String(url), err)))
 	}
@@ -142,7 +222,7 @@ func connect(ctx context.Context, url string, log *slog.Logger) (*nats.Conn, err
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, time.Until(dl))
 	}
-	nc, err := nats.Connect(url,
+	nc, err := nats.Connect(url, append([]nats.Option{
 		nats.Name(clientName),
 		nats.Timeout(timeout),
 		nats.MaxReconnects(-1),
@@ -161,7 +241,7 @@ func connect(ctx context.Context, url string, log *slog.Logger) (*nats.Conn, err
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			log.Warn("nats error", "err", err)
 		}),
-	)
+	}, extra...)...)
 	if err != nil {
 		return nil, fault.AsUnavailable(redact.Error(fmt.Errorf("connect to nats %s: %w", redact.String(url), err)))
 	}
