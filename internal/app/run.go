@@ -85,7 +85,7 @@ func (r *Relay) open(ctx context.Context) error {
 	r.closers = append(r.closers, func() { src.Close() })
 
 	r.reg = newRegistry()
-	batch = limitRate(snk, cfg.Sink.RateLimit, r.reg, log, batch)
+	batch, window := limitRate(snk, cfg.Sink.RateLimit, r.reg, log, batch)
 	r.backlog = newBacklogAge(layoutOf(cfg), cfg.Archive.Mode)
 	r.guard = &dbGuard{Source: src, log: log, layout: layoutOf(cfg), cfg: cfg,
 		role: pool.Config().ConnConfig.User, initial: cfg.Retry.Initial.D(), max: cfg.Retry.Max.D(),
@@ -96,7 +96,7 @@ func (r *Relay) open(ctx context.Context) error {
 		Retry: pipeline.Retry{Initial: cfg.Retry.Initial.D(), Max: cfg.Retry.Max.D(),
 			MaxAttempts: cfg.Retry.MaxAttempts},
 		ParkAggregate:   cfg.DeadLetter.ParkAggregate,
-		MaxInFlight:     pipelineWindow,
+		MaxInFlight:     window,
 		BatchSize:       batch,
 		ShutdownTimeout: cfg.ShutdownTimeout.D(),
 	})

@@ -222,13 +222,16 @@ func TestCredentialsFile(t *testing.T) {
 	}
 }
 
-// TestPublishDenied: a user may not publish to one subject. Publishes to it
-// fail as a failure of the destination (the relay holds them, never
-// dead-letters them), while the allowed subject works.
+// TestPublishDenied runs the relay's user with exactly the permissions
+// docs/configuration.md lists: creating the stream, publishing, and both
+// probes work. Publishes to a subject outside them fail as a failure of the
+// destination (the relay holds them, never dead-letters them).
 func TestPublishDenied(t *testing.T) {
 	srv := securedServer(t, func(o *server.Options) {
 		o.Users = []*server.User{{Username: "relay", Password: "pw", Permissions: &server.Permissions{
-			Publish: &server.SubjectPermission{Allow: []string{"$JS.API.>", "outbox.order"}},
+			Publish: &server.SubjectPermission{Allow: []string{"outbox.order",
+				"$JS.API.INFO", "$JS.API.STREAM.INFO.OUTBOX", "$JS.API.STREAM.CREATE.OUTBOX", "$JS.API.STREAM.NAMES"}},
+			Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
 		}}}
 	})
 	cfg := Config{URL: srv.URL(), Subject: "outbox.{aggregate_type}", Stream: "OUTBOX", Auth: Auth{Username: "relay", Password: "pw"}}
@@ -242,6 +245,14 @@ func TestPublishDenied(t *testing.T) {
 	}
 	if err := s.Publish(context.Background(), testEvents(1, 1)); err != nil {
 		t.Fatalf("allowed subject: %v", err)
+	}
+	for _, dest := range []string{sink.Broker, "outbox.order"} {
+		if err := s.Probe(context.Background(), dest); err != nil {
+			t.Errorf("probe %s: %v", dest, err)
+		}
+	}
+	if err := s.Check(context.Background()); err != nil {
+		t.Errorf("check: %v", err)
 	}
 	err = sink.Failed(s.Publish(context.Background(), []*event.Event{testEvent(2, "secret", "a")}), 0)
 	t.Logf("denied subject: %v", err)
