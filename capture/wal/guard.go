@@ -84,7 +84,8 @@ func (s *Source) StallRecoveries(action string) int64 {
 // holds rows and this relay holds none of them. The first time it
 // reconnects the stream; when that did not help, it publishes the outbox
 // from the table (the drain of rows older than the slot) and then streams
-// again. Its state is guarded by mu; the counters are atomic.
+// again. state is guarded by mu, the counters are atomic, and the other
+// fields belong to the goroutine running watchSlot.
 type guard struct {
 	mu    sync.Mutex
 	state SlotState
@@ -95,6 +96,7 @@ type guard struct {
 	idleSince  time.Time // since when the stall was observed with nothing of it held by this relay
 	steps      int       // recovery steps since confirmed last moved
 	warnedKeep bool      // the unlimited max_slot_wal_keep_size was logged
+	failing    bool      // the last observation failed
 
 	kick chan struct{} // signalled to observe at once, e.g. when streaming begins
 
@@ -133,9 +135,16 @@ func (s *Source) watchSlot(ctx context.Context) {
 	t := time.NewTicker(s.opts.GuardInterval)
 	defer t.Stop()
 	for {
-		if err := s.observeSlot(ctx); err != nil && ctx.Err() == nil {
+		err := s.observeSlot(ctx)
+		switch {
+		case ctx.Err() != nil:
+		case err != nil && !s.guard.failing:
+			s.log.Warn("replication slot observation failed; the slot metrics keep their last values until it works again",
+				"slot", s.opts.Slot, "err", err)
+		case err != nil:
 			s.log.Debug("replication slot observation failed", "slot", s.opts.Slot, "err", err)
 		}
+		s.guard.failing = err != nil
 		select {
 		case <-ctx.Done():
 			return
