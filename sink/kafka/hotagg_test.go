@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,96 +18,25 @@ import (
 	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/pipeline"
 	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/sink/sinktest"
 )
 
-// sliceSource is a capture.Source that hands out events in batches and
-// records what each batch's Complete settled.
-type sliceSource struct {
-	mu        sync.Mutex
-	batches   [][]*event.Event
-	published atomic.Int64
-	dead      []capture.DeadEvent
-}
-
-func (s *sliceSource) Next(ctx context.Context) (capture.Batch, error) {
-	s.mu.Lock()
-	if len(s.batches) > 0 {
-		b := &sliceBatch{src: s, evs: s.batches[0]}
-		s.batches = s.batches[1:]
-		s.mu.Unlock()
-		return b, nil
+// hotEvents returns n events of the aggregate hot.
+func hotEvents(n int) []*event.Event {
+	evs := make([]*event.Event, n)
+	for i := range evs {
+		evs[i] = testEvent(i, "order", "hot")
+		evs[i].Position = uint64(i + 1)
 	}
-	s.mu.Unlock()
-	<-ctx.Done()
-	return nil, ctx.Err()
+	return evs
 }
 
-func (s *sliceSource) Close() error { return nil }
-
-type sliceBatch struct {
-	src *sliceSource
-	evs []*event.Event
-}
-
-func (b *sliceBatch) Events() []*event.Event  { return b.evs }
-func (b *sliceBatch) Abandon(context.Context) {}
-func (b *sliceBatch) Complete(_ context.Context, o capture.Outcome) error {
-	b.src.mu.Lock()
-	b.src.dead = append(b.src.dead, o.Dead...)
-	b.src.mu.Unlock()
-	b.src.published.Add(int64(len(o.Published)))
-	return nil
-}
-
-// hotSource returns a source of n events of one aggregate in batches of
-// 500, as poll capture hands them over.
-func hotSource(n int) *sliceSource {
-	src := &sliceSource{}
-	for i := 0; i < n; i += 500 {
-		var b []*event.Event
-		for j := i; j < min(i+500, n); j++ {
-			e := testEvent(j, "order", "hot")
-			e.Position = uint64(j + 1)
-			b = append(b, e)
-		}
-		src.batches = append(src.batches, b)
-	}
-	return src
-}
-
-// runPipeline publishes src through s until want events are published or
-// dead, and returns how long it took.
-func runPipeline(t *testing.T, src *sliceSource, s *Sink, want int) time.Duration {
-	t.Helper()
-	p := pipeline.New(src, s, pipeline.Options{
+// hotOptions are the pipeline options of the hot aggregate tests.
+func hotOptions() pipeline.Options {
+	return pipeline.Options{
 		Logger: quiet(),
 		Retry:  pipeline.Retry{Initial: time.Millisecond, Max: 50 * time.Millisecond, MaxAttempts: 5},
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	start := time.Now()
-	go func() { done <- p.Run(ctx) }()
-	deadline := time.After(60 * time.Second)
-	for {
-		src.mu.Lock()
-		settled := int(src.published.Load()) + len(src.dead)
-		src.mu.Unlock()
-		if settled >= want {
-			break
-		}
-		select {
-		case <-deadline:
-			cancel()
-			t.Fatalf("%d of %d events settled after 60s", settled, want)
-		case <-time.After(5 * time.Millisecond):
-		}
 	}
-	d := time.Since(start)
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	return d
 }
 
 // TestHotAggregateThroughput publishes 20,000 events of one aggregate
@@ -118,8 +46,7 @@ func TestHotAggregateThroughput(t *testing.T) {
 	const n = 20000
 	c := newCluster(t, kfake.SeedTopics(4, "t"))
 	s := newSink(t, c.ListenAddrs(), "t", Options{})
-	src := hotSource(n)
-	d := runPipeline(t, src, s, n)
+	_, d := sinktest.Drive(t, s, hotEvents(n), hotOptions())
 	t.Logf("%d events of one aggregate in %v: %.0f events/s", n, d.Round(time.Millisecond), n/d.Seconds())
 	checkStoredOnceInOrder(t, c.ListenAddrs(), "t", n)
 }
@@ -189,14 +116,13 @@ func TestHotAggregateFailureMidWindow(t *testing.T) {
 	withTopicLimit(t, c, "t", 1, 16*1024)
 	s := newSink(t, c.ListenAddrs(), "t", Options{})
 	failProduce(c, 3, kerr.InvalidRecord.Code)
-	src := hotSource(n)
-	runPipeline(t, src, s, n)
+	deadLetters, _ := sinktest.Drive(t, s, hotEvents(n), hotOptions())
 
-	if len(src.dead) != 1 {
-		ids := deadIDs(src.dead)
+	if len(deadLetters) != 1 {
+		ids := deadIDs(deadLetters)
 		t.Fatalf("%d dead letters, want 1: %v", len(ids), ids[:min(len(ids), 5)])
 	}
-	dead := src.dead[0].Event.ID
+	dead := deadLetters[0].Event.ID
 	var want []string
 	for i := range n {
 		if id := testEvent(i, "order", "hot").ID; id != dead {
@@ -215,7 +141,7 @@ func TestHotAggregateFailureMidWindow(t *testing.T) {
 	if !slices.Equal(first, want) {
 		t.Fatalf("%d first deliveries, want %d in order; first difference at %d", len(first), len(want), firstDiff(first, want))
 	}
-	t.Logf("dead letter %s (%s)", dead, src.dead[0].Err)
+	t.Logf("dead letter %s (%s)", dead, deadLetters[0].Err)
 }
 
 func deadIDs(ds []capture.DeadEvent) []string {
