@@ -81,6 +81,16 @@ func (s *Sink) wait(ctx context.Context, n int) error {
 	return nil
 }
 
+// MaxPerAggregate implements sink.Ordered with the inner sink's value, or
+// 1 when the inner sink does not implement it: Publish hands each batch to
+// the inner sink whole and in order.
+func (s *Sink) MaxPerAggregate() int {
+	if o, ok := s.Inner.(sink.Ordered); ok {
+		return o.MaxPerAggregate()
+	}
+	return 1
+}
+
 // Waited returns the time Publish calls spent waiting for the limit,
 // summed over concurrent calls.
 func (s *Sink) Waited() time.Duration { return time.Duration(s.waited.Load()) }

@@ -159,3 +159,20 @@ func TestForwardsDestinations(t *testing.T) {
 		t.Errorf("Probe = %v", err)
 	}
 }
+
+// ordered is a recorder that declares sink.Ordered.
+type ordered struct{ recorder }
+
+func (*ordered) MaxPerAggregate() int { return 500 }
+
+// TestForwardsOrdered checks that the limited sink declares the inner
+// sink's sink.Ordered, and 1 for an inner sink without it.
+func TestForwardsOrdered(t *testing.T) {
+	var s sink.Sink = New(&ordered{}, 1, 1)
+	if o, ok := s.(sink.Ordered); !ok || o.MaxPerAggregate() != 500 {
+		t.Errorf("limited sink.Ordered sink: MaxPerAggregate not forwarded")
+	}
+	if n := New(&recorder{}, 1, 1).MaxPerAggregate(); n != 1 {
+		t.Errorf("limited sink without sink.Ordered: MaxPerAggregate %d, want 1", n)
+	}
+}
