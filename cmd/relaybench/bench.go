@@ -35,6 +35,7 @@ type Results struct {
 	Profiles         []DrainResult             `json:"profile_drains,omitempty"`
 	Scaling          []ScalePoint              `json:"scaling,omitempty"`
 	Steady           []SteadyResult            `json:"steady,omitempty"`
+	RSS              []RSSResult               `json:"rss,omitempty"` // -rss
 	Targets          []Target                  `json:"targets,omitempty"`
 	Error            string                    `json:"error,omitempty"`
 }
@@ -270,6 +271,14 @@ func run1(ctx context.Context, opts Options, res *Results) error {
 		}
 	}
 
+	if opts.RSSEvents > 0 {
+		rs, err := e.measureRSS(ctx, dbs, modes)
+		res.RSS = rs
+		if err != nil {
+			return err
+		}
+	}
+
 	if opts.has("scaling") {
 		sc, err := e.measureScaling(ctx, modes)
 		res.Scaling = append(res.Scaling, sc...)
@@ -409,21 +418,7 @@ func targets(r *Results) []Target {
 		}
 		return nil
 	}
-	for _, t := range []struct {
-		mode  string
-		limit float64
-	}{{"wal", 25}, {"poll", 50}} {
-		goal := fmt.Sprintf("p99 commit→ack ≤ %.0f ms at 50 %% of the commit rate (from the intended send time)", t.limit)
-		if s := steady(t.mode, 50); s != nil {
-			m := fmt.Sprintf("%.1f ms (from the writer's commit: %.1f ms)", s.SendToAck.P99, s.CommitToAck.P99)
-			if s.Saturated {
-				m += fmt.Sprintf("; the database committed only %.0f of %.0f offered events/s", s.AchievedRate, s.TargetRate)
-			}
-			add(t.mode+" p99 at 50 %", goal, m, metStr(s.SendToAck.P99 <= t.limit && s.SendToAck.Count == int64(s.Scheduled)))
-		} else {
-			add(t.mode+" p99 at 50 %", goal, "-", missing(t.mode))
-		}
-	}
+	out = append(out, latencyTargets(r)...)
 	for _, mode := range []string{"wal", "poll"} {
 		goal := "lag bounded at 100 % of the commit rate"
 		if s := steady(mode, 100); s != nil {
@@ -438,13 +433,6 @@ func targets(r *Results) []Target {
 			add(mode+" lag at 100 %", goal, "-", missing(mode))
 		}
 	}
-	for _, mode := range []string{"wal", "poll"} {
-		goal := fmt.Sprintf("peak RSS ≤ 150 MB draining %d events", r.Settings.Events)
-		if d := drain(mode); d != nil {
-			add(mode+" peak RSS", goal, fmt.Sprintf("%.0f MB", d.PeakRSSMB), metStr(d.PeakRSSMB <= 150 && d.Complete))
-		} else {
-			add(mode+" peak RSS", goal, "-", missing(mode))
-		}
-	}
+	out = append(out, rssTargets(r)...)
 	return out
 }

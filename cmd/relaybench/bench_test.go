@@ -23,10 +23,10 @@ func TestBenchSmoke(t *testing.T) {
 	opts := Options{
 		Events: 5000, Aggregates: 500, Payload: 200, Out: out,
 		Modes: []string{"poll", "wal"}, Sinks: []string{"nats", "kafka"}, Phases: []string{"drain", "baselines", "steady"},
-		Steady: time.Second, CommitFor: 500 * time.Millisecond, Writers: 4, Relays: 1,
+		Steady: time.Second, CommitFor: 500 * time.Millisecond, Writers: 4, Relays: 1, RSSEvents: 3000,
 		Log: &log, Args: []string{"relaybench", "(smoke test)"},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	res, err := Run(ctx, opts)
 	if err != nil {
@@ -85,12 +85,31 @@ func TestBenchSmoke(t *testing.T) {
 		// scheduled event counts in the latencies.
 		if s.Committed == 0 || s.Received != s.Committed || s.Committed+s.Dropped != int64(s.Scheduled) ||
 			s.SendToAck.Count != int64(s.Scheduled) || s.SendToReceipt.P99 <= 0 {
-			t.Errorf("steady %d%%: scheduled %d, committed %d, dropped %d, received %d, latencies %d",
-				s.Percent, s.Scheduled, s.Committed, s.Dropped, s.Received, s.SendToAck.Count)
+			t.Errorf("steady %s: scheduled %d, committed %d, dropped %d, received %d, latencies %d",
+				s.label(), s.Scheduled, s.Committed, s.Dropped, s.Received, s.SendToAck.Count)
+		}
+		// The pgoutput reader saw every committed event of the same run.
+		if s.Decoder.Count != s.Committed || s.CommitToRecv.Count != s.Committed {
+			t.Errorf("steady %s: committed %d, the reader's latencies %d, the relay's %d",
+				s.label(), s.Committed, s.Decoder.Count, s.CommitToRecv.Count)
 		}
 	}
-	if steady != len(steadyPercents) {
-		t.Errorf("%d poll steady-state rates, want %d", steady, len(steadyPercents))
+	if want := len(steadyLoads(1)); steady != want {
+		t.Errorf("%d poll steady-state rates, want %d", steady, want)
+	}
+	if len(res.RSS) != len(opts.Modes)-len(res.Unavailable) {
+		t.Errorf("rss drains: %+v", res.RSS)
+	}
+	for _, x := range res.RSS {
+		if !x.Drain.Complete || x.PeakRSSMB <= 0 || x.MaxHeapInuseMB <= 0 || x.MaxGoSysMB < x.MaxHeapInuseMB {
+			t.Errorf("rss %s drain: complete %v, peak RSS %.1f MB, heap %.1f MB, Go runtime %.1f MB",
+				x.Mode, x.Drain.Complete, x.PeakRSSMB, x.MaxHeapInuseMB, x.MaxGoSysMB)
+		}
+	}
+	for _, name := range []string{"LATENCY commit→receipt", "PEAK RSS"} {
+		if !strings.Contains(table.String(), name) {
+			t.Errorf("table has no %s part", name)
+		}
 	}
 	if _, unavailable := res.Unavailable["wal"]; !unavailable {
 		walDrained := false
@@ -101,7 +120,7 @@ func TestBenchSmoke(t *testing.T) {
 			t.Errorf("wal mode is available but was not drained")
 		}
 	}
-	if len(res.Targets) != 8 || !strings.Contains(table.String(), "TARGET") {
+	if len(res.Targets) != 9 || !strings.Contains(table.String(), "TARGET") {
 		t.Errorf("targets: %+v", res.Targets)
 	}
 }

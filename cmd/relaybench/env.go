@@ -509,7 +509,8 @@ func (p *relayProc) waitReady(ctx context.Context, d time.Duration) error {
 	return fmt.Errorf("relay not ready after %s; log tail:\n%s", d, tail(p.logPath, 20))
 }
 
-// metrics scrapes /metrics and returns the relay_* samples without labels.
+// metrics scrapes /metrics and returns the relay_* and go_memstats_*
+// samples without labels.
 func (p *relayProc) metrics() (map[string]float64, error) {
 	resp, err := p.http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", p.port))
 	if err != nil {
@@ -521,7 +522,7 @@ func (p *relayProc) metrics() (map[string]float64, error) {
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "relay_") {
+		if !strings.HasPrefix(line, "relay_") && !strings.HasPrefix(line, "go_memstats_") {
 			continue
 		}
 		name, val, ok := strings.Cut(line, " ")

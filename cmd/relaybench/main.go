@@ -58,6 +58,7 @@ type Options struct {
 	ProfileDir   string        // when set: an extra in-process poll drain with CPU and allocation profiles written here
 	RelayBin     string        // a prebuilt relay binary; empty: go build ./cmd/relay
 	RelayProcs   int           // GOMAXPROCS of the relay processes; 0: Go's default (the CPU count)
+	RSSEvents    int           // when above 0: a drain this large per mode measures the relay's peak RSS (-rss)
 	Log          io.Writer
 	Args         []string // the command line, for the results
 }
@@ -119,6 +120,8 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.StringVar(&o.ProfileDir, "cpuprofile", "", "also drain a backlog in each mode with a profiling relay (this binary re-executed as the relay) and write DIR/<mode>/cpu.pprof and allocs.pprof")
 	fs.StringVar(&o.RelayBin, "relay", "", "prebuilt relay binary (default: go build ./cmd/relay)")
 	fs.IntVar(&o.RelayProcs, "relay-gomaxprocs", 0, "GOMAXPROCS of the relay processes (default: Go's, the CPU count)")
+	rss := fs.Bool("rss", false, "also drain 1,000,000 events per mode into NATS for the relay's peak RSS (takes minutes)")
+	fs.IntVar(&o.RSSEvents, "rss-events", 0, "events of each -rss drain (default 1,000,000; setting it implies -rss)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -138,6 +141,9 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 		if !set["commit-for"] {
 			o.CommitFor = time.Second
 		}
+	}
+	if *rss && o.RSSEvents == 0 {
+		o.RSSEvents = rssEventsDefault
 	}
 	o.Modes = splitList(*modes)
 	o.Phases = splitList(*phases)

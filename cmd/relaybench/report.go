@@ -59,7 +59,7 @@ func printTable(w io.Writer, r *Results) {
 			if st.Saturated {
 				committed += " (saturated)"
 			}
-			t.row(fmt.Sprintf("%s %d%%", st.Mode, st.Percent), f0(st.TargetRate), committed,
+			t.row(st.label(), f0(st.TargetRate), committed,
 				f1(st.SendToAck.P50), f1(st.SendToAck.P95), f1(st.SendToAck.P99), f1(st.SendToAck.P999), f1(st.SendToAck.Max),
 				f1(st.SendToReceipt.P99), f1(st.CommitToAck.P50), f1(st.CommitToAck.P99), f0(st.LagMiddle), f0(st.LagEnd), yesNo(st.Bounded),
 				f0(100*st.RelayCPU/max(st.CPU.Seconds, 1e-9)), f0(100*st.CPU.OtherSeconds/max(st.CPU.Seconds, 1e-9)))
@@ -71,6 +71,8 @@ func printTable(w io.Writer, r *Results) {
 		}
 		t.flush()
 	}
+	printLatency(w, r)
+	printRSS(w, r)
 	if len(r.Scaling) > 0 {
 		t := newTable(w, "SCALING (drain into NATS)", "events", "payload B", "aggregates", "relays", "events/s", "payload MB/s",
 			"peak RSS MB", "CPU s/100k", "other CPU s")

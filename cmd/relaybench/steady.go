@@ -160,6 +160,10 @@ type SteadyResult struct {
 	CommitToAck   Percentiles `json:"commit_to_ack"`
 	CommitToRecv  Percentiles `json:"commit_to_receipt"`
 	SendToCommit  Percentiles `json:"send_to_commit"`
+	// Decoder is the latency baseline of the same events: from the
+	// writer's commit to their receipt by a minimal pgoutput reader on a
+	// slot of its own (decodeReader).
+	Decoder Percentiles `json:"commit_to_decoder_receipt"`
 	// Lag is committed minus received events: its mean around the middle
 	// (40–60 % of the run) and at the end (90–100 %), its maximum, and
 	// whether it stayed bounded (end ≤ 1.5 × middle + a quarter second of
@@ -199,9 +203,11 @@ type schedule struct {
 	dropped  []atomic.Bool
 	ackAt    []atomic.Int64
 	recvAt   []atomic.Int64
+	readAt   []atomic.Int64 // receipt by the decodeReader, the latency baseline
 	sent     atomic.Int64
 	commits  atomic.Int64
 	received atomic.Int64
+	reads    atomic.Int64 // events the decodeReader received
 	dups     atomic.Int64
 	drops    atomic.Int64
 }
@@ -213,9 +219,10 @@ func (s *schedule) due(i int) time.Time {
 // receiver is the consumer: it matches each message to its schedule by the
 // tag in its message_id.
 type receiver struct {
-	cur atomic.Pointer[schedule]
-	cc  jetstream.ConsumeContext
-	bad atomic.Int64
+	cur    atomic.Pointer[schedule]
+	cc     jetstream.ConsumeContext
+	bad    atomic.Int64
+	reader *decodeReader // reads the same schedule from a slot of its own; nil: none
 }
 
 func (e *env) startReceiver(ctx context.Context) (*receiver, error) {
@@ -258,7 +265,8 @@ func (e *env) runSchedule(ctx context.Context, d *database, r *receiver, relay *
 	o := e.opts
 	n := int(rate * dur.Seconds())
 	s := &schedule{tag: rand.Uint32() &^ 0xf0000000, n: n, period: 1e9 / rate,
-		commitAt: make([]atomic.Int64, n), dropped: make([]atomic.Bool, n), ackAt: make([]atomic.Int64, n), recvAt: make([]atomic.Int64, n)}
+		commitAt: make([]atomic.Int64, n), dropped: make([]atomic.Bool, n), ackAt: make([]atomic.Int64, n), recvAt: make([]atomic.Int64, n),
+		readAt: make([]atomic.Int64, n)}
 	r.cur.Store(s)
 	res := SteadyResult{Mode: mode, Percent: pct, TargetRate: rate, Seconds: dur.Seconds(), Scheduled: n}
 
@@ -335,9 +343,14 @@ func (e *env) runSchedule(ctx context.Context, d *database, r *receiver, relay *
 	res.Saturated = res.Dropped > 0 || res.AchievedRate < 0.95*rate
 	// Wait for the relay to catch up with what was committed.
 	catchDeadline := time.Now().Add(max(10*time.Second, dur))
-	for s.received.Load() < s.commits.Load() && time.Now().Before(catchDeadline) {
+	for (s.received.Load() < s.commits.Load() || r.reader != nil && s.reads.Load() < s.commits.Load()) && time.Now().Before(catchDeadline) {
 		if err := relay.exited(); err != nil {
 			return res, err
+		}
+		if r.reader != nil {
+			if err := r.reader.failed(); err != nil {
+				return res, err
+			}
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -393,6 +406,7 @@ func (e *env) runSchedule(ctx context.Context, d *database, r *receiver, relay *
 	}
 	res.SendToAck, res.SendToReceipt = sendAck.summary(), sendRecv.summary()
 	res.CommitToAck, res.CommitToRecv, res.SendToCommit = commitAck.summary(), commitRecv.summary(), sendCommit.summary()
+	res.Decoder = decoderLatency(s)
 	res.LagMiddle, res.LagEnd, res.LagMax = lagStats(res.Samples, dur.Seconds())
 	res.Bounded = res.LagEnd <= 1.5*res.LagMiddle+rate/4
 	o.logf("%s %d%% (%.0f/s for %s): committed %d (%.0f/s), received %d, p50/p99/max send→ack %.1f/%.1f/%.1f ms, lag middle %.0f end %.0f, caught up %.2fs after",
@@ -468,6 +482,10 @@ func (e *env) measureSteady(ctx context.Context, d *database, commitRate float64
 		return nil, err
 	}
 	defer r.stop()
+	if r.reader, err = startDecodeReader(ctx, d, &r.cur); err != nil {
+		return nil, err
+	}
+	defer r.reader.close()
 	// Warm up at 10 % of the commit rate, unrecorded: connections, caches
 	// and the relay's start (wal mode streams a moment after /readyz).
 	warm := min(2*time.Second, o.Steady/2)
@@ -482,8 +500,8 @@ func (e *env) measureSteady(ctx context.Context, d *database, commitRate float64
 			d.mode, firstRecv.Seconds(), time.Unix(0, w.firstReceipt).Sub(ready).Seconds(), w.start.Sub(ready).Seconds())
 	}
 	var out []SteadyResult
-	for _, pct := range steadyPercents {
-		res, err := e.runSchedule(ctx, d, r, relay, d.mode, pct, commitRate*float64(pct)/100, o.Steady, writers)
+	for _, ld := range steadyLoads(commitRate) {
+		res, err := e.runSchedule(ctx, d, r, relay, d.mode, ld.percent, ld.rate, o.Steady, writers)
 		res.RelayStartToFirstReceipt = firstRecv.Seconds()
 		res.ReadyToFirstReceipt = time.Unix(0, w.firstReceipt).Sub(ready).Seconds()
 		out = append(out, res)
