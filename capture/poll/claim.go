@@ -124,7 +124,7 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 	}
 	s.quiet = 0
 	s.cursor = b.last
-	s.flight.add(b.seqs)
+	s.flight.add(b.seqs, b.payloadBytes())
 	return b, nil
 }
 
@@ -229,7 +229,7 @@ func fill(ev *event.Event, id, aggType, aggID, evType *string, headers []byte, c
 // claimed again.
 func (b *batch) Complete(ctx context.Context, o capture.Outcome) error {
 	err := b.complete(ctx, o)
-	b.s.flight.remove(b.seqs)
+	b.s.flight.remove(b.seqs, b.payloadBytes())
 	if err != nil {
 		b.s.rewind.Store(true)
 	}
@@ -289,6 +289,6 @@ func deadArgs(dead []capture.DeadEvent) []any {
 // Abandon leaves the batch's rows in the outbox; they are claimed again
 // later.
 func (b *batch) Abandon(context.Context) {
-	b.s.flight.remove(b.seqs)
+	b.s.flight.remove(b.seqs, b.payloadBytes())
 	b.s.rewind.Store(true)
 }

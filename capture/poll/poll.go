@@ -191,6 +191,9 @@ func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
 				return nil, err
 			}
 		}
+		if err := s.flight.waitRoom(ctx, maxUnsettledBatches*s.opts.BatchSize, maxUnsettledBytes); err != nil {
+			return nil, err
+		}
 		b, err := s.claim(ctx)
 		if err != nil {
 			return nil, err
