@@ -93,14 +93,16 @@ type Options struct {
 const DedicatedConns = 1
 
 // blockedInterval is how soon the poller looks again when rows were held
-// back by an open writer.
-const blockedInterval = 10 * time.Millisecond
+// back by an open writer: a row becomes claimable one poll after the
+// writers that were open when its seq was read have ended, and single-row
+// transactions end within milliseconds.
+const blockedInterval = time.Millisecond
 
 // busyInterval is the wait after a claim that found rows but did not fill a
 // batch. Each claim that finds nothing doubles the wait, up to
-// Options.Interval, so a steady trickle is picked up within milliseconds
-// and an idle outbox costs a few queries a second.
-const busyInterval = 5 * time.Millisecond
+// Options.Interval, so a steady trickle is picked up within a few
+// milliseconds and an idle outbox costs a few queries a second.
+const busyInterval = time.Millisecond
 
 // Source is a poll-mode capture.Source. Next must be called from one
 // goroutine; batches may be completed from others.
@@ -278,11 +280,7 @@ func (s *Source) disconnect(ctx context.Context) {
 // after rows were found, doubling with every empty claim up to
 // Options.Interval.
 func (s *Source) wait(ctx context.Context) error {
-	d := min(busyInterval<<min(s.quiet, 16), s.opts.Interval)
-	if s.blocked {
-		d = min(d, blockedInterval)
-	}
-	wctx, cancel := context.WithTimeout(ctx, d)
+	wctx, cancel := context.WithTimeout(ctx, s.pause())
 	defer cancel()
 	_, err := s.lease.conn.WaitForNotification(wctx)
 	switch {
@@ -292,6 +290,17 @@ func (s *Source) wait(ctx context.Context) error {
 		s.disconnect(ctx) // Next reconnects
 	}
 	return nil
+}
+
+// pause returns how long wait waits at most: busyInterval after a claim
+// that found rows, doubling with every empty claim up to Options.Interval,
+// and at most blockedInterval while rows are held back by open writers.
+func (s *Source) pause() time.Duration {
+	d := min(busyInterval<<min(s.quiet, 16), s.opts.Interval)
+	if s.blocked {
+		d = min(d, blockedInterval)
+	}
+	return d
 }
 
 // watermarks are the pending (H, L) pairs of the package doc.

@@ -1,0 +1,33 @@
+package poll
+
+import (
+	"testing"
+	"time"
+)
+
+// TestPause: while rows keep coming, or are held back by open writers, the
+// poller looks again within a millisecond (a row is claimable one poll
+// after the writers open when its seq was read have ended, so the poll
+// cadence is most of poll mode's latency); an idle outbox backs off to
+// Options.Interval.
+func TestPause(t *testing.T) {
+	s := &Source{opts: Options{Interval: 200 * time.Millisecond}}
+	for _, c := range []struct {
+		quiet   int
+		blocked bool
+		want    time.Duration
+	}{
+		{0, false, time.Millisecond},
+		{0, true, time.Millisecond},
+		{1, false, 2 * time.Millisecond},
+		{3, false, 8 * time.Millisecond},
+		{5, true, time.Millisecond},
+		{8, false, 200 * time.Millisecond},
+		{40, false, 200 * time.Millisecond},
+	} {
+		s.quiet, s.blocked = c.quiet, c.blocked
+		if got := s.pause(); got != c.want {
+			t.Errorf("pause after %d empty claims (blocked %v) = %s, want %s", c.quiet, c.blocked, got, c.want)
+		}
+	}
+}
