@@ -409,16 +409,16 @@ func (e *env) runSchedule(ctx context.Context, d *database, r *receiver, relay *
 	res.Decoder = decoderLatency(s)
 	res.LagMiddle, res.LagEnd, res.LagMax = lagStats(res.Samples, dur.Seconds())
 	res.Bounded = res.LagEnd <= 1.5*res.LagMiddle+rate/4
-	o.logf("%s %d%% (%.0f/s for %s): committed %d (%.0f/s), received %d, p50/p99/max send→ack %.1f/%.1f/%.1f ms, lag middle %.0f end %.0f, caught up %.2fs after",
-		mode, pct, rate, dur, res.Committed, res.AchievedRate, res.Received, res.SendToAck.P50, res.SendToAck.P99, res.SendToAck.Max,
-		res.LagMiddle, res.LagEnd, res.CatchUpSecs)
+	o.logf("%s (%.0f/s for %s): committed %d (%.0f/s), received %d, p50/p99/max send→ack %.1f/%.1f/%.1f ms, commit→receipt p50/p99 %.1f/%.1f ms (pgoutput reader %.1f/%.1f ms), lag middle %.0f end %.0f, caught up %.2fs after",
+		res.label(), rate, dur, res.Committed, res.AchievedRate, res.Received, res.SendToAck.P50, res.SendToAck.P99, res.SendToAck.Max,
+		res.CommitToRecv.P50, res.CommitToRecv.P99, res.Decoder.P50, res.Decoder.P99, res.LagMiddle, res.LagEnd, res.CatchUpSecs)
 	if res.Dropped > 0 {
-		o.logf("%s %d%%: the database committed %.0f of %.0f offered events/s; %d events not committed %s after the schedule ended were dropped (counted in the latencies at their wait so far)",
-			mode, pct, res.AchievedRate, rate, res.Dropped, cutoff.Sub(end))
+		o.logf("%s: the database committed %.0f of %.0f offered events/s; %d events not committed %s after the schedule ended were dropped (counted in the latencies at their wait so far)",
+			res.label(), res.AchievedRate, rate, res.Dropped, cutoff.Sub(end))
 	}
 	if res.Received < res.Committed {
-		return res, fmt.Errorf("%s %d%%: received %d of %d committed events %s after the schedule ended; relay log tail:\n%s",
-			mode, pct, res.Received, res.Committed, time.Since(schedEnd).Round(time.Second), tail(relay.logPath, 20))
+		return res, fmt.Errorf("%s: received %d of %d committed events %s after the schedule ended; relay log tail:\n%s",
+			res.label(), res.Received, res.Committed, time.Since(schedEnd).Round(time.Second), tail(relay.logPath, 20))
 	}
 	return res, nil
 }
