@@ -13,6 +13,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 
@@ -112,10 +113,12 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Connection settings. Reconnects never stop and the reconnect buffer is
-// disabled: while the connection is down a publish fails at once and the
-// pipeline retries it, instead of a buffered copy surfacing after the event
-// was already given up on.
+// Connection settings. Reconnects never stop, not even when the server
+// refuses the credentials again and again (they may be fixed on the server
+// while the relay waits), and the reconnect buffer is disabled: while the
+// connection is down a publish fails at once and the pipeline retries it,
+// instead of a buffered copy surfacing after the event was already given up
+// on.
 const (
 	clientName     = "outbox-relay"
 	reconnectWait  = 250 * time.Millisecond
@@ -222,12 +225,14 @@ func connect(ctx context.Context, url string, log *slog.Logger, extra []nats.Opt
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, time.Until(dl))
 	}
+	var last atomic.Pointer[string] // the last asynchronous error logged
 	nc, err := nats.Connect(url, append([]nats.Option{
 		nats.Name(clientName),
 		nats.Timeout(timeout),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(reconnectWait),
 		nats.ReconnectBufSize(-1),
+		nats.IgnoreAuthErrorAbort(),
 		nats.PingInterval(pingInterval),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err == nil { // a deliberate Close
@@ -236,10 +241,17 @@ func connect(ctx context.Context, url string, log *slog.Logger, extra []nats.Opt
 			log.Warn("nats disconnected", "url", redact.String(url), "err", err)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
+			last.Store(nil)
 			log.Info("nats reconnected", "server", redact.String(nc.ConnectedUrl()))
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-			log.Warn("nats error", "err", err)
+			// Refused credentials come back on every reconnect attempt:
+			// warn once, then at debug level until the connection is back.
+			lvl, msg := slog.LevelWarn, err.Error()
+			if prev := last.Swap(&msg); prev != nil && *prev == msg {
+				lvl = slog.LevelDebug
+			}
+			log.Log(context.Background(), lvl, "nats error", "err", err)
 		}),
 	}, extra...)...)
 	if err != nil {

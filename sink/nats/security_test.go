@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -325,5 +326,84 @@ func TestStreamDefaults(t *testing.T) {
 	c := info.Config
 	if c.Replicas != 1 || c.Storage != jetstream.FileStorage || c.MaxAge != 0 || c.MaxBytes != -1 || c.MaxMsgs != -1 || c.Duplicates != 2*time.Minute {
 		t.Errorf("default stream config %+v", c)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// TestCredentialsRotatedWhileRunning changes the relay's password on the
+// server while the sink is connected: the server drops the connection and
+// refuses every reconnect, publishes fail as failures of the destination,
+// and once the server takes the password again the sink reconnects by
+// itself and publishes. (By default the NATS client gives up for good after
+// the second identical authentication error.)
+func TestCredentialsRotatedWhileRunning(t *testing.T) {
+	users := func(password string) func(*server.Options) {
+		return func(o *server.Options) { o.Users = []*server.User{{Username: "relay", Password: password}} }
+	}
+	srv := securedServer(t, users("pw-1"))
+	var logs syncBuffer
+	cfg := Config{URL: srv.URL(), Subject: "outbox.{aggregate_type}", Stream: "OUTBOX", Auth: Auth{Username: "relay", Password: "pw-1"}}
+	s, err := New(context.Background(), cfg, Options{Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), AckTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.EnsureStream(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Publish(context.Background(), testEvents(1, 1)); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := srv.Reload(users("pw-2")); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the client has been refused at least twice on reconnect.
+	waitUntil(t, "two refused reconnects", func() bool {
+		return strings.Count(strings.ToLower(logs.String()), "authorization violation") >= 2
+	}, &logs)
+	err = sink.Failed(s.Publish(context.Background(), []*event.Event{testEvent(2, "order", "0")}), 0)
+	if err == nil || fault.ClassOf(err) != fault.Unavailable {
+		t.Fatalf("publish while refused: got %v (class %v), want an unavailable error", err, fault.ClassOf(err))
+	}
+
+	if err := srv.Reload(users("pw-1")); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "a publish after the password is accepted again", func() bool {
+		return s.Publish(context.Background(), []*event.Event{testEvent(2, "order", "0")}) == nil
+	}, &logs)
+	if strings.Contains(logs.String(), "pw-1") || strings.Contains(logs.String(), "pw-2") {
+		t.Errorf("a password was logged:\n%s", logs.String())
+	}
+	if n := strings.Count(logs.String(), "level=WARN msg=\"nats error\""); n != 1 {
+		t.Errorf("%d warnings about the refused reconnects, want 1 (the repeats at debug level):\n%s", n, logs.String())
+	}
+}
+
+// waitUntil polls cond for up to 30s.
+func waitUntil(t *testing.T, what string, cond func() bool, logs *syncBuffer) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 30s; sink log:\n%s", what, logs)
+		}
 	}
 }
