@@ -46,6 +46,12 @@ type Outbox struct {
 	// Columns remaps contract column names (id, aggregate_type, aggregate_id,
 	// event_type, payload, headers, created_at, seq) to the table's names.
 	Columns map[string]string `yaml:"columns"`
+	// OrderBy names the outbox column that is the ordering and partition
+	// key: events with one value are published in order, and the value is
+	// the Kafka record key and the SQS message group. Any column type
+	// works; it is read as text. Default aggregate_id, which follows
+	// Columns' remapping; see OrderColumn.
+	OrderBy string `yaml:"order_by"`
 }
 
 // Capture selects and tunes the capture mode.

@@ -8,3 +8,13 @@ func (o Outbox) Column(name string) string {
 	}
 	return name
 }
+
+// OrderColumn returns the column outbox.order_by names: the aggregate_id
+// column (after remapping) for aggregate_id, the default, and the name as
+// given otherwise.
+func (o Outbox) OrderColumn() string {
+	if o.OrderBy == "" || o.OrderBy == "aggregate_id" {
+		return o.Column("aggregate_id")
+	}
+	return o.OrderBy
+}

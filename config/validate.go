@@ -81,6 +81,7 @@ func (l *loader) validate(c *Config) {
 	}
 	l.table("outbox.table", c.Outbox.Table)
 	l.checkColumns(c.Outbox.Columns)
+	l.checkOrderBy(c.Outbox)
 	l.checkCapture(c.Capture)
 	l.checkSink(c.Sink)
 	l.choice("archive.mode", c.Archive.Mode, "delete", "mark", "move")
@@ -103,6 +104,20 @@ func (l *loader) checkColumns(cols map[string]string) {
 			l.invalid(key, "unknown column (expected one of %s)", strings.Join(columnNames, ", "))
 		} else if l.required(key, cols[name], "the table's column name") && len(cols[name]) > maxIdentifier {
 			l.invalid(key, "longer than PostgreSQL's %d bytes", maxIdentifier)
+		}
+	}
+}
+
+// checkOrderBy checks outbox.order_by: a column name that is not one of
+// the other contract columns.
+func (l *loader) checkOrderBy(o Outbox) {
+	col := o.OrderColumn()
+	if len(col) > maxIdentifier {
+		l.invalid("outbox.order_by", "longer than PostgreSQL's %d bytes", maxIdentifier)
+	}
+	for _, name := range columnNames {
+		if name != "aggregate_id" && o.Column(name) == col {
+			l.invalid("outbox.order_by", "names the %s column %q; use aggregate_id (the default) or another column of the table, e.g. tenant_id", name, col)
 		}
 	}
 }

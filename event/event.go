@@ -13,9 +13,13 @@ type Event struct {
 	ID string
 	// AggregateType routes the event (topic, subject, queue).
 	AggregateType string
-	// AggregateID is the ordering key: events of one aggregate are published
-	// in source order.
+	// AggregateID is the row's aggregate id. It orders events unless the
+	// outbox has another order column: see Key.
 	AggregateID string
+	// OrderKey is the text of the row's outbox.order_by column when that is
+	// not the aggregate id; empty otherwise, and when the column is NULL or
+	// empty.
+	OrderKey string
 	// EventType names what happened.
 	EventType string
 	// Payload is the body, byte for byte as stored in the payload column.
@@ -32,6 +36,16 @@ type Event struct {
 	// Position is the event's place in its source: seq in poll mode, the
 	// commit LSN in wal mode. It only orders events of one source.
 	Position uint64
+}
+
+// Key returns the event's ordering and partition key: OrderKey, or
+// AggregateID when OrderKey is empty. Events with one key are published in
+// source order; it is also the Kafka record key and the SQS message group.
+func (e *Event) Key() string {
+	if e.OrderKey != "" {
+		return e.OrderKey
+	}
+	return e.AggregateID
 }
 
 // Content types set by the capture sources from the payload column's type.

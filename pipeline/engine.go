@@ -177,14 +177,15 @@ func (e *engine) add(b capture.Batch) {
 		e.bytes += len(ev.Payload)
 		d := e.route(ev, now)
 		d.events++
-		if e.parkedNow(ev.AggregateID) {
+		key := ev.Key()
+		if e.parkedNow(key) {
 			e.leave(&item{ev: ev, batch: bs, dest: d})
 			continue
 		}
-		q := e.queues[ev.AggregateID]
+		q := e.queues[key]
 		if q == nil {
-			q = &aggQueue{id: ev.AggregateID, heapIdx: -1}
-			e.queues[ev.AggregateID] = q
+			q = &aggQueue{id: key, heapIdx: -1}
+			e.queues[key] = q
 		}
 		q.items = append(q.items, &item{ev: ev, batch: bs, dest: d})
 		e.markReady(q)

@@ -25,8 +25,12 @@ func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
 	seq := schema.Q(c.Seq)
 	parked := ""
 	if park {
-		parked = fmt.Sprintf("AND NOT EXISTS (SELECT 1 FROM %s d WHERE d.%s = o.%s)",
-			l.DeadLetter.Ident(), schema.Q(c.AggregateID), schema.Q(c.AggregateID))
+		parked = fmt.Sprintf("AND NOT EXISTS (SELECT 1 FROM %s d WHERE %s = %s)",
+			l.DeadLetter.Ident(), c.Key("d"), c.Key("o"))
+	}
+	sel := strings.Replace(c.Quoted("o"), "o."+schema.Q(c.ID), "o."+schema.Q(c.ID)+"::text", 1)
+	if c.OrderBy != "" {
+		sel += "::text" // the order column comes last
 	}
 	return queries{
 		lastSeq: `SELECT coalesce(pg_sequence_last_value($1::regclass), 0)`,
@@ -42,8 +46,7 @@ func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
 		claim: fmt.Sprintf(`SELECT %s FROM %s o
 			WHERE %s > $1 AND %s <= $2 AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[]) AND NOT %s = ANY($6::bigint[]) %s %s
 			ORDER BY %s LIMIT $3 FOR UPDATE SKIP LOCKED`,
-			strings.Replace(c.Quoted("o"), "o."+schema.Q(c.ID), "o."+schema.Q(c.ID)+"::text", 1), t, seq, seq,
-			schema.Q(c.AggregateID), seq, l.Unpublished(archiveMode, "o"), parked, seq),
+			sel, t, seq, seq, c.Key("o"), seq, l.Unpublished(archiveMode, "o"), parked, seq),
 		archive:  l.ArchiveByKey(archiveMode, c.Seq, "bigint"),
 		dropDead: fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::bigint[])`, t, seq),
 		deadLetter: fmt.Sprintf(`INSERT INTO %s (%s, error, error_class, attempts, first_failed_at, last_failed_at)
@@ -167,17 +170,21 @@ func (b *batch) Events() []*event.Event { return b.events }
 // scan reads one row into an event, or into bad when the row is malformed.
 func (b *batch) scan(rows pgx.Rows, contentType string) error {
 	var (
-		id, aggType, aggID, evType *string
-		payload, headers           []byte
-		created                    *time.Time
-		seq                        int64
+		id, aggType, aggID, evType, order *string
+		payload, headers                  []byte
+		created                           *time.Time
+		seq                               int64
 	)
-	if err := rows.Scan(&id, &aggType, &aggID, &evType, &payload, &headers, &created, &seq); err != nil {
+	dst := []any{&id, &aggType, &aggID, &evType, &payload, &headers, &created, &seq, &order}
+	if err := rows.Scan(dst[:len(rows.FieldDescriptions())]...); err != nil {
 		return err
 	}
 	b.last = seq
 	b.seqs = append(b.seqs, seq)
 	ev := &event.Event{Payload: payload, ContentType: contentType, Position: uint64(seq)}
+	if order != nil {
+		ev.OrderKey = *order
+	}
 	err := fill(ev, id, aggType, aggID, evType, headers, created)
 	if err == nil && payload == nil {
 		err = fmt.Errorf("payload is NULL")

@@ -255,7 +255,7 @@ func (s *Source) connect(ctx context.Context) error {
 		return fmt.Errorf("listen: %w", err)
 	}
 	if !s.opts.WALDrain {
-		if err := schema.JoinMode(ctx, conn, s.opts.Layout.Outbox.String(), s.opts.Partitions); err != nil {
+		if err := schema.JoinMode(ctx, conn, s.opts.Layout, s.opts.Partitions); err != nil {
 			conn.Close(ctx)
 			return err
 		}

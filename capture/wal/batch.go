@@ -165,6 +165,9 @@ func (b *batch) values(ev *event.Event, seq int64) [numFields]*string {
 		v[fCreatedAt] = str(ev.CreatedAt.Format(time.RFC3339Nano))
 	}
 	v[fSeq] = str(strconv.FormatInt(seq, 10))
+	if ev.OrderKey != "" {
+		v[fOrder] = &ev.OrderKey
+	}
 	return v
 }
 
@@ -180,19 +183,23 @@ func buildQueries(l schema.Layout, mode string, info schema.Info) queries {
 	// a text[] parameter directly, while for uuid[] it first tries a plan
 	// that fails, building an error per call.
 	idType := "text[]::" + info.Types[l.Cols.ID]
-	sel, in, alias := make([]string, numFields), make([]string, numFields), make([]string, numFields)
-	for k, c := range l.Cols.List() {
+	var sel []string
+	in, alias := make([]string, numFields), make([]string, numFields)
+	for k := range numFields {
 		alias[k] = fmt.Sprintf("c%d", k)
-		sel[k] = fmt.Sprintf("d.c%d::%s", k, info.Types[c])
 		in[k] = fmt.Sprintf("$%d::text[]", k+1)
+	}
+	for k, c := range l.Cols.List() {
+		sel = append(sel, fmt.Sprintf("d.c%d::%s", k, info.Types[c]))
 	}
 	return queries{
 		archive:  l.ArchiveByKey(mode, l.Cols.ID, idType),
 		dropDead: l.ArchiveByKey(schema.ArchiveDelete, l.Cols.ID, idType),
 		deadLetter: fmt.Sprintf(`INSERT INTO %s (%s, error, error_class, attempts, first_failed_at, last_failed_at)
 			SELECT %s, d.error, d.class, d.attempts, d.first_failed, d.last_failed
-			FROM unnest(%s, $9::text[], $10::text[], $11::int[], $12::timestamptz[], $13::timestamptz[])
+			FROM unnest(%s, $%d::text[], $%d::text[], $%d::int[], $%d::timestamptz[], $%d::timestamptz[])
 			AS d(%s, error, class, attempts, first_failed, last_failed)`,
-			l.DeadLetter.Ident(), l.Cols.Quoted(""), strings.Join(sel, ", "), strings.Join(in, ", "), strings.Join(alias, ", ")),
+			l.DeadLetter.Ident(), l.Cols.Quoted(""), strings.Join(sel, ", "), strings.Join(in, ", "),
+			numFields+1, numFields+2, numFields+3, numFields+4, numFields+5, strings.Join(alias, ", ")),
 	}
 }

@@ -24,6 +24,7 @@ const (
 	fHeaders
 	fCreatedAt
 	fSeq
+	fOrder // schema.Columns.OrderBy; its name is empty when not set
 	numFields
 )
 
@@ -94,7 +95,15 @@ type decoder struct {
 }
 
 func newDecoder(l schema.Layout) *decoder {
-	return &decoder{table: l.Outbox, names: l.Cols.List(), rels: map[uint32]*relation{}}
+	return &decoder{table: l.Outbox, names: fieldNames(l), rels: map[uint32]*relation{}}
+}
+
+// fieldNames returns the column name of each field; fOrder's is empty when
+// the aggregate id orders.
+func fieldNames(l schema.Layout) []string {
+	names := make([]string, numFields)
+	copy(names, l.Cols.List())
+	return names
 }
 
 // decode decodes one message of an XLogData record. The result does not
@@ -147,7 +156,9 @@ func (d *decoder) relation(body []byte) error {
 	for i, c := range m.Columns {
 		rel.field[i] = -1
 		for k, name := range d.names {
-			if c.Name == name && !found[k] {
+			if name == "" {
+				found[k] = true
+			} else if c.Name == name && !found[k] {
 				rel.field[i], found[k] = int8(k), true
 				if k == fPayload {
 					rel.payloadType, rel.contentType = c.DataType, contentType(c.DataType)
@@ -268,7 +279,7 @@ func (d *decoder) event(rel *relation) (*event.Event, int64, error) {
 		}
 	}
 	sc := appendUUID(d.scratch[:0], id)
-	for _, k := range []int{fAggregateType, fAggregateID, fEventType, fCreatedAt} {
+	for _, k := range []int{fAggregateType, fAggregateID, fEventType, fCreatedAt, fOrder} {
 		sc = append(sc, v[k]...)
 	}
 	d.scratch = sc
@@ -286,6 +297,7 @@ func (d *decoder) event(rel *relation) (*event.Event, int64, error) {
 			return nil, 0, err
 		}
 	}
+	ev.OrderKey = cut(fOrder)
 	return ev, seq, nil
 }
 

@@ -29,10 +29,11 @@ const (
 // time capture from an outbox table in wal mode. Its goroutine (run) owns
 // the lock connection; wait is safe for concurrent use.
 type leadership struct {
-	cfg   *pgx.ConnConfig
-	key   int32
-	table string
-	log   *slog.Logger
+	cfg    *pgx.ConnConfig
+	key    int32
+	table  string
+	layout schema.Layout
+	log    *slog.Logger
 
 	mu      sync.Mutex
 	err     error           // a conflict that ends capture, see schema.JoinMode
@@ -40,10 +41,11 @@ type leadership struct {
 	changed chan struct{}   // closed and replaced whenever term changes
 }
 
-func newLeadership(cfg *pgx.ConnConfig, table string, log *slog.Logger) *leadership {
+func newLeadership(cfg *pgx.ConnConfig, layout schema.Layout, log *slog.Logger) *leadership {
+	table := layout.Outbox.String()
 	h := fnv.New32a()
 	h.Write([]byte("outbox-relay:wal:" + table))
-	return &leadership{cfg: cfg, key: int32(h.Sum32() & 0x7fffffff), table: table, log: log, changed: make(chan struct{})}
+	return &leadership{cfg: cfg, key: int32(h.Sum32() & 0x7fffffff), table: table, layout: layout, log: log, changed: make(chan struct{})}
 }
 
 // wait blocks until this relay leads and returns a context that ends when
@@ -96,7 +98,7 @@ func (l *leadership) run(ctx context.Context) {
 			wait.Sleep(ctx, standbyInterval)
 			continue
 		}
-		if err := schema.JoinMode(ctx, conn, l.table, 0); err != nil {
+		if err := schema.JoinMode(ctx, conn, l.layout, 0); err != nil {
 			var conflict *schema.ModeConflict
 			if errors.As(err, &conflict) {
 				l.mu.Lock()

@@ -190,7 +190,7 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	}
 	s := &Source{opts: opts, log: opts.Logger, sql: buildQueries(opts.Layout, opts.ArchiveMode, info), repl: replConfig(opts),
 		unsettled: map[*drained]bool{}, recreated: map[string]*atomic.Int64{},
-		lead: newLeadership(opts.Pool.Config().ConnConfig.Copy(), opts.Layout.Outbox.String(), opts.Logger)}
+		lead: newLeadership(opts.Pool.Config().ConnConfig.Copy(), opts.Layout, opts.Logger)}
 	s.guard = *newGuard(opts.Layout, opts.ArchiveMode)
 	for _, r := range SlotRecreateReasons {
 		s.recreated[r] = new(atomic.Int64)

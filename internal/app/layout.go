@@ -8,7 +8,7 @@ import (
 // layoutOf builds the table layout from a loaded config.
 func layoutOf(cfg *config.Config) schema.Layout {
 	o := cfg.Outbox
-	return schema.Layout{
+	l := schema.Layout{
 		Outbox: schema.ParseTable(o.Table),
 		Cols: schema.Columns{
 			ID: o.Column("id"), AggregateType: o.Column("aggregate_type"), AggregateID: o.Column("aggregate_id"),
@@ -18,4 +18,8 @@ func layoutOf(cfg *config.Config) schema.Layout {
 		DeadLetter: schema.ParseTable(cfg.DeadLetter.Table),
 		Archive:    schema.ParseTable(cfg.Archive.Table),
 	}
+	if c := o.OrderColumn(); c != l.Cols.AggregateID {
+		l.Cols.OrderBy = c
+	}
+	return l
 }

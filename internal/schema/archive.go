@@ -78,7 +78,8 @@ func (l Layout) archiveSteps(mode string, types map[string]string) []Step {
 		}
 	case ArchiveMove:
 		create := l.createArchive(types)
-		return []Step{tableStep("archive table", l.Archive, create[0]), l.archiveIndex().step()}
+		return append([]Step{tableStep("archive table", l.Archive, create[0]), l.archiveIndex().step()},
+			l.orderColumnStep("archive table", l.Archive, types)...)
 	}
 	return nil
 }
@@ -125,7 +126,10 @@ func EnsureArchive(ctx context.Context, q Querier, l Layout, mode string, info I
 			return fault.AsPermanent(fmt.Errorf("archive.mode mark needs column %s on %s: run `relay init`", PublishedAt, l.Outbox))
 		}
 	case ArchiveMove:
-		return ensureTable(ctx, q, "archive table", l.Archive, l.createArchive(info.Types))
+		if err := ensureTable(ctx, q, "archive table", l.Archive, l.createArchive(info.Types)); err != nil {
+			return err
+		}
+		return ensureOrderColumn(ctx, q, l, "archive table", l.Archive, info.Types)
 	}
 	return nil
 }

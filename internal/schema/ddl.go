@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+
+	"github.com/outboxrelay/relay/fault"
 )
 
 // contractTypes are the outbox column types of docs/reference.md, in Columns.List
@@ -11,9 +13,14 @@ import (
 var contractTypes = []string{"uuid", "text", "text", "text", "jsonb", "jsonb", "timestamp with time zone", "bigint"}
 
 // CreateOutbox returns the statement creating the outbox table of docs/reference.md
-// when it is missing.
+// when it is missing, with the order column (Columns.OrderBy) as a
+// nullable text column when one is set.
 func (l Layout) CreateOutbox() string {
 	c := l.Cols
+	order := ""
+	if c.OrderBy != "" {
+		order = ",\n  " + Q(c.OrderBy) + " text"
+	}
 	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
   %s uuid PRIMARY KEY,
   %s text NOT NULL,
@@ -22,9 +29,49 @@ func (l Layout) CreateOutbox() string {
   %s jsonb NOT NULL,
   %s jsonb,
   %s timestamptz NOT NULL DEFAULT now(),
-  %s bigint GENERATED ALWAYS AS IDENTITY
+  %s bigint GENERATED ALWAYS AS IDENTITY%s
 )`, l.Outbox.Ident(), Q(c.ID), Q(c.AggregateType), Q(c.AggregateID), Q(c.EventType),
-		Q(c.Payload), Q(c.Headers), Q(c.CreatedAt), Q(c.Seq))
+		Q(c.Payload), Q(c.Headers), Q(c.CreatedAt), Q(c.Seq), order)
+}
+
+// orderColumnStep returns the init step adding the order column
+// (Columns.OrderBy) to table t, which exists without it because it was
+// created before outbox.order_by was set; nil when no order column is set.
+func (l Layout) orderColumnStep(what string, t Table, types map[string]string) []Step {
+	c := l.Cols.OrderBy
+	if c == "" {
+		return nil
+	}
+	typ := types[c]
+	if typ == "" {
+		typ = "text"
+	}
+	return []Step{{Object: fmt.Sprintf("column %s of %s %s", c, what, t),
+		Probe:  fmt.Sprintf(`SELECT to_regclass(%s) IS NOT NULL AND NOT %s`, Literal(t.Ident()), hasColumn(t, c)),
+		Create: []string{fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s`, t.Ident(), Q(c), typ)}}}
+}
+
+// hasColumn returns the SQL condition that table t has column c.
+func hasColumn(t Table, c string) string {
+	return fmt.Sprintf(`EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = %s AND attnum > 0 AND NOT attisdropped)`,
+		Literal(t.Ident()), Literal(c))
+}
+
+// ensureOrderColumn fails, permanently, when table t exists without the
+// order column (Columns.OrderBy), which its rows must carry, naming the
+// statement that adds it.
+func ensureOrderColumn(ctx context.Context, q Querier, l Layout, what string, t Table, types map[string]string) error {
+	for _, s := range l.orderColumnStep(what, t, types) {
+		var missing bool
+		if err := q.QueryRow(ctx, s.Probe).Scan(&missing); err != nil {
+			return fmt.Errorf("inspect %s: %w", s.Object, err)
+		}
+		if missing {
+			return fault.AsPermanent(fmt.Errorf("%s has no column %s, which outbox.order_by names and dead letters and archived rows keep: run `relay init`, or %s",
+				t, Q(l.Cols.OrderBy), s.Create[0]))
+		}
+	}
+	return nil
 }
 
 // pollIndex serves the poll query (WHERE seq <= $1 ORDER BY seq).
@@ -45,6 +92,7 @@ func (l Layout) InitSteps(notify bool, archiveMode string, types map[string]stri
 	steps := []Step{tableStep("outbox table", l.Outbox, l.CreateOutbox()), l.pollIndex().step(), l.notifyStep(notify)}
 	dl := l.CreateDeadLetter(types)
 	steps = append(steps, tableStep("dead-letter table", l.DeadLetter, dl[0]))
+	steps = append(steps, l.orderColumnStep("dead-letter table", l.DeadLetter, types)...)
 	for _, ix := range l.deadLetterIndexes() {
 		steps = append(steps, ix.step())
 	}
@@ -119,8 +167,10 @@ func (l Layout) typedColumns(types map[string]string) []string {
 	var cols []string
 	for i, c := range l.Cols.List() {
 		t := types[c]
-		if t == "" {
+		if t == "" && i < len(contractTypes) {
 			t = contractTypes[i]
+		} else if t == "" {
+			t = "text"
 		}
 		cols = append(cols, fmt.Sprintf("  %s %s", Q(c), t))
 	}
@@ -132,7 +182,10 @@ func (l Layout) typedColumns(types map[string]string) []string {
 // issues no DDL when the table exists; a role that may not create it gets a
 // permanent error naming the table and `relay init`.
 func EnsureDeadLetter(ctx context.Context, q Querier, l Layout, info Info) error {
-	return ensureTable(ctx, q, "dead-letter table", l.DeadLetter, l.CreateDeadLetter(info.Types))
+	if err := ensureTable(ctx, q, "dead-letter table", l.DeadLetter, l.CreateDeadLetter(info.Types)); err != nil {
+		return err
+	}
+	return ensureOrderColumn(ctx, q, l, "dead-letter table", l.DeadLetter, info.Types)
 }
 
 // Literal quotes s as an SQL string literal, like PostgreSQL's

@@ -89,7 +89,7 @@ func (l Layout) Redrive(ctx context.Context, q Querier, f DeadLetterFilter, rese
 	WHERE NOT EXISTS (SELECT 1 FROM %[4]s o WHERE o.%[3]s = latest.%[3]s)
 	ORDER BY %[6]s
 	RETURNING %[3]s::text, %[7]s`, l.DeadLetter.Ident(), cond, Q(c.ID), l.Outbox.Ident(), l.insertColumns(), Q(c.Seq),
-		Q(c.AggregateID)), args...)
+		c.Key("")), args...)
 	if err != nil {
 		return 0, fmt.Errorf("redrive dead letters from %s into %s: %w", l.DeadLetter, l.Outbox, err)
 	}
@@ -109,15 +109,16 @@ func (l Layout) Redrive(ctx context.Context, q Querier, f DeadLetterFilter, rese
 	return int64(len(ids)), nil
 }
 
-// resequence re-inserts the outbox rows of aggregates aggs, other than ids,
-// after everything else, keeping their ids and relative order.
-func (l Layout) resequence(ctx context.Context, q Querier, ids, aggs []string) error {
+// resequence re-inserts the outbox rows of ordering keys keys (see
+// Columns.Key), other than ids, after everything else, keeping their ids
+// and relative order.
+func (l Layout) resequence(ctx context.Context, q Querier, ids, keys []string) error {
 	c := l.Cols
 	_, err := q.Exec(ctx, fmt.Sprintf(`WITH moved AS (
 		DELETE FROM %[1]s WHERE %[2]s = ANY($1) AND %[3]s::text <> ALL($2) RETURNING *
 	)
 	INSERT INTO %[1]s (%[4]s) SELECT %[4]s FROM moved ORDER BY %[5]s`,
-		l.Outbox.Ident(), Q(c.AggregateID), Q(c.ID), l.insertColumns(), Q(c.Seq)), aggs, ids)
+		l.Outbox.Ident(), c.Key(""), Q(c.ID), l.insertColumns(), Q(c.Seq)), keys, ids)
 	if err != nil {
 		return fmt.Errorf("re-sequence parked events in %s: %w", l.Outbox, err)
 	}
@@ -126,9 +127,13 @@ func (l Layout) resequence(ctx context.Context, q Querier, ids, aggs []string) e
 
 // insertColumns lists the outbox columns an INSERT sets: all but seq.
 func (l Layout) insertColumns() string {
-	c := l.Cols
-	return strings.Join([]string{Q(c.ID), Q(c.AggregateType), Q(c.AggregateID), Q(c.EventType),
-		Q(c.Payload), Q(c.Headers), Q(c.CreatedAt)}, ", ")
+	var cols []string
+	for _, c := range l.Cols.List() {
+		if c != l.Cols.Seq {
+			cols = append(cols, Q(c))
+		}
+	}
+	return strings.Join(cols, ", ")
 }
 
 // DropDeadLetters deletes the dead letters matching f and returns how many.
@@ -140,7 +145,7 @@ func (l Layout) insertColumns() string {
 func (l Layout) DropDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter, resequence bool) (int64, error) {
 	cond, args := l.where(f)
 	rows, err := q.Query(ctx, fmt.Sprintf(`DELETE FROM %s WHERE %s RETURNING %s::text, %s`,
-		l.DeadLetter.Ident(), cond, Q(l.Cols.ID), Q(l.Cols.AggregateID)), args...)
+		l.DeadLetter.Ident(), cond, Q(l.Cols.ID), l.Cols.Key("")), args...)
 	if err != nil {
 		return 0, fmt.Errorf("drop dead letters from %s: %w", l.DeadLetter, err)
 	}

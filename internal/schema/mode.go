@@ -7,35 +7,61 @@ import (
 )
 
 // Relays on one outbox must agree on how they capture: poll relays with
-// different capture.poll.partitions would split the aggregates differently
-// and claim one aggregate's rows at once, and a poll relay beside a wal
-// relay would publish the same rows in two orders. So each relay holds,
-// for its lifetime, a shared advisory lock on (the outbox's mode key, its
-// configuration: the partition count in poll mode, 0 in wal mode) on a
-// session connection it keeps anyway, and looks in pg_locks for a lock of
-// the same key with another configuration.
+// different capture.poll.partitions or outbox.order_by would split the
+// rows differently and claim rows of one ordering key at once, and a poll
+// relay beside a wal relay would publish the same rows in two orders. So
+// each relay holds, for its lifetime, a shared advisory lock on (the
+// outbox's mode key, its configuration) on a session connection it keeps
+// anyway, and looks in pg_locks for a lock of the same key with another
+// configuration. The configuration is one int32: the partition count in
+// poll mode (0 in wal mode) in the low partitionBits bits, and above them
+// a tag of the order column, 0 for the aggregate id.
+
+// partitionBits holds capture.poll.partitions (at most 1024).
+const partitionBits = 11
 
 // ModeConflict is the error JoinMode returns when another relay on the
 // outbox runs with another configuration. It is permanent: retrying does
 // not fix it.
 type ModeConflict struct {
 	Table       string
-	Mine, Other int32 // partition counts; 0 is wal mode
+	Mine, Other int32  // configurations, see above
+	OrderBy     string // this relay's order column; empty: the aggregate id
 }
 
 func (e *ModeConflict) Error() string {
-	return fmt.Sprintf("another relay runs on outbox %s with %s, this one with %s: every relay on one outbox must use the same capture.mode and capture.poll.partitions; stop one of them or align their configs",
-		e.Table, describeMode(e.Other), describeMode(e.Mine))
+	return fmt.Sprintf("another relay runs on outbox %s with %s, this one with %s: every relay on one outbox must use the same capture.mode, capture.poll.partitions and outbox.order_by; stop one of them or align their configs",
+		e.Table, e.describe(e.Other), e.describe(e.Mine))
 }
 
 // Retryable reports false: the conflict lasts until a relay is stopped.
 func (e *ModeConflict) Retryable() bool { return false }
 
-func describeMode(partitions int32) string {
-	if partitions == 0 {
-		return "capture.mode wal"
+func (e *ModeConflict) describe(config int32) string {
+	s := "capture.mode wal"
+	if p := config & (1<<partitionBits - 1); p != 0 {
+		s = fmt.Sprintf("capture.mode poll and capture.poll.partitions %d", p)
 	}
-	return fmt.Sprintf("capture.mode poll and capture.poll.partitions %d", partitions)
+	switch tag := config >> partitionBits; {
+	case tag == 0 && (e.Mine>>partitionBits != 0 || e.Other>>partitionBits != 0):
+		s += " and the default outbox.order_by"
+	case tag != 0 && tag == orderTag(e.OrderBy):
+		s += " and outbox.order_by " + e.OrderBy
+	case tag != 0:
+		s += " and another outbox.order_by"
+	}
+	return s
+}
+
+// orderTag is the configuration's tag of order column col: 0 for none (the
+// aggregate id), else a hash of its name that is not 0.
+func orderTag(col string) int32 {
+	if col == "" {
+		return 0
+	}
+	h := fnv.New32a()
+	h.Write([]byte(col))
+	return max(int32(h.Sum32()&(1<<(31-partitionBits)-1)), 1)
 }
 
 // modeKey is the advisory lock key of table's capture configuration.
@@ -48,11 +74,12 @@ func modeKey(table string) int32 {
 // JoinMode takes this relay's shared configuration lock on conn, a session
 // connection that lives as long as the relay captures (the lock goes with
 // it), and returns a *ModeConflict when a relay with another configuration
-// holds one for table. partitions is capture.poll.partitions in poll mode
-// and 0 in wal mode. Taking the lock before looking means that of two
+// holds one for l's outbox. partitions is capture.poll.partitions in poll
+// mode and 0 in wal mode. Taking the lock before looking means that of two
 // relays starting at once, at least one sees the other.
-func JoinMode(ctx context.Context, conn Querier, table string, partitions int) error {
-	key, mine := modeKey(table), int32(partitions)
+func JoinMode(ctx context.Context, conn Querier, l Layout, partitions int) error {
+	table := l.Outbox.String()
+	key, mine := modeKey(table), int32(partitions)|orderTag(l.Cols.OrderBy)<<partitionBits
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock_shared($1, $2)`, key, mine); err != nil {
 		return fmt.Errorf("take the capture mode lock: %w", err)
 	}
@@ -65,7 +92,7 @@ func JoinMode(ctx context.Context, conn Querier, table string, partitions int) e
 		return fmt.Errorf("look for relays with another capture mode: %w", err)
 	}
 	if len(others) > 0 {
-		return &ModeConflict{Table: table, Mine: mine, Other: others[0]}
+		return &ModeConflict{Table: table, Mine: mine, Other: others[0], OrderBy: l.Cols.OrderBy}
 	}
 	return nil
 }

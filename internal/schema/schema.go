@@ -78,11 +78,34 @@ func derived(name, suffix string) string {
 // Columns are the outbox's column names after the config's remapping.
 type Columns struct {
 	ID, AggregateType, AggregateID, EventType, Payload, Headers, CreatedAt, Seq string
+	// OrderBy is the order column (outbox.order_by) when it is not
+	// AggregateID, empty otherwise. It may have any type; it is read as
+	// text.
+	OrderBy string
 }
 
-// List returns the column names in contract order.
+// List returns the column names in contract order, then OrderBy when set:
+// the columns the relay reads and carries into the dead-letter and archive
+// tables.
 func (c Columns) List() []string {
-	return []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, c.Headers, c.CreatedAt, c.Seq}
+	l := []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, c.Headers, c.CreatedAt, c.Seq}
+	if c.OrderBy != "" {
+		l = append(l, c.OrderBy)
+	}
+	return l
+}
+
+// Key returns the SQL expression of a row's ordering key (event.Event.Key)
+// on table alias (none when empty): the order column's text unless it is
+// NULL or empty, else the aggregate id.
+func (c Columns) Key(alias string) string {
+	if alias != "" {
+		alias += "."
+	}
+	if c.OrderBy == "" {
+		return alias + Q(c.AggregateID)
+	}
+	return fmt.Sprintf("coalesce(nullif(%s%s::text, ''), %s%s)", alias, Q(c.OrderBy), alias, Q(c.AggregateID))
 }
 
 // Quoted returns the column names in contract order, quoted and joined by
@@ -155,7 +178,9 @@ func Inspect(ctx context.Context, q Querier, l Layout) (Info, error) {
 		return Info{}, fmt.Errorf("inspect outbox table %s: %w", l.Outbox, err)
 	}
 	for _, c := range l.Cols.List() {
-		if _, ok := info.Types[c]; !ok {
+		if _, ok := info.Types[c]; !ok && c == l.Cols.OrderBy {
+			return Info{}, fmt.Errorf("outbox table %s has no column %q, which outbox.order_by names", l.Outbox, c)
+		} else if !ok {
 			return Info{}, fmt.Errorf("outbox table %s has no column %q (map it with outbox.columns)", l.Outbox, c)
 		}
 	}

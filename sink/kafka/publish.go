@@ -167,7 +167,7 @@ var errClosed = errors.New("kafka sink closed")
 // the same name, in any case, is dropped.
 var contractHeaders = []string{"message_id", "event_type", "aggregate_type", "aggregate_id", "content-type"}
 
-// record builds e's record: key aggregate_id, value the payload, and the
+// record builds e's record: key e.Key(), value the payload, and the
 // row's headers in name order followed by the contract headers.
 func record(e *event.Event, topic string) *kgo.Record {
 	headers := make([]kgo.RecordHeader, 0, len(e.Headers)+len(contractHeaders))
@@ -183,9 +183,9 @@ func record(e *event.Event, topic string) *kgo.Record {
 	if value == nil {
 		value = []byte{} // a null value is a tombstone on compacted topics
 	}
-	key := []byte(e.AggregateID)
+	key := []byte(e.Key())
 	if key == nil {
-		key = []byte{} // an empty aggregate ID is an empty key, not a null one
+		key = []byte{} // an empty key is an empty key, not a null one
 	}
 	return &kgo.Record{Topic: topic, Key: key, Value: value, Headers: headers}
 }

@@ -59,6 +59,7 @@ func (s *suite) testHeaders(t *testing.T) {
 	emptyHeaders := newEvent("invoice", "i-1", "invoice.sent")
 	emptyHeaders.Headers = map[string]string{}
 	row := newEvent("invoice", "i-2", "invoice.voided")
+	row.OrderKey = "tenant-7" // outbox.order_by: the key is not the aggregate id
 	row.Headers = map[string]string{
 		"trace_id":     "4bf92f3577b34da6a3ce929d0e0e4736",
 		"tenant":       "acme corp",

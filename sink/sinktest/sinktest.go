@@ -169,8 +169,10 @@ type Features struct {
 	// as each carries the same message_id.
 	DedupesByID bool
 
-	// KeyedByAggregate means Message.Key must equal the event's
-	// aggregate_id on every message (Kafka record key, SQS MessageGroupId).
+	// KeyedByAggregate means Message.Key must equal the event's ordering
+	// key (event.Event.Key: its aggregate_id unless outbox.order_by names
+	// another column) on every message (Kafka record key, SQS
+	// MessageGroupId).
 	KeyedByAggregate bool
 
 	// IDHeaders names the headers besides message_id that must carry the

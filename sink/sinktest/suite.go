@@ -312,8 +312,8 @@ func (s *suite) checkRouting(r *reporter, tg *target, e *event.Event, m Message)
 	if want := tg.exp.Render(e); m.Destination != want {
 		r.errorf("event %s: arrived at %q, want %q (template %q)", e.ID, m.Destination, want, tg.tmpl)
 	}
-	if s.h.Features.KeyedByAggregate && m.Key != e.AggregateID {
-		r.errorf("event %s: ordering key %q, want the aggregate_id %q", e.ID, m.Key, e.AggregateID)
+	if s.h.Features.KeyedByAggregate && m.Key != e.Key() {
+		r.errorf("event %s: ordering key %q, want the event's key %q", e.ID, m.Key, e.Key())
 	}
 }
 

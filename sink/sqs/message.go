@@ -79,7 +79,7 @@ func newMessage(e *event.Event, fifo bool) message {
 		m.size += len(name) + len(*v.DataType) + len(aws.ToString(v.StringValue)) + len(v.BinaryValue)
 	}
 	if fifo {
-		m.groupID = fifoID(e.AggregateID)
+		m.groupID = fifoID(e.Key())
 		m.dedupID = fifoID(e.ID)
 	}
 	return m
