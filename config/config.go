@@ -69,7 +69,7 @@ type Poll struct {
 	Interval Duration `yaml:"interval"`
 	// BatchSize is the most rows claimed by one poll. Default 500.
 	BatchSize int `yaml:"batch_size"`
-	// Partitions is how many partitions (by hash of aggregate_id) relays
+	// Partitions is how many partitions (by hash of the ordering key) relays
 	// running against one outbox share between them; every relay on one
 	// outbox must use the same value. Default 16.
 	Partitions int `yaml:"partitions"`

@@ -14,8 +14,9 @@ import (
 
 // # Scale-out
 //
-// The outbox is split into partitions by a hash of aggregate_id, so all
-// events of an aggregate fall in one partition. Each relay leases some
+// The outbox is split into partitions by a hash of the ordering key
+// (schema.Columns.Key: the aggregate id by default), so all events of one
+// key fall in one partition. Each relay leases some
 // partitions and claims only their rows; relays balance the partitions
 // between them and take over the partitions of a relay that went away.
 // Three kinds of advisory locks, all keyed by the outbox table:

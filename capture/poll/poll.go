@@ -64,8 +64,9 @@ type Options struct {
 	// (capture.poll.notify) is installed. Default 200ms.
 	Interval time.Duration
 	// Partitions is how many partitions the outbox is split into by a hash
-	// of aggregate_id, the unit of work shared between relays (see Scale-out
-	// in lease.go). Every relay on one outbox must use the same number.
+	// of the ordering key (schema.Columns.Key), the unit of work shared
+	// between relays (see Scale-out in lease.go). Every relay on one outbox
+	// must use the same number.
 	// Default 16.
 	Partitions int
 	// ArchiveMode is what happens to published rows: schema.ArchiveDelete,

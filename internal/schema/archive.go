@@ -71,8 +71,7 @@ func (l Layout) archiveSteps(mode string, types map[string]string) []Step {
 				Probe: fmt.Sprintf(`SELECT NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = %s AND NOT attisdropped)`,
 					Literal(l.Outbox.Ident()), Literal(PublishedAt)),
 				Create: []string{fmt.Sprintf(`ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s timestamptz`, l.Outbox.Ident(), Q(PublishedAt))}},
-			index{table: l.Outbox, suffix: "_relay_unpublished_idx",
-				def: fmt.Sprintf("(%s) WHERE %s IS NULL", Q(l.Cols.Seq), Q(PublishedAt))}.step(),
+			l.unpublishedIndex().step(),
 			index{table: l.Outbox, suffix: "_relay_published_idx",
 				def: fmt.Sprintf("(%s) WHERE %s IS NOT NULL", Q(PublishedAt), Q(PublishedAt))}.step(),
 		}
@@ -92,6 +91,12 @@ func (l Layout) createArchive(types map[string]string) []string {
 			l.Archive.Ident(), strings.Join(l.typedColumns(types), ",\n")),
 		l.archiveIndex().create(false),
 	}
+}
+
+// unpublishedIndex serves the poll query in archive mode mark.
+func (l Layout) unpublishedIndex() index {
+	return index{table: l.Outbox, suffix: "_relay_unpublished_idx",
+		def: fmt.Sprintf("(%s) WHERE %s IS NULL", Q(l.Cols.Seq), Q(PublishedAt))}
 }
 
 func (l Layout) archiveIndex() index {
