@@ -50,6 +50,7 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logge
 		report("outbox table "+l.Outbox.String(), err, "run `relay init`, or fix outbox.table / outbox.columns")
 		if err == nil {
 			checkPrivileges(ctx, pool, cfg, l, info, report)
+			warnOutbox(ctx, pool, cfg, w)
 		}
 		if cfg.Capture.Mode == "wal" {
 			for _, f := range wal.Check(ctx, pool, l, cfg.Capture.WAL.Slot, cfg.Capture.WAL.Publication, cfg.Capture.WAL.Failover) {

@@ -83,6 +83,7 @@ func (r *Relay) open(ctx context.Context) error {
 		return err
 	}
 	r.closers = append(r.closers, func() { src.Close() })
+	logOutboxWarnings(ctx, pool, cfg, log)
 
 	r.reg = newRegistry()
 	batch, window := limitRate(snk, cfg.Sink.RateLimit, r.reg, log, batch)
