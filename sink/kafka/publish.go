@@ -223,7 +223,7 @@ func classifyRecord(err error, e *event.Event) error {
 
 // recordSize approximates the encoded size of e's record.
 func recordSize(e *event.Event) int {
-	n := len(e.AggregateID) + len(e.Payload) + len(e.ID) + len(e.EventType) + len(e.AggregateType) + len(e.ContentType) + 64
+	n := len(e.Key()) + len(e.AggregateID) + len(e.Payload) + len(e.ID) + len(e.EventType) + len(e.AggregateType) + len(e.ContentType) + 64
 	for k, v := range e.Headers {
 		n += len(k) + len(v) + 2
 	}
