@@ -47,7 +47,7 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logge
 		report("postgres connections: relay run opens "+conns.String(), serverRoom(ctx, pool, conns.total),
 			"lower postgres.max_conns, or raise the server's max_connections")
 		info, err := schema.Inspect(ctx, pool, l)
-		report("outbox table "+l.Outbox.String(), err, "run `relay init`, or fix outbox.table / outbox.columns")
+		report("outbox table "+l.Outbox.String(), err, "run `relay init`, or fix outbox.table / outbox.columns / outbox.order_by")
 		if err == nil {
 			checkPrivileges(ctx, pool, cfg, l, info, report)
 			warnOutbox(ctx, pool, cfg, w)
