@@ -61,9 +61,9 @@ type Options struct {
 	// BatchSize is the most rows in one batch. Default 500.
 	BatchSize int
 	// StatusInterval is the longest time between standby status updates.
-	// It is lowered to a third of the
-	// connection's wal_sender_timeout. Default 1s, so that a crash replays
-	// little more than a second of already archived events.
+	// It is lowered to a third of the connection's wal_sender_timeout.
+	// Default 1s, so that a crash replays little more than a second of
+	// already archived events.
 	StatusInterval time.Duration
 	// GuardInterval is the time between observations of the slot (one
 	// short query on the pool; see Slot). Default 10s.

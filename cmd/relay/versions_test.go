@@ -65,6 +65,9 @@ func versionScenario(t *testing.T, pg *testenv.Postgres, mode string) {
 	if mode == "wal" && !strings.Contains(relay.logs.String(), "publishing outbox rows committed before the slot existed") {
 		t.Errorf("the relay did not publish the rows committed while the slot was missing from the table")
 	}
+	if mode == "wal" {
+		checkSlotObserved(t, s, relay.logs.String())
+	}
 	var version string
 	s.pool.QueryRow(ctx, "SHOW server_version").Scan(&version)
 	t.Logf("PostgreSQL %s, %s: end to end, kill -9, restart%s: %s in %.1fs", version, mode,
@@ -80,4 +83,16 @@ func dropSlot(t *testing.T, s *stack) {
 			FROM pg_replication_slots WHERE database = current_database()`)
 		return err == nil
 	})
+}
+
+// checkSlotObserved fails unless the relay, whose logs are given, and
+// `relay check` could read the slot's WAL guardrails.
+func checkSlotObserved(t *testing.T, s *stack, logs string) {
+	t.Helper()
+	if strings.Contains(logs, "replication slot observation failed") {
+		t.Errorf("the relay could not observe its slot:\n%s", logs)
+	}
+	if out, _ := runRelay(t, "check", "--config", s.cfgPath); !strings.Contains(out, "bytes of WAL retained") {
+		t.Errorf("check does not show the slot's WAL retention:\n%s", out)
+	}
 }
