@@ -16,6 +16,7 @@ type Config struct {
 	DeadLetter DeadLetter `yaml:"dead_letter"`
 	HTTP       HTTP       `yaml:"http"`
 	Log        Log        `yaml:"log"`
+	Tracing    Tracing    `yaml:"tracing"`
 	// ShutdownTimeout bounds how long SIGINT/SIGTERM waits for in-flight
 	// publishes and archiving before exiting. Default 15s.
 	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
@@ -328,6 +329,15 @@ type Log struct {
 	Format string `yaml:"format"`
 	// Level is debug, info, warn or error. Default info.
 	Level string `yaml:"level"`
+}
+
+// Tracing configures OpenTelemetry spans. See docs/configuration.md.
+type Tracing struct {
+	// OTLPEndpoint is where spans are exported with OTLP: host:port for
+	// OTLP/gRPC without TLS (e.g. 127.0.0.1:4317), or an http:// or
+	// https:// URL for OTLP/HTTP (/v1/traces when the URL has no path).
+	// Default empty: no spans are made or exported.
+	OTLPEndpoint string `yaml:"otlp_endpoint"`
 }
 
 // Duration is a time.Duration written as a Go duration string ("250ms").

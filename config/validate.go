@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net"
 	"net/textproto"
+	"net/url"
 	"regexp"
 	"slices"
 	"strconv"
@@ -94,6 +95,25 @@ func (l *loader) validate(c *Config) {
 	l.hostPort("http.listen", c.HTTP.Listen)
 	l.choice("log.format", c.Log.Format, "text", "json")
 	l.choice("log.level", c.Log.Level, "debug", "info", "warn", "error")
+	l.otlpEndpoint("tracing.otlp_endpoint", c.Tracing.OTLPEndpoint)
+}
+
+// otlpEndpoint checks an optional OTLP endpoint: host:port with a host and
+// a port from 1 to 65535, or an absolute http or https URL with a host.
+func (l *loader) otlpEndpoint(key, value string) {
+	if value == "" {
+		return
+	}
+	if u, err := url.Parse(value); err == nil && (u.Scheme == "http" || u.Scheme == "https") {
+		if u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			l.invalid(key, "an OTLP/HTTP URL needs a host and no credentials, query or fragment, e.g. http://127.0.0.1:4318")
+		}
+		return
+	}
+	host, port, err := net.SplitHostPort(value)
+	if n, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || n < 1 || n > 65535 {
+		l.invalid(key, "must be host:port for OTLP/gRPC (e.g. 127.0.0.1:4317) or an http:// or https:// URL for OTLP/HTTP, got %q", redact.String(value))
+	}
 }
 
 // checkColumns checks the outbox.columns remapping.

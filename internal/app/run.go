@@ -57,6 +57,10 @@ func (r *Relay) open(ctx context.Context) error {
 	if err := r.listen(); err != nil {
 		return err
 	}
+	tracer, err := r.startTracing(ctx)
+	if err != nil {
+		return err
+	}
 	batch := cfg.Capture.Poll.BatchSize
 	conns, err := budget(cfg)
 	if err != nil {
@@ -88,10 +92,10 @@ func (r *Relay) open(ctx context.Context) error {
 	r.reg = newRegistry()
 	batch, window := limitRate(snk, cfg.Sink.RateLimit, r.reg, log, batch)
 	r.backlog = newBacklogAge(layoutOf(cfg), cfg.Archive.Mode)
-	r.guard = &dbGuard{Source: src, log: log, layout: layoutOf(cfg), cfg: cfg,
+	r.guard = &dbGuard{Source: tracedSource(tracer, src, cfg), log: log, layout: layoutOf(cfg), cfg: cfg,
 		role: pool.Config().ConnConfig.User, initial: cfg.Retry.Initial.D(), max: cfg.Retry.Max.D(),
 		fatalAfter: cfg.Postgres.FatalAfter.D()}
-	r.pipeline = pipeline.New(r.guard, snk, pipeline.Options{
+	r.pipeline = pipeline.New(r.guard, tracedSink(tracer, snk, cfg.Sink), pipeline.Options{
 		Logger:  log,
 		Metrics: pipeline.NewMetrics(r.reg, cfg.Sink.Type),
 		Retry: pipeline.Retry{Initial: cfg.Retry.Initial.D(), Max: cfg.Retry.Max.D(),

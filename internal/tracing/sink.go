@@ -1,0 +1,108 @@
+package tracing
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/sink"
+)
+
+// Routed is a sink that names each event's destination; every broker sink
+// is one.
+type Routed interface {
+	sink.Sink
+	sink.Destinations
+}
+
+// Attribute keys of the outbox row that the spans carry.
+const (
+	AttrAggregateType = attribute.Key("outbox.aggregate_type")
+	AttrAggregateID   = attribute.Key("outbox.aggregate_id")
+	AttrEventType     = attribute.Key("outbox.event_type")
+)
+
+// systems maps sink.type to messaging.system.
+var systems = map[string]string{"kafka": "kafka", "nats": "nats", "sqs": "aws_sqs", "webhook": "webhook"}
+
+// Sink returns next with a span per event publish. sinkType is sink.type;
+// template is the configured destination template (without credentials),
+// which names the spans "publish <template>".
+//
+// Each span is a producer span, a child of the event's creation context
+// (the row's traceparent, with its tracestate) and linked to it, or a root
+// span when the row has no valid traceparent. The row's headers go to the
+// broker unchanged; a row with no traceparent header at all is sent with
+// the publish span's context as its traceparent, so consumers can still
+// join the trace.
+func (t *Tracer) Sink(next Routed, sinkType, template string) Routed {
+	return &tracedSink{Routed: next, t: t, name: "publish " + template,
+		common: []attribute.KeyValue{
+			semconv.MessagingSystemKey.String(systems[sinkType]),
+			semconv.MessagingOperationName("publish"),
+			semconv.MessagingOperationTypeSend,
+			semconv.MessagingDestinationTemplate(template),
+		}}
+}
+
+type tracedSink struct {
+	Routed
+	t      *Tracer
+	name   string
+	common []attribute.KeyValue
+}
+
+// Publish starts one span per event, publishes the batch and ends each span
+// with its event's outcome.
+func (s *tracedSink) Publish(ctx context.Context, batch []*event.Event) error {
+	spans := make([]trace.Span, len(batch))
+	out, copied := batch, false
+	for i, e := range batch {
+		span, send := s.start(ctx, e)
+		spans[i] = span
+		if send != e {
+			if !copied {
+				out, copied = append([]*event.Event(nil), batch...), true
+			}
+			out[i] = send
+		}
+	}
+	err := s.Routed.Publish(ctx, out)
+	for i, span := range spans {
+		if ferr := sink.Failed(err, i); ferr != nil {
+			span.RecordError(ferr)
+			span.SetStatus(codes.Error, ferr.Error())
+		} else {
+			s.t.published.Store(batch[i], span.SpanContext())
+		}
+		span.End()
+	}
+	return err
+}
+
+// start starts e's publish span and returns it with the event to send: e,
+// or a copy carrying the span's context when e has no traceparent.
+func (s *tracedSink) start(ctx context.Context, e *event.Event) (trace.Span, *event.Event) {
+	attrs := append(s.common[:len(s.common):len(s.common)],
+		semconv.MessagingDestinationName(s.DestinationOf(e)),
+		semconv.MessagingMessageID(e.ID),
+		AttrAggregateType.String(e.AggregateType),
+		AttrAggregateID.String(e.AggregateID),
+		AttrEventType.String(e.EventType))
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...)}
+	if parent := creationContext(e); parent.IsValid() {
+		ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: parent}))
+	} else {
+		opts = append(opts, trace.WithNewRoot())
+	}
+	_, span := s.t.tracer.Start(ctx, s.name, opts...)
+	if _, has := e.Headers[HeaderTraceparent]; has || !span.SpanContext().IsValid() {
+		return span, e
+	}
+	return span, withContext(e, span.SpanContext())
+}
