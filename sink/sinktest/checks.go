@@ -75,7 +75,15 @@ func (s *suite) testHeaders(t *testing.T) {
 		"trace_id":       "t-3",
 	}
 	plain.Headers = map[string]string{"trace_id": "t-1"}
-	all := []*event.Event{plain, nilHeaders, emptyHeaders, row, spoof}
+	traced := newEvent("order", "o-4", "order.refunded")
+	traced.Headers = map[string]string{
+		"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		"tracestate":  "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7",
+	}
+	for i := range 8 { // more headers than SQS has attributes left
+		traced.Headers[fmt.Sprint("h", i)] = fmt.Sprint(i)
+	}
+	all := []*event.Event{plain, nilHeaders, emptyHeaders, row, spoof, traced}
 	ps := s.publishSet(t, tg, all)
 
 	s.run(t, "message_id", func(t *testing.T) {
@@ -99,9 +107,17 @@ func (s *suite) testHeaders(t *testing.T) {
 	})
 	s.run(t, "row", func(t *testing.T) {
 		r := &reporter{t: t}
-		for _, e := range []*event.Event{plain, nilHeaders, emptyHeaders, row} {
+		for _, e := range []*event.Event{plain, nilHeaders, emptyHeaders, row, traced} {
 			for _, m := range ps.copies(t, e) {
 				s.checkRow(r, e, m)
+			}
+		}
+	})
+	s.run(t, "trace_context", func(t *testing.T) {
+		r := &reporter{t: t}
+		for _, m := range ps.copies(t, traced) {
+			for _, k := range []string{"traceparent", "tracestate"} {
+				one(r, traced, k, s.values(m, k), traced.Headers[k])
 			}
 		}
 	})

@@ -33,6 +33,7 @@
 //	headers/contract       event_type, aggregate_type, aggregate_id, the ordering key, the content type
 //	headers/row            the row's headers map is forwarded (nil and empty maps too)
 //	headers/reserved       row headers named like contract headers do not override them
+//	headers/trace_context  a row's traceparent and tracestate arrive unchanged, beside 8 other headers
 //	headers/odd_values     header values with leading and trailing spaces, tabs, CR LF and control characters arrive unchanged
 //	payload/json           payload bytes unchanged: JSON with odd spacing and escapes
 //	payload/text           UTF-8 text with multi-byte runes and newlines
@@ -243,7 +244,7 @@ func Run(t *testing.T, h Harness) {
 
 // subtests lists every subtest by the name Harness.Skip takes.
 var subtests = []string{
-	"headers/message_id", "headers/contract", "headers/row", "headers/reserved", "headers/odd_values",
+	"headers/message_id", "headers/contract", "headers/row", "headers/reserved", "headers/trace_context", "headers/odd_values",
 	"payload/json", "payload/text", "payload/binary", "payload/empty", "payload/large",
 	"empty_batch", "order",
 	"destination/aggregate_type", "destination/event_type", "destination/aggregate_id",

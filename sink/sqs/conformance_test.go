@@ -101,6 +101,11 @@ func newHarness(t *testing.T, suffix string, attrs map[string]string) *harness {
 			if h.suffix == "" && raw.Attributes["MessageGroupId"] != "" {
 				t.Errorf("event %s: MessageGroupId %q on a standard queue", e.ID, raw.Attributes["MessageGroupId"])
 			}
+			for _, k := range []string{traceparent, tracestate} {
+				if v := e.Headers[k]; v != "" && aws.ToString(raw.MessageAttributes[k].StringValue) != v {
+					t.Errorf("event %s: attribute %s = %q, want the row's %s as an attribute of its own", e.ID, k, aws.ToString(raw.MessageAttributes[k].StringValue), v)
+				}
+			}
 		},
 	}
 	return h
@@ -170,7 +175,9 @@ func toSinktest(t *testing.T, queue string, m types.Message) sinktest.Message {
 	}
 	if _, ok := m.MessageAttributes[attrHeaders]; ok {
 		for k, v := range rowHeaders(t, m) {
-			hdr[k] = append(hdr[k], v)
+			if _, own := m.MessageAttributes[k]; !own {
+				hdr[k] = append(hdr[k], v)
+			}
 		}
 	}
 	if id, ok := m.Attributes["MessageDeduplicationId"]; ok {

@@ -29,6 +29,8 @@ const (
 	attrBodyEncoding  = "body_encoding"
 	attrHeaders       = "headers"
 	maxAttributes     = 10
+	traceparent       = "traceparent"
+	tracestate        = "tracestate"
 
 	// Values of body_encoding.
 	encodingBase64 = "base64"
@@ -109,8 +111,8 @@ func (m *message) set(name, value string) {
 
 // addHeaders adds the row's headers, except those named like a contract
 // attribute: one attribute each when all fit and SQS accepts their names
-// and values, else one "headers" attribute holding them all as a JSON
-// object.
+// and values, else one "headers" attribute holding them as a JSON object,
+// all but traceparent and tracestate, which stay attributes.
 func (m *message) addHeaders(h map[string]string) {
 	rows := make(map[string]string, len(h))
 	for k, v := range h {
@@ -134,8 +136,18 @@ func (m *message) addHeaders(h map[string]string) {
 		}
 		return
 	}
-	m.set(attrHeaders, headersJSON(rows))
-	m.headerJSON = true
+	// The W3C trace context keeps attributes of its own, where tracing
+	// instrumentation looks for it: 9 attributes at most.
+	for _, k := range []string{traceparent, tracestate} {
+		if v := rows[k]; v != "" {
+			m.set(k, v)
+			delete(rows, k)
+		}
+	}
+	if len(rows) > 0 {
+		m.set(attrHeaders, headersJSON(rows))
+		m.headerJSON = true
+	}
 }
 
 func isContract(name string) bool {

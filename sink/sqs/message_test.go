@@ -130,6 +130,18 @@ func TestNewMessageBodyAndAttributes(t *testing.T) {
 			t.Errorf("5 headers with 5 contract attributes: %v; want 10 attributes", got)
 		}
 	})
+	t.Run("trace_context_in_headers_json", func(t *testing.T) {
+		e := base()
+		e.Payload = []byte{0xff}
+		e.Headers = map[string]string{"h1": "1", "h2": "2", "h3": "3", "h4": "4",
+			"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "v=1"}
+		m := newMessage(e, false)
+		got := attrsOf(m)
+		want := headersJSON(map[string]string{"h1": "1", "h2": "2", "h3": "3", "h4": "4"})
+		if !m.headerJSON || got["headers"] != want || got["traceparent"] != e.Headers["traceparent"] || got["tracestate"] != "v=1" || len(got) > maxAttributes {
+			t.Errorf("attributes %v; want traceparent and tracestate as attributes of their own beside the other headers' JSON %s", got, want)
+		}
+	})
 	headersJSONCases := []struct {
 		name    string
 		headers map[string]string
