@@ -38,7 +38,7 @@ type Span struct {
 	TraceID, SpanID, ParentSpanID string
 	Attrs                         map[string]string
 	Links                         []Link
-	Error                         bool   // status code ERROR
+	Error                         bool // status code ERROR
 	Resource                      map[string]string
 	Transport                     string // "grpc" or "http"
 }
