@@ -1,10 +1,12 @@
 module github.com/outboxrelay/relay/helpers
 
-go 1.22
+go 1.22.0
 
 require (
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.7.4
+	go.opentelemetry.io/otel v1.35.0
+	go.opentelemetry.io/otel/trace v1.35.0
 )
 
 require (

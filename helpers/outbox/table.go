@@ -94,6 +94,9 @@ func parseTable(table string) (pgx.Identifier, error) {
 // and returns the event's id in canonical text form. The row becomes visible
 // to the relay when that transaction commits; a rollback discards it. An
 // invalid event returns an error wrapping ErrInvalidEvent and writes nothing.
+// When ctx carries an OpenTelemetry span context and e.Headers has no
+// traceparent, the row's headers get the span's traceparent and tracestate
+// (W3C Trace Context), which the relay forwards to the broker.
 func (t *Table) Write(ctx context.Context, db Execer, e Event) (string, error) {
 	ids, err := t.WriteMany(ctx, db, e)
 	if err != nil {
@@ -107,6 +110,7 @@ func (t *Table) Write(ctx context.Context, db Execer, e Event) (string, error) {
 // the rows take seq values in slice order. It validates every event before
 // writing any; an invalid one returns an error naming its index and wrapping
 // ErrInvalidEvent. No events write nothing; more than MaxBatch is an error.
+// Each event gets the trace context of ctx as Write describes.
 func (t *Table) WriteMany(ctx context.Context, db Execer, events ...Event) ([]string, error) {
 	if len(events) > MaxBatch {
 		return nil, fmt.Errorf("outbox: %d events in one statement, more than MaxBatch (%d)", len(events), MaxBatch)
@@ -117,6 +121,7 @@ func (t *Table) WriteMany(ctx context.Context, db Execer, events ...Event) ([]st
 	args := make([]any, 0, len(events)*len(written))
 	ids := make([]string, len(events))
 	for i, e := range events {
+		e.Headers = traceHeaders(ctx, e.Headers)
 		a, err := e.args(t.binary)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: event %d: %w", i, err)
