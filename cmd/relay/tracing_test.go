@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -105,6 +107,27 @@ func TestTracing(t *testing.T) {
 				t.Errorf("archive spans %+v do not link both publish spans %s and %s", archives, pt.SpanID, pp.SpanID)
 			}
 		})
+	}
+}
+
+// TestTracingCollectorDown points tracing.otlp_endpoint at a port nothing
+// listens on: events are still published and archived, and SIGTERM still
+// exits 0, the flush of the last spans bounded, with a warning logged.
+func TestTracingCollectorDown(t *testing.T) {
+	s := newStack(t, stackOptions{Extra: fmt.Sprintf("tracing:\n  otlp_endpoint: 127.0.0.1:%d\n", freePort(t))})
+	headers := natsHeaders(t, s.nats.URL())
+	id := uuid.NewString()
+	if _, err := s.pool.Exec(context.Background(), `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+		VALUES ($1, 'order', 'o-1', 'order.created', '{}')`, id); err != nil {
+		t.Fatal(err)
+	}
+	relay := s.start()
+	waitFor(t, func() bool { return len(headers(id)) > 0 && s.outboxRows() == 0 })
+	if code := relay.stop(t, 60*time.Second); code != 0 {
+		t.Fatalf("relay exited %d after SIGTERM, want 0", code)
+	}
+	if logs := relay.logs.String(); !strings.Contains(logs, "tracing: ") {
+		t.Errorf("no tracing warning logged:\n%s", logs)
 	}
 }
 
