@@ -197,7 +197,7 @@ func TestErrors(t *testing.T) {
 		{"two documents", minimal + "---\nlog: {}\n", 8, "", "only one YAML document is allowed"},
 		{"unknown alias", minimal + "log:\n  level: *nope\n", 8, "log.level", "unknown alias *nope"},
 		// Unknown keys.
-		{"unknown top-level key", minimal + "retries:\n  max: 1s\n", 7, "retries", "unknown key (expected one of postgres, outbox, capture, sink, archive, retry, dead_letter, http, log, shutdown_timeout)"},
+		{"unknown top-level key", minimal + "retries:\n  max: 1s\n", 7, "retries", "unknown key (expected one of postgres, outbox, capture, sink, archive, retry, dead_letter, http, log, tracing, shutdown_timeout)"},
 		{"unknown nested key", minimal + "retry:\n  maximum: 1s\n", 8, "retry.maximum", "unknown key (expected one of initial, max, max_attempts)"},
 		{"unknown deep key", minimal + "  poll:\n    intervall: 1s\n", 8, "capture.poll.intervall", "unknown key (expected one of interval, batch_size, partitions, notify)"},
 		// Types.
