@@ -2,6 +2,7 @@ package tracing
 
 import (
 	"context"
+	"errors"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -24,6 +25,10 @@ const (
 	AttrAggregateType = attribute.Key("outbox.aggregate_type")
 	AttrAggregateID   = attribute.Key("outbox.aggregate_id")
 	AttrEventType     = attribute.Key("outbox.event_type")
+	// AttrHeldBack marks the span of an event the sink did not send because
+	// an earlier event of its aggregate in the call failed (sink.ErrHeldBack);
+	// it is sent again later.
+	AttrHeldBack = attribute.Key("outbox.held_back")
 )
 
 // systems maps sink.type to messaging.system.
@@ -73,7 +78,9 @@ func (s *tracedSink) Publish(ctx context.Context, batch []*event.Event) error {
 	}
 	err := s.Routed.Publish(ctx, out)
 	for i, span := range spans {
-		if ferr := sink.Failed(err, i); ferr != nil {
+		if ferr := sink.Failed(err, i); errors.Is(ferr, sink.ErrHeldBack) {
+			span.SetAttributes(AttrHeldBack.Bool(true))
+		} else if ferr != nil {
 			span.RecordError(ferr)
 			span.SetStatus(codes.Error, ferr.Error())
 		} else {
@@ -82,6 +89,16 @@ func (s *tracedSink) Publish(ctx context.Context, batch []*event.Event) error {
 		span.End()
 	}
 	return err
+}
+
+// MaxPerAggregate passes the wrapped sink's sink.Ordered capability on to
+// the pipeline: its value, or 1 (one event of an aggregate per publish)
+// when it has none.
+func (s *tracedSink) MaxPerAggregate() int {
+	if o, ok := s.Routed.(sink.Ordered); ok {
+		return o.MaxPerAggregate()
+	}
+	return 1
 }
 
 // start starts e's publish span and returns it with the event to send: e,

@@ -3,6 +3,7 @@ package tracing
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"testing"
@@ -262,3 +263,31 @@ func testLogger(t *testing.T) *slog.Logger {
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+type orderedSink struct{ fakeSink }
+
+func (*orderedSink) MaxPerAggregate() int { return 50 }
+
+// TestOrderedPassedOn checks that the traced sink keeps the wrapped sink's
+// sink.Ordered value, and that an event held back is not an error span.
+func TestOrderedPassedOn(t *testing.T) {
+	tr, rec := newTestTracer()
+	if n := tr.Sink(&orderedSink{}, "kafka", "t").(sink.Ordered).MaxPerAggregate(); n != 50 {
+		t.Errorf("MaxPerAggregate %d through the traced sink, want the wrapped sink's 50", n)
+	}
+	if n := tr.Sink(&fakeSink{}, "nats", "t").(sink.Ordered).MaxPerAggregate(); n != 1 {
+		t.Errorf("MaxPerAggregate %d for a sink without sink.Ordered, want 1", n)
+	}
+	held := heldSink{}
+	tr.Sink(&held, "kafka", "t").Publish(context.Background(), []*event.Event{{ID: "e1"}})
+	sp := rec.Ended()[0]
+	if sp.Status().Code.String() == "Error" || attr(sp, "outbox.held_back") != "true" {
+		t.Errorf("held-back event: status %v, attributes %v; want no error and outbox.held_back", sp.Status(), sp.Attributes())
+	}
+}
+
+type heldSink struct{ fakeSink }
+
+func (*heldSink) Publish(context.Context, []*event.Event) error {
+	return &sink.BatchError{Errs: []error{fmt.Errorf("later: %w", sink.ErrHeldBack)}}
+}
