@@ -92,7 +92,7 @@ func (s *partitionSink) Publish(_ context.Context, batch []*event.Event) error {
 // and each aggregate's stored events are its events in source order.
 func TestOrderedSinkRuns(t *testing.T) {
 	const aggs, perAgg = 4, 400
-	poison, flaky := "a0-100", "a1-50"
+	poison, flaky := "a0-100", "a1-75"
 	snk := newPartitionSink(64, func(e *event.Event, attempt int) error {
 		switch {
 		case e.ID == poison:
