@@ -217,3 +217,39 @@ func TestOrderByMixedRelaysRefused(t *testing.T) {
 	}
 	s.verify()
 }
+
+// TestOrderByDeadLetterColumn sets outbox.order_by on an installation
+// whose dead-letter table predates it: relay run exits 1 naming the
+// ALTER TABLE, and relay init adds the column with the outbox column's
+// type, after which relay run starts.
+func TestOrderByDeadLetterColumn(t *testing.T) {
+	s := newStack(t)
+	if _, err := s.pool.Exec(context.Background(), `ALTER TABLE outbox ADD COLUMN tenant_id bigint`); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := os.ReadFile(s.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(s.cfgPath, append(cfg, orderByYAML...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want := `public.outbox_dead_letter has no column "tenant_id", which outbox.order_by names and dead letters and archived rows keep: ` +
+		"run `relay init`, or ALTER TABLE \"public\".\"outbox_dead_letter\" ADD COLUMN IF NOT EXISTS \"tenant_id\" bigint"
+	if out, code := runRelay(t, "run", "--config", s.cfgPath); code != 1 || !strings.Contains(out, want) {
+		t.Fatalf("relay run: exit %d, want 1 with %q\n%s", code, want, out)
+	}
+	if out, code := runRelay(t, "init", "--config", s.cfgPath); code != 0 {
+		t.Fatalf("relay init: exit %d\n%s", code, out)
+	}
+	var typ string
+	if err := s.pool.QueryRow(context.Background(), `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+		WHERE attrelid = 'outbox_dead_letter'::regclass AND attname = 'tenant_id'`).Scan(&typ); err != nil || typ != "bigint" {
+		t.Fatalf("dead-letter tenant_id: %q, %v; want bigint", typ, err)
+	}
+	relay := s.start()
+	waitFor(t, func() bool { return strings.Contains(relay.logs.String(), "relay running") })
+	if code := relay.stop(t, 15*time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+}
