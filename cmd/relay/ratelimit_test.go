@@ -17,8 +17,8 @@ import (
 // sink.rate_limit at 200 events/s and a burst of 20. The receiver sees at
 // most ~200/s; the backlog age metric grows while the limit holds; the wait
 // shows in relay_rate_limit_wait_seconds_total; a SIGTERM in the middle
-// drains only the pipeline's small window (about one second of events and
-// one capture batch) well within shutdown_timeout, leaving no delivered row
+// drains only the pipeline's small window (one capture batch of 500 here,
+// plus the next) well within shutdown_timeout, leaving no delivered row
 // unarchived; a second run delivers the rest, and every aggregate keeps its
 // order.
 func TestRateLimit(t *testing.T) {

@@ -13,10 +13,11 @@ import (
 // limiter's metrics on reg and returns the batch size and in-flight window
 // to run the pipeline with. Batches are at most the burst, so a receiver
 // never gets more than a burst at once. The window is about one second of
-// events: holding more would only delay their archiving and make a stop
-// drain longer than shutdown_timeout, after which the events published but
-// not archived are published again. Without a limit it returns batch and
-// pipelineWindow.
+// events, and at least one capture batch so that the next batch is read
+// while this one is published: holding more would only delay their
+// archiving and make a stop drain longer than shutdown_timeout, after which
+// the events published but not archived are published again. Without a
+// limit it returns batch and pipelineWindow.
 func limitRate(snk *brokerSink, c config.RateLimit, reg prometheus.Registerer, log *slog.Logger, batch int) (int, int) {
 	if c.EventsPerSecond <= 0 {
 		return batch, pipelineWindow
@@ -35,5 +36,5 @@ func limitRate(snk *brokerSink, c config.RateLimit, reg prometheus.Registerer, l
 			Help: "Events waiting for the rate limit now."},
 			func() float64 { return float64(lim.Waiting()) }),
 	)
-	return min(batch, lim.Burst()), min(pipelineWindow, max(c.EventsPerSecond, lim.Burst()))
+	return min(batch, lim.Burst()), min(pipelineWindow, max(c.EventsPerSecond, batch))
 }

@@ -144,11 +144,13 @@ type Sink struct {
 }
 
 // New connects to the NATS servers of cfg.URL and returns a sink publishing
-// to subjects rendered from cfg.Subject. It fails on a subject template that
-// cannot yield valid subjects, and with an error classified
-// fault.Unavailable when no server can be reached before ctx is done or 5s
-// pass. New neither checks nor creates the stream; see EnsureStream and
-// Check.
+// to subjects rendered from cfg.Subject, authenticating and encrypting as
+// cfg.Auth and cfg.TLS say. It fails on a subject template that cannot yield
+// valid subjects, on a credentials, nkey or TLS file that cannot be read
+// (naming its configuration key), and with an error classified
+// fault.Unavailable when no server can be reached or the server refuses the
+// credentials before ctx is done or 5s pass. New neither checks nor creates
+// the stream; see EnsureStream and Check.
 func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 	opts = opts.withDefaults()
 	subject, err := template.Parse(cfg.Subject, sanitize)
