@@ -332,14 +332,14 @@ func (s *fakeSink) Publish(ctx context.Context, batch []*event.Event) error {
 	inBatch := map[string]bool{}
 	for i, e := range batch {
 		ids[i] = e.ID
-		if inBatch[e.AggregateID] {
-			s.violations = append(s.violations, fmt.Sprintf("aggregate %s appears twice in one Publish call %v", e.AggregateID, ids))
+		if inBatch[e.Key()] {
+			s.violations = append(s.violations, fmt.Sprintf("aggregate %s appears twice in one Publish call %v", e.Key(), ids))
 		}
-		inBatch[e.AggregateID] = true
-		if other, busy := s.inflight[e.AggregateID]; busy {
-			s.violations = append(s.violations, fmt.Sprintf("aggregate %s: %s published while %s is in flight", e.AggregateID, e.ID, other))
+		inBatch[e.Key()] = true
+		if other, busy := s.inflight[e.Key()]; busy {
+			s.violations = append(s.violations, fmt.Sprintf("aggregate %s: %s published while %s is in flight", e.Key(), e.ID, other))
 		}
-		s.inflight[e.AggregateID] = e.ID
+		s.inflight[e.Key()] = e.ID
 		s.attempts[e.ID]++
 		nums[i] = s.attempts[e.ID]
 	}
@@ -385,8 +385,8 @@ func (s *fakeSink) Publish(ctx context.Context, batch []*event.Event) error {
 			}
 		}
 		errs[i] = err
-		delete(s.inflight, e.AggregateID)
-		s.perAgg[e.AggregateID] = append(s.perAgg[e.AggregateID], attemptRec{id: e.ID, err: err})
+		delete(s.inflight, e.Key())
+		s.perAgg[e.Key()] = append(s.perAgg[e.Key()], attemptRec{id: e.ID, err: err})
 		if err == nil {
 			if s.acked[e.ID]++; s.acked[e.ID] > 1 {
 				s.violations = append(s.violations, fmt.Sprintf("event %s acknowledged %d times", e.ID, s.acked[e.ID]))
@@ -508,8 +508,8 @@ func orderProblems(src *fakeSource, snk *fakeSink, dead map[string]capture.DeadE
 	order := map[string][]string{}
 	for _, b := range src.handedBatches() {
 		for _, e := range b.events {
-			index[e.ID] = len(order[e.AggregateID])
-			order[e.AggregateID] = append(order[e.AggregateID], e.ID)
+			index[e.ID] = len(order[e.Key()])
+			order[e.Key()] = append(order[e.Key()], e.ID)
 		}
 	}
 	snk.mu.Lock()
