@@ -252,12 +252,13 @@ func activePID(t testing.TB, q schema.Querier, slot string) int {
 }
 
 // replyTime returns when the walsender of slot last received a status
-// update.
+// update, or the Unix epoch while it has received none or no walsender
+// streams the slot.
 func replyTime(t testing.TB, q schema.Querier, slot string) time.Time {
 	t.Helper()
 	var at time.Time
-	if err := q.QueryRow(context.Background(), `SELECT coalesce(r.reply_time, '-infinity') FROM pg_stat_replication r
-		JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, slot).Scan(&at); err != nil {
+	if err := q.QueryRow(context.Background(), `SELECT coalesce((SELECT r.reply_time FROM pg_stat_replication r
+		JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1), 'epoch')`, slot).Scan(&at); err != nil {
 		t.Fatal(err)
 	}
 	return at
