@@ -1,8 +1,11 @@
 package app
 
 import (
+	"math"
 	"runtime"
 	"testing"
+
+	"github.com/outboxrelay/relay/capture/wal"
 )
 
 // TestBuildInfoMetric checks that every registry has relay_build_info = 1
@@ -30,4 +33,25 @@ func TestBuildInfoMetric(t *testing.T) {
 		return
 	}
 	t.Fatal("no relay_build_info in the registry")
+}
+
+// TestSafeWALFraction checks relay_replication_slot_safe_wal_fraction:
+// safe_wal_size over max_slot_wal_keep_size, 0 past the limit (a negative
+// safe_wal_size), NaN when unlimited, lost or missing.
+func TestSafeWALFraction(t *testing.T) {
+	for _, c := range []struct {
+		st   wal.SlotState
+		want float64
+	}{
+		{wal.SlotState{Exists: true, WALStatus: "reserved", SafeWALSize: 750, KeepSize: 1000}, 0.75},
+		{wal.SlotState{Exists: true, WALStatus: "unreserved", SafeWALSize: -10, KeepSize: 1000}, 0},
+		{wal.SlotState{Exists: true, WALStatus: "reserved", SafeWALSize: -1, KeepSize: -1}, math.NaN()},
+		{wal.SlotState{Exists: true, WALStatus: "lost", SafeWALSize: -1, KeepSize: 1000}, math.NaN()},
+		{wal.SlotState{WALStatus: "missing", SafeWALSize: -1, KeepSize: 1000}, math.NaN()},
+	} {
+		got := safeFraction(c.st)
+		if got != c.want && !(math.IsNaN(got) && math.IsNaN(c.want)) {
+			t.Errorf("%+v: %v, want %v", c.st, got, c.want)
+		}
+	}
 }
