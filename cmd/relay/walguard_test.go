@@ -120,11 +120,21 @@ func failoverSlot(t *testing.T, on bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, func() bool {
+		// The standby keeps the slot once the primary's copy moved past
+		// where the standby started reserving WAL: events move it.
+		for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 			var synced bool
 			err := sb.QueryRow(ctx, `SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&synced)
-			return err == nil && synced
-		})
+			if err == nil && synced {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("slot %s not synchronized to the standby within 90s (last error %v)", slot, err)
+			}
+			if _, err := s.write(ctx, 0, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
 		sb.Close(ctx)
 	}
 	produced := make(chan struct{})
