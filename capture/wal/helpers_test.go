@@ -23,7 +23,6 @@ import (
 	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/internal/verify"
 	"github.com/outboxrelay/relay/pipeline"
-	"github.com/outboxrelay/relay/sink"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -263,9 +262,16 @@ func (r *recorder) Publish(_ context.Context, batch []*event.Event) error {
 
 func (r *recorder) Close() error { return nil }
 
+// publisher is the sink a test pipeline publishes to (the methods of
+// sink.Sink, which capture packages do not import).
+type publisher interface {
+	Publish(ctx context.Context, batch []*event.Event) error
+	Close() error
+}
+
 // run runs a pipeline from src to snk until stop is called; stop waits for
 // the pipeline to drain and return.
-func run(t testing.TB, src capture.Source, snk sink.Sink) (stop func()) {
+func run(t testing.TB, src capture.Source, snk publisher) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	p := pipeline.New(src, snk, pipeline.Options{Logger: discard(), ShutdownTimeout: 10 * time.Second,
