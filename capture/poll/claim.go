@@ -162,43 +162,11 @@ type batch struct {
 	bad    []capture.DeadEvent // rows that cannot become events
 	seqs   []int64             // every claimed row
 	last   int64
+	sc     *scanner // reads the claim's rows
 }
 
 // Events returns the claimed events in seq order.
 func (b *batch) Events() []*event.Event { return b.events }
-
-// scan reads one row into an event, or into bad when the row is malformed.
-func (b *batch) scan(rows pgx.Rows, contentType string) error {
-	var (
-		id, aggType, aggID, evType, order *string
-		payload, headers                  []byte
-		created                           *time.Time
-		seq                               int64
-	)
-	dst := []any{&id, &aggType, &aggID, &evType, &payload, &headers, &created, &seq, &order}
-	if err := rows.Scan(dst[:len(rows.FieldDescriptions())]...); err != nil {
-		return err
-	}
-	b.last = seq
-	b.seqs = append(b.seqs, seq)
-	ev := &event.Event{Payload: payload, ContentType: contentType, Position: uint64(seq)}
-	if order != nil {
-		ev.OrderKey = *order
-	}
-	err := fill(ev, id, aggType, aggID, evType, headers, created)
-	if err == nil && payload == nil {
-		err = fmt.Errorf("payload is NULL")
-	}
-	if err != nil {
-		now := time.Now().UnixNano()
-		b.bad = append(b.bad, capture.DeadEvent{Event: ev, Err: "bad row: " + err.Error(), Class: "permanent",
-			Attempts: 1, FirstFailed: now, LastFailed: now})
-		b.s.log.Error("bad outbox row, moved to the dead-letter table", "seq", seq, "message_id", ev.ID, "err", err)
-		return nil
-	}
-	b.events = append(b.events, ev)
-	return nil
-}
 
 func fill(ev *event.Event, id, aggType, aggID, evType *string, headers []byte, created *time.Time) error {
 	if id == nil {

@@ -29,7 +29,7 @@ var layout = schema.Layout{
 
 // setup creates the outbox of layout l in a fresh database and returns a
 // pool on it.
-func setup(t *testing.T, l schema.Layout) *pgxpool.Pool {
+func setup(t testing.TB, l schema.Layout) *pgxpool.Pool {
 	t.Helper()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, testenv.NewDB(t))
@@ -48,14 +48,14 @@ func setup(t *testing.T, l schema.Layout) *pgxpool.Pool {
 	return pool
 }
 
-func mustExec(t *testing.T, q schema.Querier, sql string, args ...any) {
+func mustExec(t testing.TB, q schema.Querier, sql string, args ...any) {
 	t.Helper()
 	if _, err := q.Exec(context.Background(), sql, args...); err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
 }
 
-func newSource(t *testing.T, pool *pgxpool.Pool, l schema.Layout, batch int) *poll.Source {
+func newSource(t testing.TB, pool *pgxpool.Pool, l schema.Layout, batch int) *poll.Source {
 	t.Helper()
 	src, err := poll.New(context.Background(), poll.Options{Pool: pool, Layout: l, BatchSize: batch, Interval: 20 * time.Millisecond})
 	if err != nil {

@@ -138,6 +138,7 @@ type Sink struct {
 	pattern string // the stream subject covering every rendered subject
 	nc      *nats.Conn
 	js      jetstream.JetStream
+	acks    *acker
 
 	closeOnce sync.Once
 	closed    chan struct{}
@@ -169,13 +170,15 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 	if err != nil {
 		return nil, err
 	}
-	js, err := jetstream.New(nc,
-		jetstream.WithPublishAsyncMaxPending(opts.MaxInFlight),
-		jetstream.WithPublishAsyncTimeout(opts.AckTimeout),
-	)
+	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	acks, err := newAcker(nc, opts.MaxInFlight)
+	if err != nil {
+		nc.Close()
+		return nil, fault.AsUnavailable(fmt.Errorf("nats: subscribe to PubAcks: %w", err))
 	}
 	return &Sink{
 		cfg:     cfg,
@@ -184,6 +187,7 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 		pattern: pattern,
 		nc:      nc,
 		js:      js,
+		acks:    acks,
 		closed:  make(chan struct{}),
 	}, nil
 }

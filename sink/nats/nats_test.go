@@ -25,7 +25,7 @@ import (
 	"github.com/outboxrelay/relay/sink/template"
 )
 
-func startServer(t *testing.T, opts testenv.NATSOptions) *testenv.NATS {
+func startServer(t testing.TB, opts testenv.NATSOptions) *testenv.NATS {
 	t.Helper()
 	srv, err := testenv.StartNATS(opts)
 	if err != nil {
@@ -35,7 +35,7 @@ func startServer(t *testing.T, opts testenv.NATSOptions) *testenv.NATS {
 	return srv
 }
 
-func newSink(t *testing.T, url, subject string, opts Options) *Sink {
+func newSink(t testing.TB, url, subject string, opts Options) *Sink {
 	t.Helper()
 	opts.Logger = slog.New(slog.DiscardHandler)
 	s, err := New(context.Background(), Config{URL: url, Subject: subject, Stream: "OUTBOX"}, opts)
@@ -48,7 +48,7 @@ func newSink(t *testing.T, url, subject string, opts Options) *Sink {
 
 // newStreamSink returns a sink on outbox.{aggregate_type} whose stream
 // OUTBOX exists.
-func newStreamSink(t *testing.T, url string, opts Options) *Sink {
+func newStreamSink(t testing.TB, url string, opts Options) *Sink {
 	t.Helper()
 	s := newSink(t, url, "outbox.{aggregate_type}", opts)
 	if err := s.EnsureStream(context.Background()); err != nil {

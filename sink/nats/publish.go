@@ -17,51 +17,52 @@ import (
 )
 
 // Publish sends every event of batch without waiting in between, then waits
-// for each PubAck. It returns nil when all were acknowledged, including as
-// duplicates of an earlier delivery, and a *sink.BatchError otherwise.
-// Errors are classified by classify. Publish is safe for concurrent use.
+// for each PubAck, up to AckTimeout after the last send. It returns nil when
+// all were acknowledged, including as duplicates of an earlier delivery, and
+// a *sink.BatchError otherwise. Errors are classified by classify. Publish
+// is safe for concurrent use.
 func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	subjects := make([]string, len(batch))
-	futures := make([]jetstream.PubAckFuture, len(batch))
-	errs := make([]error, len(batch))
-	for i, e := range batch {
-		subjects[i] = s.subject.Render(e)
-		futures[i], errs[i] = s.send(ctx, subjects[i], e)
-	}
-	failed := false
-	for i, e := range batch {
-		if futures[i] != nil {
-			errs[i] = s.await(ctx, futures[i])
-		}
-		if errs[i] != nil {
-			errs[i] = fmt.Errorf("publish %s to %s: %w", e.ID, subjects[i], classify(errs[i]))
-			failed = true
-		}
-	}
-	if failed {
-		return &sink.BatchError{Errs: errs}
-	}
-	return nil
-}
-
-// send publishes e asynchronously. When MaxInFlight messages await their
-// acks it waits for a free slot, up to AckTimeout or ctx's deadline.
-func (s *Sink) send(ctx context.Context, subject string, e *event.Event) (jetstream.PubAckFuture, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
+	w := newWait(len(batch))
 	stall := s.opts.AckTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		stall = max(min(stall, time.Until(dl)), time.Millisecond)
 	}
+	for i, e := range batch {
+		subjects[i] = s.subject.Render(e)
+		if err := s.send(ctx, subjects[i], e, w, i, stall); err != nil {
+			w.errs[i] = err
+		}
+	}
+	s.await(ctx, w)
+	failed := false
+	for i, e := range batch {
+		if err := w.errs[i]; err != nil {
+			w.errs[i] = fmt.Errorf("publish %s to %s: %w", e.ID, subjects[i], classify(err))
+			failed = true
+		}
+	}
+	if failed {
+		return &sink.BatchError{Errs: w.errs}
+	}
+	return nil
+}
+
+// send publishes e as message i of w. When MaxInFlight messages await
+// their acks it waits for a free slot, up to stall. It returns an error
+// when e was not sent.
+func (s *Sink) send(ctx context.Context, subject string, e *event.Event, w *ackWait, i int, stall time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	msg := &nats.Msg{Subject: subject, Header: headers(e), Data: e.Payload}
 	if env := s.opts.Envelope; env != nil {
 		if err := env.Check(e); err != nil {
-			return nil, err
+			return err
 		}
 		cloudEvent(msg.Header, e, env)
 	}
-	return s.js.PublishMsgAsync(msg, jetstream.WithStallWait(stall))
+	return s.acks.send(msg, w, i, stall)
 }
 
 // headers returns the message headers of e: its Headers map, overridden by
@@ -102,16 +103,20 @@ func cloudEvent(h nats.Header, e *event.Event, env *envelope.CloudEvents) {
 // errClosed fails the publishes waiting for acks when the sink is closed.
 var errClosed = errors.New("nats sink closed")
 
-func (s *Sink) await(ctx context.Context, f jetstream.PubAckFuture) error {
+// await waits until every message of w sent is settled. Those still
+// waiting when AckTimeout passes, ctx ends or the sink closes fail.
+func (s *Sink) await(ctx context.Context, w *ackWait) {
+	s.acks.sent(w)
+	t := time.NewTimer(s.opts.AckTimeout)
+	defer t.Stop()
 	select {
-	case <-f.Ok():
-		return nil
-	case err := <-f.Err():
-		return err
+	case <-w.done:
+	case <-t.C:
+		s.acks.abandon(w, jetstream.ErrAsyncPublishTimeout)
 	case <-ctx.Done():
-		return ctx.Err()
+		s.acks.abandon(w, ctx.Err())
 	case <-s.closed:
-		return errClosed
+		s.acks.abandon(w, errClosed)
 	}
 }
 

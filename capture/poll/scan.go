@@ -1,0 +1,191 @@
+package poll
+
+import (
+	"bytes"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outboxrelay/relay/capture"
+	"github.com/outboxrelay/relay/event"
+)
+
+// The claim's columns, in schema.Columns.List order.
+const (
+	colID = iota
+	colAggregateType
+	colAggregateID
+	colEventType
+	colPayload
+	colHeaders
+	colCreatedAt
+	colSeq
+	colOrder // the outbox.order_by column as text, when it is not the aggregate id
+	numCols
+)
+
+// scanner reads claimed rows. For the column types of the documented table
+// (the id and the order column cast to text, text or varchar for the other
+// strings, json or jsonb headers) it reads the strings and headers from the
+// row's raw values, one string allocation per row, and lets pgx decode the
+// payload, created_at and seq into fields it reuses; for any other types it
+// scans every column with pgx. A scanner serves one claim.
+type scanner struct {
+	fast    bool
+	binHdr  bool // headers arrive as binary jsonb: a version byte, then the text
+	dest    []any
+	payload []byte
+	created pgtype.Timestamptz
+	seq     int64
+	buf     []byte
+}
+
+// newScanner returns the scanner of rows, whose fields it inspects.
+func newScanner(rows pgx.Rows) *scanner {
+	sc := &scanner{}
+	fds := rows.FieldDescriptions()
+	sc.dest = []any{nil, nil, nil, nil, &sc.payload, nil, &sc.created, &sc.seq, nil}
+	if len(fds) != numCols && len(fds) != colOrder {
+		return sc
+	}
+	sc.dest = sc.dest[:len(fds)]
+	sc.fast = true
+	for i, f := range fds {
+		if (i < colPayload || i == colOrder) && f.DataTypeOID != pgtype.TextOID && f.DataTypeOID != pgtype.VarcharOID {
+			sc.fast = false
+		}
+	}
+	switch h := fds[colHeaders]; {
+	case h.DataTypeOID == pgtype.JSONBOID && h.Format == pgtype.BinaryFormatCode:
+		sc.binHdr = true
+	case h.DataTypeOID == pgtype.JSONBOID, h.DataTypeOID == pgtype.JSONOID:
+	default:
+		sc.fast = false
+	}
+	return sc
+}
+
+// scan reads one row into an event, or into bad when the row is malformed.
+func (b *batch) scan(rows pgx.Rows, contentType string) error {
+	if b.sc == nil {
+		b.sc = newScanner(rows)
+	}
+	if !b.sc.fast {
+		return b.scanAll(rows, contentType)
+	}
+	sc := b.sc
+	sc.payload = nil
+	if err := rows.Scan(sc.dest...); err != nil {
+		return err
+	}
+	raw := rows.RawValues()
+	ev := &event.Event{Payload: sc.payload, ContentType: contentType, Position: uint64(sc.seq)}
+	if sc.created.Valid {
+		ev.CreatedAt = sc.created.Time
+	}
+	err := sc.fill(ev, raw)
+	if err == nil && sc.payload == nil {
+		err = fmt.Errorf("payload is NULL")
+	}
+	b.add(ev, sc.seq, err)
+	return nil
+}
+
+// fill sets the event's strings and headers from the row's raw values.
+func (sc *scanner) fill(ev *event.Event, raw [][]byte) error {
+	id := raw[colID]
+	u, err := uuid.ParseBytes(id)
+	if id == nil || raw[colAggregateType] == nil || raw[colAggregateID] == nil || raw[colEventType] == nil || err != nil {
+		// The error names the first problem, as fill does.
+		str := func(v []byte) *string {
+			if v == nil {
+				return nil
+			}
+			s := string(v)
+			return &s
+		}
+		return fill(ev, str(id), str(raw[colAggregateType]), str(raw[colAggregateID]), str(raw[colEventType]), nil, nil)
+	}
+	canonical := len(id) == 36 && bytes.IndexAny(id, "ABCDEF") < 0
+	buf := sc.buf[:0]
+	if canonical {
+		buf = append(buf, id...)
+	}
+	var order []byte
+	if len(raw) > colOrder {
+		order = raw[colOrder]
+	}
+	for _, v := range [][]byte{raw[colAggregateType], raw[colAggregateID], raw[colEventType], order} {
+		buf = append(buf, v...)
+	}
+	sc.buf = buf
+	s := string(buf)
+	i := 0
+	cut := func(n int) string {
+		t := s[i : i+n]
+		i += n
+		return t
+	}
+	if canonical {
+		ev.ID = cut(36)
+	} else {
+		ev.ID = u.String()
+	}
+	ev.AggregateType = cut(len(raw[colAggregateType]))
+	ev.AggregateID = cut(len(raw[colAggregateID]))
+	ev.EventType = cut(len(raw[colEventType]))
+	ev.OrderKey = cut(len(order))
+	if h := raw[colHeaders]; h != nil {
+		if sc.binHdr {
+			if len(h) == 0 || h[0] != 1 {
+				return fmt.Errorf("headers: unknown jsonb format version")
+			}
+			h = h[1:]
+		}
+		if ev.Headers, err = event.ParseHeaders(h); err != nil {
+			return fmt.Errorf("headers must be a JSON object of strings: %v", err)
+		}
+	}
+	return nil
+}
+
+// scanAll reads one row with a pgx scan of every column.
+func (b *batch) scanAll(rows pgx.Rows, contentType string) error {
+	var (
+		id, aggType, aggID, evType, order *string
+		payload, headers                  []byte
+		created                           *time.Time
+		seq                               int64
+	)
+	dst := []any{&id, &aggType, &aggID, &evType, &payload, &headers, &created, &seq, &order}
+	if err := rows.Scan(dst[:len(rows.FieldDescriptions())]...); err != nil {
+		return err
+	}
+	ev := &event.Event{Payload: payload, ContentType: contentType, Position: uint64(seq)}
+	if order != nil {
+		ev.OrderKey = *order
+	}
+	err := fill(ev, id, aggType, aggID, evType, headers, created)
+	if err == nil && payload == nil {
+		err = fmt.Errorf("payload is NULL")
+	}
+	b.add(ev, seq, err)
+	return nil
+}
+
+// add records a scanned row: an event, or a bad row when err is set.
+func (b *batch) add(ev *event.Event, seq int64, err error) {
+	b.last = seq
+	b.seqs = append(b.seqs, seq)
+	if err != nil {
+		now := time.Now().UnixNano()
+		b.bad = append(b.bad, capture.DeadEvent{Event: ev, Err: "bad row: " + err.Error(), Class: "permanent",
+			Attempts: 1, FirstFailed: now, LastFailed: now})
+		b.s.log.Error("bad outbox row, moved to the dead-letter table", "seq", seq, "message_id", ev.ID, "err", err)
+		return
+	}
+	b.events = append(b.events, ev)
+}

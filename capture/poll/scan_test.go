@@ -1,0 +1,98 @@
+package poll_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxrelay/relay/capture"
+)
+
+// TestScanColumnTypes claims rows whose strings come as text, varchar and
+// (for aggregate_type) char columns, with an id in upper case in a text
+// column and headers with and without escapes: every event carries the
+// canonical id, the strings and headers as stored.
+func TestScanColumnTypes(t *testing.T) {
+	for _, tc := range []struct{ name, alter string }{
+		{"text", ""},
+		{"varchar", `ALTER TABLE outbox ALTER COLUMN aggregate_type TYPE varchar(50), ALTER COLUMN event_type TYPE varchar,
+			ALTER COLUMN id TYPE text`},
+		{"char aggregate_type, json headers", `ALTER TABLE outbox ALTER COLUMN aggregate_type TYPE char(5),
+			ALTER COLUMN headers TYPE json`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := setup(t, layout)
+			if tc.alter != "" {
+				mustExec(t, pool, tc.alter)
+			}
+			src := newSource(t, pool, layout, 10)
+			agg := uuid.NewString()
+			type row struct{ id, headers string }
+			rows := []row{
+				{uuid.NewString(), `{"trace": "x", "b": "é"}`},
+				{strings.ToUpper(uuid.NewString()), `{"q": "a\"b\\c", "u": "\u00e9"}`},
+				{uuid.NewString(), ``},
+			}
+			if tc.name != "varchar" {
+				rows[1].id = strings.ToLower(rows[1].id) // a uuid column prints lower case
+			}
+			for i, r := range rows {
+				var h any
+				if r.headers != "" {
+					h = r.headers
+				}
+				mustExec(t, pool, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
+					VALUES ($1, 'Order', $2, $3, $4, $5)`, r.id, agg, fmt.Sprintf("type-%d", i), fmt.Sprintf(`{"n": %d}`, i), h)
+			}
+			b := next(t, src, 5*time.Second)
+			if b == nil || len(b.Events()) != len(rows) {
+				t.Fatalf("batch %v, want %d events", b, len(rows))
+			}
+			wantHeaders := []map[string]string{{"trace": "x", "b": "é"}, {"q": `a"b\c`, "u": "é"}, nil}
+			for i, ev := range b.Events() {
+				if ev.ID != strings.ToLower(rows[i].id) || ev.AggregateType != "Order" || ev.AggregateID != agg ||
+					ev.EventType != fmt.Sprintf("type-%d", i) || string(ev.Payload) != fmt.Sprintf(`{"n": %d}`, i) ||
+					ev.CreatedAt.IsZero() || fmt.Sprint(ev.Headers) != fmt.Sprint(wantHeaders[i]) {
+					t.Errorf("event %d: %+v, payload %s", i, ev, ev.Payload)
+				}
+			}
+			complete(t, b)
+		})
+	}
+}
+
+// BenchmarkClaim claims and archives 500-row batches of 200-byte jsonb
+// payloads with two headers: one op is one row. The rows are inserted with
+// the timer stopped.
+func BenchmarkClaim(b *testing.B) {
+	slog.SetDefault(slog.New(slog.DiscardHandler))
+	pool := setup(b, layout)
+	src := newSource(b, pool, layout, 500)
+	ctx := context.Background()
+	payload := fmt.Sprintf(`{"pad": "%s"}`, strings.Repeat("x", 188))
+	b.ReportAllocs()
+	for done := 0; done < b.N; {
+		n := min(500, b.N-done)
+		b.StopTimer()
+		mustExec(b, pool, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
+			SELECT gen_random_uuid(), 'order', 'agg-' || (i % 100), 'created', $1::jsonb, '{"source": "bench", "tenant": "t1"}'
+			FROM generate_series(1, $2) AS i`, payload, n)
+		b.StartTimer()
+		for got := 0; got < n; {
+			batch, err := src.Next(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := batch.Complete(ctx, capture.Outcome{Published: batch.Events()}); err != nil {
+				b.Fatal(err)
+			}
+			got += len(batch.Events())
+		}
+		done += n
+	}
+}

@@ -1,0 +1,208 @@
+package nats
+
+import (
+	"bytes"
+	"encoding/json"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// acker publishes messages with a reply subject of its own and matches the
+// JetStream PubAcks that come back to the Publish calls waiting for them.
+// It is what jetstream.PublishMsgAsync does, with one wait per Publish
+// call instead of one future, timer and pair of channels per message, and
+// a PubAck read without reflection. At most max messages await their acks
+// at once. Safe for concurrent use.
+type acker struct {
+	nc     *nats.Conn
+	prefix string // reply subjects are prefix + a decimal token
+	sub    *nats.Subscription
+	window chan struct{} // one element per message awaiting its ack
+
+	mu      sync.Mutex
+	next    uint64
+	pending map[uint64]ackSlot
+}
+
+// ackSlot is where the ack of one message goes: message i of w.
+type ackSlot struct {
+	w *ackWait
+	i int
+}
+
+// ackWait collects the acks of one Publish call. errs[i] is message i's
+// error; left counts the messages still waiting (and the call while it
+// sends), and done is closed when it reaches zero.
+type ackWait struct {
+	errs []error
+	left int
+	done chan struct{}
+}
+
+// newAcker subscribes to the reply subjects of nc's PubAcks. The
+// subscription and the watch for reconnects end when nc closes.
+func newAcker(nc *nats.Conn, max int) (*acker, error) {
+	a := &acker{
+		nc:      nc,
+		prefix:  nc.NewInbox() + ".", // under the connection's inbox prefix
+		window:  make(chan struct{}, max),
+		pending: make(map[uint64]ackSlot),
+	}
+	sub, err := nc.Subscribe(a.prefix+"*", a.received)
+	if err != nil {
+		return nil, err
+	}
+	// Acks never exceed the window; the limits only guard against a
+	// misbehaving server.
+	if err := sub.SetPendingLimits(4*max+1024, 64<<20); err != nil {
+		sub.Unsubscribe()
+		return nil, err
+	}
+	a.sub = sub
+	status := nc.StatusChanged(nats.RECONNECTING, nats.CLOSED)
+	go a.watch(status)
+	return a, nil
+}
+
+// watch fails every message awaiting its ack when the connection is lost:
+// the acks of messages sent on it never arrive. It returns when the
+// connection closes.
+func (a *acker) watch(status chan nats.Status) {
+	for st := range status {
+		a.failAll(nats.ErrDisconnected)
+		if st == nats.CLOSED {
+			return
+		}
+	}
+}
+
+// newWait returns the wait of a Publish call of n messages. It counts the
+// call itself as waiting until sent.
+func newWait(n int) *ackWait {
+	return &ackWait{errs: make([]error, n), left: 1, done: make(chan struct{})}
+}
+
+// sent marks the end of w's sends: w is done once every message sent is
+// settled.
+func (a *acker) sent(w *ackWait) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if w.left--; w.left == 0 {
+		close(w.done)
+	}
+}
+
+// send publishes msg as message i of w with a reply subject of the acker,
+// after waiting up to stall for a free place in the window. It returns an
+// error when the window stayed full; a failed send settles message i with
+// the error.
+func (a *acker) send(msg *nats.Msg, w *ackWait, i int, stall time.Duration) error {
+	select {
+	case a.window <- struct{}{}:
+	default:
+		t := time.NewTimer(stall)
+		select {
+		case a.window <- struct{}{}:
+			t.Stop()
+		case <-t.C:
+			return jetstream.ErrTooManyStalledMsgs
+		}
+	}
+	a.mu.Lock()
+	a.next++
+	token := a.next
+	a.pending[token] = ackSlot{w: w, i: i}
+	w.left++
+	a.mu.Unlock()
+	var buf [64]byte
+	msg.Reply = string(strconv.AppendUint(append(buf[:0], a.prefix...), token, 10))
+	if err := a.nc.PublishMsg(msg); err != nil {
+		a.mu.Lock()
+		if s, ok := a.pending[token]; ok {
+			a.settle(token, s, err)
+		}
+		a.mu.Unlock()
+	}
+	return nil
+}
+
+// received settles the message whose reply subject m was sent to.
+func (a *acker) received(m *nats.Msg) {
+	token, err := strconv.ParseUint(m.Subject[min(len(a.prefix), len(m.Subject)):], 10, 64)
+	if err != nil {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if s, ok := a.pending[token]; ok {
+		a.settle(token, s, ackError(m))
+	}
+}
+
+// settle records err as the outcome of the message token; a.mu is held.
+func (a *acker) settle(token uint64, s ackSlot, err error) {
+	delete(a.pending, token)
+	<-a.window
+	s.w.errs[s.i] = err
+	if s.w.left--; s.w.left == 0 {
+		close(s.w.done)
+	}
+}
+
+// abandon settles every message of w still waiting with err.
+func (a *acker) abandon(w *ackWait, err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for token, s := range a.pending {
+		if s.w == w {
+			a.settle(token, s, err)
+		}
+	}
+}
+
+// failAll settles every message waiting with err.
+func (a *acker) failAll(err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for token, s := range a.pending {
+		a.settle(token, s, err)
+	}
+}
+
+var (
+	ackErrorKey  = []byte(`"error"`)
+	ackStreamKey = []byte(`"stream"`)
+)
+
+// ackError reads a PubAck: nil for an acknowledgement (also of a
+// duplicate), the server's *jetstream.APIError for a refusal, and the
+// errors jetstream.PublishMsgAsync returns for anything else: an empty
+// answer with status 503 is no responders (no stream covers the subject).
+// Only an answer that mentions "error" is decoded as JSON.
+func ackError(m *nats.Msg) error {
+	if len(m.Data) == 0 {
+		if m.Header.Get("Status") == "503" {
+			return jetstream.ErrNoStreamResponse
+		}
+		return jetstream.ErrInvalidJSAck
+	}
+	if bytes.Contains(m.Data, ackErrorKey) {
+		var r struct {
+			Error *jetstream.APIError `json:"error"`
+		}
+		if err := json.Unmarshal(m.Data, &r); err != nil {
+			return jetstream.ErrInvalidJSAck
+		}
+		if r.Error != nil {
+			return r.Error
+		}
+	}
+	if !bytes.Contains(m.Data, ackStreamKey) {
+		return jetstream.ErrInvalidJSAck
+	}
+	return nil
+}
