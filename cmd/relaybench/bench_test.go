@@ -23,7 +23,7 @@ func TestBenchSmoke(t *testing.T) {
 	opts := Options{
 		Events: 5000, Aggregates: 500, Payload: 200, Out: out,
 		Modes: []string{"poll", "wal"}, Sinks: []string{"nats", "kafka"}, Phases: []string{"drain", "baselines", "steady"},
-		Steady: time.Second, CommitFor: 500 * time.Millisecond, Writers: 4, Relays: 1, RSSEvents: 3000,
+		Steady: time.Second, CommitFor: 500 * time.Millisecond, Writers: 4, Relays: 1, RSSEvents: 3000, Consumer: true,
 		Log: &log, Args: []string{"relaybench", "(smoke test)"},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)

@@ -39,6 +39,17 @@ type DrainResult struct {
 	StreamMessages   uint64  `json:"sink_messages"` // messages in the stream, records in the topics
 	OutboxEmpty      bool    `json:"outbox_empty"`
 	FirstPublishSecs float64 `json:"first_archive_seconds"` // from start to the first archived event
+	// Mallocs is the relay's go_memstats_mallocs_total at the end (summed
+	// over relays), startup and metric scrapes included; AllocsPerEvent
+	// divides it by the events archived.
+	Mallocs        float64 `json:"relay_mallocs"`
+	AllocsPerEvent float64 `json:"relay_allocs_per_event"`
+	// Consumer is set when a consumer read the stream during the drain;
+	// ConsumerReceived is what it got, ConsumerCatchUpSecs how long after
+	// the drain it took to get all.
+	Consumer            bool    `json:"consumer,omitempty"`
+	ConsumerReceived    int64   `json:"consumer_received,omitempty"`
+	ConsumerCatchUpSecs float64 `json:"consumer_catch_up_seconds,omitempty"`
 	// Progress is relay_events_archived_total once a second.
 	Progress []progressPoint `json:"progress"`
 	Log      string          `json:"relay_log,omitempty"`
@@ -183,6 +194,14 @@ func (e *env) measureDrain(ctx context.Context, d *database, relays int, start r
 	}
 	res.Drain = newRate(archived, done.Sub(began))
 	res.Published = published
+	for _, p := range procs {
+		if m, err := p.metrics(); err == nil {
+			res.Mallocs += m["go_memstats_mallocs_total"]
+		}
+	}
+	if archived > 0 {
+		res.AllocsPerEvent = res.Mallocs / float64(archived)
+	}
 	for _, p := range procs {
 		ps, err := readProcStats(p.cmd.Process.Pid)
 		if err != nil {

@@ -59,6 +59,7 @@ type Options struct {
 	RelayBin     string        // a prebuilt relay binary; empty: go build ./cmd/relay
 	RelayProcs   int           // GOMAXPROCS of the relay processes; 0: Go's default (the CPU count)
 	RSSEvents    int           // when above 0: a drain this large per mode measures the relay's peak RSS (-rss)
+	Consumer     bool          // also drain into NATS with a consumer reading the stream
 	Log          io.Writer
 	Args         []string // the command line, for the results
 }
@@ -122,6 +123,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.IntVar(&o.RelayProcs, "relay-gomaxprocs", 0, "GOMAXPROCS of the relay processes (default: Go's, the CPU count)")
 	rss := fs.Bool("rss", false, "also drain 1,000,000 events per mode into NATS for the relay's peak RSS (takes minutes)")
 	fs.IntVar(&o.RSSEvents, "rss-events", 0, "events of each -rss drain (default 1,000,000; setting it implies -rss)")
+	fs.BoolVar(&o.Consumer, "consumer", true, "also drain each mode into NATS while a consumer reads the stream (the CPU and allocations table has a row for each)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}

@@ -51,6 +51,7 @@ func printTable(w io.Writer, r *Results) {
 		}
 	}
 	t.flush()
+	printCPUTable(w, r)
 	if len(r.Steady) > 0 {
 		t := newTable(w, "STEADY STATE", "offered/s", "committed/s", "send→ack p50", "p95", "p99", "p99.9", "max ms",
 			"send→receipt p99", "commit→ack p50", "p99", "lag mid", "lag end", "bounded", "relay CPU %", "other CPU %")
