@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,6 +18,9 @@ type Metrics struct {
 	ackLagSeconds  prometheus.Histogram
 	published      *prometheus.CounterVec
 	errors         *prometheus.CounterVec
+
+	mu     sync.Mutex
+	byType map[string]prometheus.Counter // published's counter of each aggregate_type seen
 }
 
 // NewMetrics registers the pipeline's metrics on reg. sinkType labels the
@@ -42,6 +46,7 @@ func NewMetrics(reg prometheus.Registerer, sinkType string) *Metrics {
 			Namespace: "relay", Name: "publish_errors_total",
 			Help: "Failed publish attempts, by error class (transient, unavailable, permanent).",
 		}, []string{"class"}),
+		byType: make(map[string]prometheus.Counter),
 	}
 	reg.MustRegister(m.publishSeconds, m.ackLagSeconds, m.published, m.errors)
 	return m
@@ -57,7 +62,14 @@ func (m *Metrics) acked(ev *event.Event, now time.Time) {
 	if m == nil {
 		return
 	}
-	m.published.WithLabelValues(ev.AggregateType).Inc()
+	m.mu.Lock()
+	c := m.byType[ev.AggregateType]
+	if c == nil {
+		c = m.published.WithLabelValues(ev.AggregateType)
+		m.byType[ev.AggregateType] = c
+	}
+	m.mu.Unlock()
+	c.Inc()
 	if !ev.CreatedAt.IsZero() {
 		m.ackLagSeconds.Observe(now.Sub(ev.CreatedAt).Seconds())
 	}

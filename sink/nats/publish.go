@@ -24,13 +24,14 @@ import (
 func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	subjects := make([]string, len(batch))
 	w := newWait(len(batch))
+	msg, hs := &nats.Msg{}, &headerSet{} // reused: PublishMsg copies them out
 	stall := s.opts.AckTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		stall = max(min(stall, time.Until(dl)), time.Millisecond)
 	}
 	for i, e := range batch {
 		subjects[i] = s.subject.Render(e)
-		if err := s.send(ctx, subjects[i], e, w, i, stall); err != nil {
+		if err := s.send(ctx, msg, hs, subjects[i], e, w, i, stall); err != nil {
 			w.errs[i] = err
 		}
 	}
@@ -48,14 +49,14 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	return nil
 }
 
-// send publishes e as message i of w. When MaxInFlight messages await
-// their acks it waits for a free slot, up to stall. It returns an error
-// when e was not sent.
-func (s *Sink) send(ctx context.Context, subject string, e *event.Event, w *ackWait, i int, stall time.Duration) error {
+// send publishes e as message i of w in msg, with headers from hs. When
+// MaxInFlight messages await their acks it waits for a free slot, up to
+// stall. It returns an error when e was not sent.
+func (s *Sink) send(ctx context.Context, msg *nats.Msg, hs *headerSet, subject string, e *event.Event, w *ackWait, i int, stall time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	msg := &nats.Msg{Subject: subject, Header: headers(e), Data: e.Payload}
+	*msg = nats.Msg{Subject: subject, Header: hs.headers(e), Data: e.Payload}
 	if env := s.opts.Envelope; env != nil {
 		if err := env.Check(e); err != nil {
 			return err
@@ -65,17 +66,27 @@ func (s *Sink) send(ctx context.Context, subject string, e *event.Event, w *ackW
 	return s.acks.send(msg, w, i, stall)
 }
 
+// headerSet builds the headers of one message after another in one map and
+// one array of values, which the NATS client encodes before PublishMsg
+// returns and does not keep. It is used by one goroutine.
+type headerSet struct {
+	h    nats.Header
+	vals []string
+}
+
 // headers returns the message headers of e: its Headers map, overridden by
-// the contract headers. The values share one backing array: one
-// allocation per message instead of one per header.
-func headers(e *event.Event) nats.Header {
-	n := len(e.Headers) + 6
-	h := make(nats.Header, n)
-	vals := make([]string, 0, n)
+// the contract headers. They are valid until the next call.
+func (hs *headerSet) headers(e *event.Event) nats.Header {
+	if hs.h == nil {
+		hs.h = make(nats.Header, len(e.Headers)+6)
+	}
+	h := hs.h
+	clear(h)
+	hs.vals = hs.vals[:0]
 	set := func(k, v string) {
-		vals = append(vals, v)
-		i := len(vals) - 1
-		h[k] = vals[i : i+1 : i+1] // capped: an append must not overwrite the next value
+		hs.vals = append(hs.vals, v)
+		i := len(hs.vals) - 1
+		h[k] = hs.vals[i : i+1 : i+1] // capped: an append must not overwrite the next value
 	}
 	for k, v := range e.Headers {
 		set(k, v)
