@@ -23,31 +23,33 @@ func ParseHeaders(b []byte) (map[string]string, error) {
 }
 
 // parseSimpleObject decodes b when it is an object of plain strings; ok is
-// false for anything else.
+// false for anything else. The keys and values share one string, a copy of
+// b.
 func parseSimpleObject(b []byte) (h map[string]string, ok bool) {
 	b = trimSpace(b)
 	if len(b) < 2 || b[0] != '{' || b[len(b)-1] != '}' {
 		return nil, false
 	}
 	b = trimSpace(b[1 : len(b)-1])
+	s := string(b)
 	h = make(map[string]string, bytes.Count(b, []byte{':'}))
-	for len(b) > 0 {
+	for p := 0; p < len(b); {
 		var k, v string
-		if k, b, ok = plainString(b); !ok {
+		if k, p, ok = plainString(s, b, p); !ok {
 			return nil, false
 		}
-		if b = trimSpace(b); len(b) == 0 || b[0] != ':' {
+		if p = skipSpace(b, p); p == len(b) || b[p] != ':' {
 			return nil, false
 		}
-		if v, b, ok = plainString(trimSpace(b[1:])); !ok {
+		if v, p, ok = plainString(s, b, skipSpace(b, p+1)); !ok {
 			return nil, false
 		}
 		h[k] = v
-		if b = trimSpace(b); len(b) > 0 {
-			if b[0] != ',' {
+		if p = skipSpace(b, p); p < len(b) {
+			if b[p] != ',' {
 				return nil, false
 			}
-			if b = trimSpace(b[1:]); len(b) == 0 {
+			if p = skipSpace(b, p+1); p == len(b) {
 				return nil, false // a trailing comma
 			}
 		}
@@ -56,31 +58,42 @@ func parseSimpleObject(b []byte) (h map[string]string, ok bool) {
 }
 
 // plainString reads a JSON string without escapes or control characters
-// at the start of b, and returns it and the rest of b.
-func plainString(b []byte) (s string, rest []byte, ok bool) {
-	if len(b) == 0 || b[0] != '"' {
-		return "", nil, false
+// at b[p:], and returns it (a substring of s, which holds b's bytes) and
+// the position after it.
+func plainString(s string, b []byte, p int) (str string, next int, ok bool) {
+	if p >= len(b) || b[p] != '"' {
+		return "", 0, false
 	}
 	ascii := true
-	for i := 1; i < len(b); i++ {
+	for i := p + 1; i < len(b); i++ {
 		switch c := b[i]; {
 		case c == '"':
-			if !ascii && !utf8.Valid(b[1:i]) {
-				return "", nil, false
+			if !ascii && !utf8.Valid(b[p+1:i]) {
+				return "", 0, false
 			}
-			return string(b[1:i]), b[i+1:], true
+			return s[p+1 : i], i + 1, true
 		case c == '\\' || c < 0x20:
-			return "", nil, false
+			return "", 0, false
 		case c >= utf8.RuneSelf:
 			ascii = false
 		}
 	}
-	return "", nil, false
+	return "", 0, false
 }
+
+// skipSpace returns the position of the first byte at or after p that is
+// not JSON whitespace.
+func skipSpace(b []byte, p int) int {
+	for p < len(b) && isSpace(b[p]) {
+		p++
+	}
+	return p
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
 // trimSpace trims JSON whitespace.
 func trimSpace(b []byte) []byte {
-	isSpace := func(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 	for len(b) > 0 && isSpace(b[0]) {
 		b = b[1:]
 	}
