@@ -173,13 +173,16 @@ func (e *engine) add(b capture.Batch) {
 		return
 	}
 	now := time.Now()
-	for _, ev := range evs {
+	items := make([]item, len(evs)) // one allocation for the batch's items
+	for i, ev := range evs {
 		e.bytes += len(ev.Payload)
 		d := e.route(ev, now)
 		d.events++
 		key := ev.Key()
+		it := &items[i]
+		*it = item{ev: ev, batch: bs, dest: d}
 		if e.parkedNow(key) {
-			e.leave(&item{ev: ev, batch: bs, dest: d})
+			e.leave(it)
 			continue
 		}
 		q := e.queues[key]
@@ -187,7 +190,7 @@ func (e *engine) add(b capture.Batch) {
 			q = &aggQueue{id: key, heapIdx: -1}
 			e.queues[key] = q
 		}
-		q.items = append(q.items, &item{ev: ev, batch: bs, dest: d})
+		q.items = append(q.items, it)
 		e.markReady(q)
 	}
 	e.p.stats.InFlight.Store(int64(e.held))
