@@ -26,7 +26,7 @@ func TestBenchSmoke(t *testing.T) {
 		Steady: time.Second, CommitFor: 500 * time.Millisecond, Writers: 4, Relays: 1, RSSEvents: 3000, Consumer: true,
 		Log: &log, Args: []string{"relaybench", "(smoke test)"},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // about 30s on an idle machine
 	defer cancel()
 	res, err := Run(ctx, opts)
 	if err != nil {
@@ -48,8 +48,14 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatalf("results JSON: %v", err)
 	}
 	var poll, kafka *DrainResult
+	consumers := 0
 	for i, d := range res.Drains {
 		switch {
+		case d.Consumer:
+			consumers++
+			if !d.Complete || d.ConsumerReceived != 5000 || d.AllocsPerEvent <= 0 || d.CPUPer100k <= 0 {
+				t.Errorf("%s drain with a consumer: %+v", d.Mode, d)
+			}
 		case d.Mode == "poll" && d.Sink == "nats":
 			poll = &res.Drains[i]
 		case d.Mode == "poll" && d.Sink == "kafka":
@@ -63,7 +69,13 @@ func TestBenchSmoke(t *testing.T) {
 	if poll == nil || !poll.Complete || !poll.OutboxEmpty || poll.StreamMessages != 5000 || poll.Drain.PerSecond <= 0 {
 		t.Errorf("poll drain: %+v", poll)
 	}
-	if poll != nil && (poll.PeakRSSMB <= 0 || poll.CPUSeconds <= 0 || poll.Ratio <= 0) {
+	if consumers != 2 {
+		t.Errorf("%d drains with a consumer, want one per mode", consumers)
+	}
+	if !strings.Contains(table.String(), "CPU AND ALLOCATIONS") {
+		t.Errorf("no CPU and allocations table:\n%s", table.String())
+	}
+	if poll != nil && (poll.PeakRSSMB <= 0 || poll.CPUSeconds <= 0 || poll.Ratio <= 0 || poll.AllocsPerEvent <= 0) {
 		t.Errorf("poll drain cost or ratio missing: rss %.1f MB, cpu %.2fs, ratio %.2f", poll.PeakRSSMB, poll.CPUSeconds, poll.Ratio)
 	}
 	for _, k := range []string{"pgoutput", "delete"} {
@@ -120,8 +132,14 @@ func TestBenchSmoke(t *testing.T) {
 			t.Errorf("wal mode is available but was not drained")
 		}
 	}
-	if len(res.Targets) != 9 || !strings.Contains(table.String(), "TARGET") {
-		t.Errorf("targets: %+v", res.Targets)
+	cpuTargets := 0
+	for _, tg := range res.Targets {
+		if strings.HasSuffix(tg.Name, " CPU") {
+			cpuTargets++
+		}
+	}
+	if len(res.Targets) < 6+3*4 || cpuTargets != 4 || !strings.Contains(table.String(), "TARGET") {
+		t.Errorf("targets (at least 6, and CPU, allocations and ratio for each of 4 drains into NATS): %+v", res.Targets)
 	}
 }
 
