@@ -93,7 +93,7 @@ func (b *memBroker) store(dest string, e *event.Event) error {
 	if b.mutant == "mangle" {
 		payload = bytes.ToValidUTF8(payload, []byte("?"))
 	}
-	m := sinktest.Message{Destination: dest, Key: e.AggregateID, Headers: h, Payload: payload}
+	m := sinktest.Message{Destination: dest, Key: e.Key(), Headers: h, Payload: payload}
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
