@@ -230,7 +230,7 @@ func TestStatusKeepsConnectionWhileWindowFull(t *testing.T) {
 	got := ids(events(collect(t, src, 10, 10*time.Second)))
 	pid := activePID(t, pool, o.Slot)
 	time.Sleep(4 * time.Second) // the pipeline's window is full: Next is not called
-	got = append(got, ids(events(collect(t, src, 40, 10*time.Second)))...)
+	got = append(got, ids(events(collect(t, src, 40, 30*time.Second)))...)
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
@@ -280,7 +280,7 @@ func TestIdleOutboxBusyDatabaseAdvancesSlot(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&end); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, fmt.Sprintf("the slot to advance from %s to the WAL end %s", start, end), func() bool {
+	waitFor(t, 30*time.Second, fmt.Sprintf("the slot to advance from %s to the WAL end %s", start, end), func() bool {
 		return confirmed(t, pool, o.Slot) >= end
 	})
 	waitFor(t, 5*time.Second, "slot health", func() bool {
