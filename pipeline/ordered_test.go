@@ -44,7 +44,7 @@ func (s *partitionSink) Publish(_ context.Context, batch []*event.Event) error {
 	s.calls++
 	run := map[string][]*event.Event{}
 	for _, e := range batch {
-		run[e.AggregateID] = append(run[e.AggregateID], e)
+		run[e.Key()] = append(run[e.Key()], e)
 	}
 	for agg, evs := range run {
 		if s.inFlight[agg] {
@@ -68,15 +68,15 @@ func (s *partitionSink) Publish(_ context.Context, batch []*event.Event) error {
 	failed := map[string]error{}
 	for i, e := range batch {
 		s.attempts[e.ID]++
-		if err, ok := failed[e.AggregateID]; ok {
+		if err, ok := failed[e.Key()]; ok {
 			errs[i] = err
 			continue
 		}
 		if err := s.script(e, s.attempts[e.ID]); err != nil {
-			errs[i], failed[e.AggregateID] = err, err
+			errs[i], failed[e.Key()] = err, err
 			continue
 		}
-		s.stored[e.AggregateID] = append(s.stored[e.AggregateID], e.ID)
+		s.stored[e.Key()] = append(s.stored[e.Key()], e.ID)
 	}
 	for agg := range run {
 		delete(s.inFlight, agg)

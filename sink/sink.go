@@ -59,7 +59,8 @@ func Failed(err error, i int) error {
 }
 
 // Ordered is implemented by sinks that can take several events of one
-// aggregate in one Publish call without breaking the aggregate's order. The
+// aggregate (here: of one ordering key, event.Event.Key, the aggregate id by
+// default) in one Publish call without breaking their order. The
 // pipeline then sends up to MaxPerAggregate consecutive events of an
 // aggregate that go to the same destination in one call, in their order,
 // instead of one event per call.

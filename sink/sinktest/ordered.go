@@ -81,10 +81,10 @@ func driveRuns(t *testing.T, snk sink.Sink, events []*event.Event, per int) erro
 	queues := map[string][]*event.Event{}
 	var aggs []string
 	for _, e := range events {
-		if queues[e.AggregateID] == nil {
-			aggs = append(aggs, e.AggregateID)
+		if queues[e.Key()] == nil {
+			aggs = append(aggs, e.Key())
 		}
-		queues[e.AggregateID] = append(queues[e.AggregateID], e)
+		queues[e.Key()] = append(queues[e.Key()], e)
 	}
 	r := &reporter{t: t}
 	for attempt := 0; ; attempt++ {
@@ -103,18 +103,18 @@ func driveRuns(t *testing.T, snk sink.Sink, events []*event.Event, per int) erro
 		for i, e := range batch {
 			f := sink.Failed(err, i)
 			switch {
-			case failed[e.AggregateID]:
+			case failed[e.Key()]:
 				if f == nil {
-					r.errorf("event %s of aggregate %s acknowledged after an earlier event of it in the same call failed", e.ID, e.AggregateID)
+					r.errorf("event %s of aggregate %s acknowledged after an earlier event of it in the same call failed", e.ID, e.Key())
 				}
 			case f == nil:
-				queues[e.AggregateID] = queues[e.AggregateID][1:]
+				queues[e.Key()] = queues[e.Key()][1:]
 			case fault.ClassOf(f) == fault.Permanent:
 				t.Logf("event %s failed as permanent, dropped as the pipeline dead-letters it: %v", e.ID, f)
-				queues[e.AggregateID] = queues[e.AggregateID][1:]
-				failed[e.AggregateID] = true
+				queues[e.Key()] = queues[e.Key()][1:]
+				failed[e.Key()] = true
 			default:
-				failed[e.AggregateID] = true
+				failed[e.Key()] = true
 			}
 		}
 		if len(failed) > 0 {
