@@ -2,6 +2,7 @@ package nats
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"strconv"
 	"sync"
@@ -44,8 +45,9 @@ type ackWait struct {
 }
 
 // newAcker subscribes to the reply subjects of nc's PubAcks. The
-// subscription and the watch for reconnects end when nc closes.
-func newAcker(nc *nats.Conn, max int) (*acker, error) {
+// subscription ends when nc closes, the watch for reconnects when nc or
+// closed does.
+func newAcker(nc *nats.Conn, max int, closed <-chan struct{}) (*acker, error) {
 	a := &acker{
 		nc:      nc,
 		prefix:  nc.NewInbox() + ".", // under the connection's inbox prefix
@@ -64,17 +66,26 @@ func newAcker(nc *nats.Conn, max int) (*acker, error) {
 	}
 	a.sub = sub
 	status := nc.StatusChanged(nats.RECONNECTING, nats.CLOSED)
-	go a.watch(status)
+	go a.watch(status, closed)
 	return a, nil
 }
 
 // watch fails every message awaiting its ack when the connection is lost:
 // the acks of messages sent on it never arrive. It returns when the
-// connection closes.
-func (a *acker) watch(status chan nats.Status) {
-	for st := range status {
-		a.failAll(nats.ErrDisconnected)
-		if st == nats.CLOSED {
+// connection or the sink closes (the client may drop a status change).
+func (a *acker) watch(status chan nats.Status, closed <-chan struct{}) {
+	defer a.nc.RemoveStatusListener(status)
+	for {
+		select {
+		case st, ok := <-status:
+			if !ok {
+				return
+			}
+			a.failAll(nats.ErrDisconnected)
+			if st == nats.CLOSED {
+				return
+			}
+		case <-closed:
 			return
 		}
 	}
@@ -97,19 +108,23 @@ func (a *acker) sent(w *ackWait) {
 }
 
 // send publishes msg as message i of w with a reply subject of the acker,
-// after waiting up to stall for a free place in the window. It returns an
-// error when the window stayed full; a failed send settles message i with
-// the error.
-func (a *acker) send(msg *nats.Msg, w *ackWait, i int, stall time.Duration) error {
+// after waiting until deadline for a free place in the window. It returns
+// an error when the window stayed full or ctx or closed ended the wait; a
+// failed send settles message i with the error.
+func (a *acker) send(ctx context.Context, msg *nats.Msg, w *ackWait, i int, deadline time.Time, closed <-chan struct{}) error {
 	select {
 	case a.window <- struct{}{}:
 	default:
-		t := time.NewTimer(stall)
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
 		select {
 		case a.window <- struct{}{}:
-			t.Stop()
 		case <-t.C:
 			return jetstream.ErrTooManyStalledMsgs
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-closed:
+			return errClosed
 		}
 	}
 	a.mu.Lock()

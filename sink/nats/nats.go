@@ -88,9 +88,12 @@ type StreamSettings struct {
 type Options struct {
 	// MaxInFlight caps the messages published but not yet acknowledged,
 	// across all concurrent Publish calls. A publish that finds the window
-	// full waits for a free slot for up to AckTimeout. Default 4096.
+	// full waits for a free slot until AckTimeout after the call began,
+	// then fails its remaining messages. Default 4096.
 	MaxInFlight int
-	// AckTimeout bounds the wait for one message's PubAck. Default 5s.
+	// AckTimeout bounds one Publish call's waits: for room in the window,
+	// counted from the start of the call, and for the PubAcks, counted from
+	// its last send. Default 5s.
 	AckTimeout time.Duration
 	// Logger receives connection events (disconnects, reconnects,
 	// asynchronous errors) and stream creation. Default slog.Default().
@@ -175,7 +178,8 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 		nc.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	acks, err := newAcker(nc, opts.MaxInFlight)
+	closed := make(chan struct{})
+	acks, err := newAcker(nc, opts.MaxInFlight, closed)
 	if err != nil {
 		nc.Close()
 		return nil, fault.AsUnavailable(fmt.Errorf("nats: subscribe to PubAcks: %w", err))
@@ -188,7 +192,7 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 		nc:      nc,
 		js:      js,
 		acks:    acks,
-		closed:  make(chan struct{}),
+		closed:  closed,
 	}, nil
 }
 

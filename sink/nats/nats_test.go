@@ -552,6 +552,39 @@ func TestPublishAckTimeout(t *testing.T) {
 	checkUnavailable(t, "ack timeout", err, 3)
 }
 
+// TestWindowFullWaitsOnce fills the window with messages nobody
+// acknowledges: the call waits for room once, up to AckTimeout, and fails
+// its remaining messages instead of waiting again for each of them.
+func TestWindowFullWaitsOnce(t *testing.T) {
+	s := newHangingSink(t, Options{MaxInFlight: 2, AckTimeout: 500 * time.Millisecond})
+	start := time.Now()
+	err := s.Publish(context.Background(), testEvents(20, 20))
+	if d := time.Since(start); d > 4*time.Second {
+		t.Errorf("Publish took %v with a full window and a 500ms ack timeout", d)
+	}
+	if !errors.Is(sink.Failed(err, 19), jetstream.ErrTooManyStalledMsgs) {
+		t.Fatalf("err = %v, want the last event failed for the full window", err)
+	}
+	checkUnavailable(t, "full window", err, 20)
+}
+
+// TestCancelWhileWindowFull cancels a call that waits for room in the
+// window: it returns at once.
+func TestCancelWhileWindowFull(t *testing.T) {
+	s := newHangingSink(t, Options{MaxInFlight: 2, AckTimeout: time.Minute})
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(200*time.Millisecond, cancel)
+	start := time.Now()
+	err := s.Publish(ctx, testEvents(5, 5))
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("Publish returned %v after the cancel", d-200*time.Millisecond)
+	}
+	if !errors.Is(sink.Failed(err, 4), context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	checkUnavailable(t, "cancel with a full window", err, 5)
+}
+
 func TestCloseFailsPendingPublish(t *testing.T) {
 	s := newHangingSink(t, Options{AckTimeout: time.Minute})
 	time.AfterFunc(200*time.Millisecond, func() { s.Close() })

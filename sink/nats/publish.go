@@ -29,10 +29,16 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	if dl, ok := ctx.Deadline(); ok {
 		stall = max(min(stall, time.Until(dl)), time.Millisecond)
 	}
+	deadline, stalled := time.Now().Add(stall), false
 	for i, e := range batch {
 		subjects[i] = s.subject.Render(e)
-		if err := s.send(ctx, msg, hs, subjects[i], e, w, i, stall); err != nil {
+		if stalled {
+			w.errs[i] = jetstream.ErrTooManyStalledMsgs
+			continue
+		}
+		if err := s.send(ctx, msg, hs, subjects[i], e, w, i, deadline); err != nil {
 			w.errs[i] = err
+			stalled = errors.Is(err, jetstream.ErrTooManyStalledMsgs)
 		}
 	}
 	s.await(ctx, w)
@@ -50,9 +56,9 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 }
 
 // send publishes e as message i of w in msg, with headers from hs. When
-// MaxInFlight messages await their acks it waits for a free slot, up to
-// stall. It returns an error when e was not sent.
-func (s *Sink) send(ctx context.Context, msg *nats.Msg, hs *headerSet, subject string, e *event.Event, w *ackWait, i int, stall time.Duration) error {
+// MaxInFlight messages await their acks it waits for a free slot, until
+// deadline. It returns an error when e was not sent.
+func (s *Sink) send(ctx context.Context, msg *nats.Msg, hs *headerSet, subject string, e *event.Event, w *ackWait, i int, deadline time.Time) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -63,7 +69,7 @@ func (s *Sink) send(ctx context.Context, msg *nats.Msg, hs *headerSet, subject s
 		}
 		cloudEvent(msg.Header, e, env)
 	}
-	return s.acks.send(msg, w, i, stall)
+	return s.acks.send(ctx, msg, w, i, deadline, s.closed)
 }
 
 // headerSet builds the headers of one message after another in one map and
