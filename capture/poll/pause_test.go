@@ -5,11 +5,12 @@ import (
 	"time"
 )
 
-// TestPause: while rows keep coming, or are held back by open writers, the
-// poller looks again within a millisecond (a row is claimable one poll
-// after the writers open when its seq was read have ended, so the poll
-// cadence is most of poll mode's latency); an idle outbox backs off to
-// Options.Interval.
+// TestPause: while rows keep coming the poller looks again within a
+// millisecond (a row is claimable one poll after the writers open when its
+// seq was read have ended, so the poll cadence is most of poll mode's
+// latency); while open writers hold rows back it backs off to
+// blockedInterval, so a long transaction does not turn into a claim every
+// millisecond; an idle outbox backs off to Options.Interval.
 func TestPause(t *testing.T) {
 	s := &Source{opts: Options{Interval: 200 * time.Millisecond}}
 	for _, c := range []struct {
@@ -21,7 +22,9 @@ func TestPause(t *testing.T) {
 		{0, true, time.Millisecond},
 		{1, false, 2 * time.Millisecond},
 		{3, false, 8 * time.Millisecond},
-		{5, true, time.Millisecond},
+		{2, true, 4 * time.Millisecond},
+		{5, true, 10 * time.Millisecond},
+		{40, true, 10 * time.Millisecond},
 		{8, false, 200 * time.Millisecond},
 		{40, false, 200 * time.Millisecond},
 	} {

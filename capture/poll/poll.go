@@ -93,11 +93,13 @@ type Options struct {
 // the lease connection.
 const DedicatedConns = 1
 
-// blockedInterval is how soon the poller looks again when rows were held
-// back by an open writer: a row becomes claimable one poll after the
-// writers that were open when its seq was read have ended, and single-row
-// transactions end within milliseconds.
-const blockedInterval = time.Millisecond
+// blockedInterval is the longest the poller waits while rows are held back
+// by an open writer: a row becomes claimable one poll after the writers
+// that were open when its seq was read have ended, and single-row
+// transactions end within milliseconds. The wait starts at busyInterval
+// and doubles with every empty claim, so a writer that stays open costs at
+// most one claim per blockedInterval.
+const blockedInterval = 10 * time.Millisecond
 
 // busyInterval is the wait after a claim that found rows but did not fill a
 // batch. Each claim that finds nothing doubles the wait, up to
@@ -295,7 +297,7 @@ func (s *Source) wait(ctx context.Context) error {
 
 // pause returns how long wait waits at most: busyInterval after a claim
 // that found rows, doubling with every empty claim up to Options.Interval,
-// and at most blockedInterval while rows are held back by open writers.
+// or up to blockedInterval while rows are held back by open writers.
 func (s *Source) pause() time.Duration {
 	d := min(busyInterval<<min(s.quiet, 16), s.opts.Interval)
 	if s.blocked {
