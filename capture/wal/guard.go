@@ -197,7 +197,8 @@ func (s *Source) healStall(now time.Time, stalled bool) {
 	if g.idleSince.IsZero() {
 		g.idleSince = now
 	}
-	if now.Sub(g.idleSince) < s.opts.StallAfter {
+	stalledFor := now.Sub(g.idleSince)
+	if stalledFor < s.opts.StallAfter {
 		return
 	}
 	g.idleSince = now
@@ -206,12 +207,12 @@ func (s *Source) healStall(now time.Time, stalled bool) {
 	if g.steps == 1 {
 		g.reconnects.Add(1)
 		s.log.Warn("replication slot stalled: its confirmed position has not moved while the outbox holds rows; reconnecting the stream",
-			"slot", s.opts.Slot, "stalled_for", s.opts.StallAfter)
+			"slot", s.opts.Slot, "stalled_for", stalledFor)
 	} else {
 		g.drains.Add(1)
 		s.fallback.Store(true)
 		s.log.Warn("replication slot still stalled after reconnecting; publishing the outbox from the table, then streaming again",
-			"slot", s.opts.Slot, "stalled_for", s.opts.StallAfter)
+			"slot", s.opts.Slot, "stalled_for", stalledFor)
 	}
 	if st != nil {
 		st.fail(errStalled)

@@ -81,10 +81,10 @@ func (d *driver) run(ctx context.Context, src source, window int) error {
 			if e == nil {
 				break
 			}
-			q, busy := queues[e.AggregateID]
-			queues[e.AggregateID] = append(q, e)
+			q, busy := queues[e.Key()]
+			queues[e.Key()] = append(q, e)
 			if !busy {
-				ready = append(ready, e.AggregateID)
+				ready = append(ready, e.Key())
 			}
 			held++
 		}

@@ -430,8 +430,8 @@ func (s *suite) checkOrder(t *testing.T, events []*event.Event, msgs []Message) 
 	count := map[string]int{}
 	for _, e := range events {
 		if arrived[e.ID] {
-			where[e.ID] = pos{e.AggregateID, count[e.AggregateID]}
-			count[e.AggregateID]++
+			where[e.ID] = pos{e.Key(), count[e.Key()]}
+			count[e.Key()]++
 		}
 	}
 	r := &reporter{t: t}

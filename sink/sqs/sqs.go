@@ -4,7 +4,7 @@
 // sink.sqs.queue_url names one queue; sink.sqs.queue is instead a queue name
 // template, each rendered name resolved with GetQueueUrl and cached. The
 // sink never creates queues. On a FIFO queue (a name ending in ".fifo")
-// MessageGroupId is the aggregate_id and MessageDeduplicationId the
+// MessageGroupId is the ordering key (Event.Key) and MessageDeduplicationId the
 // message_id. The message format (body encoding, attributes) is in
 // docs/reference.md; batching and the mapping of odd values in
 // docs/design.md. Failures are classified by scope: see classify and
