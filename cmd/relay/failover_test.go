@@ -53,26 +53,7 @@ func failover(t *testing.T, mode string) {
 	produced := make(chan struct{})
 	go func() { s.produce(ctx, 4000, 400, 4); close(produced) }()
 	waitFor(t, func() bool { return s.wire.Check().Distinct >= 800 })
-	if err := primary.Kill(ctx); err != nil {
-		t.Fatal(err)
-	}
-	killed := time.Now()
-	if err := standby.Promote(ctx); err != nil {
-		t.Fatal(err)
-	}
-	promoted := time.Since(killed)
-	for {
-		if _, err := s.write(ctx, markerAggregate, 1); err == nil {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	select {
-	case <-marker:
-	case <-time.After(60 * time.Second):
-		t.Fatal("no event written on the new primary was delivered within 60s")
-	}
-	resumed := time.Since(killed)
+	promoted, resumed := s.failOver(ctx, primary, standby, marker)
 	<-produced
 	s.waitDrained(60 * time.Second)
 	metrics := scrape(t, addr)
@@ -97,6 +78,33 @@ func failover(t *testing.T, mode string) {
 // markerAggregate is the aggregate of the event written once the standby
 // is promoted; producers use aggregates below it.
 const markerAggregate = 1 << 20
+
+// failOver kills primary, promotes standby and waits until an event written
+// to the new primary is delivered (marker, from watchAggregate). It returns
+// how long after the kill the promotion ended and publishing resumed.
+func (s *stack) failOver(ctx context.Context, primary, standby *testenv.Postgres, marker <-chan struct{}) (promoted, resumed time.Duration) {
+	t := s.t
+	if err := primary.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	if err := standby.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	promoted = time.Since(killed)
+	for {
+		if _, err := s.write(ctx, markerAggregate, 1); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case <-marker:
+	case <-time.After(60 * time.Second):
+		t.Fatal("no event written on the new primary was delivered within 60s")
+	}
+	return promoted, time.Since(killed)
+}
 
 // watchAggregate returns a channel closed once an event of aggregate agg
 // is published.

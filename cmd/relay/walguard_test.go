@@ -141,25 +141,7 @@ func failoverSlot(t *testing.T, on bool) {
 	go func() { s.produce(ctx, 3000, 300, 3); close(produced) }()
 	waitFor(t, func() bool { return s.wire.Check().Distinct >= 600 })
 	atKill := s.wire.Check().Distinct
-	if err := primary.Kill(ctx); err != nil {
-		t.Fatal(err)
-	}
-	killed := time.Now()
-	if err := standby.Promote(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := s.write(ctx, markerAggregate, 1); err == nil {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	select {
-	case <-marker:
-	case <-time.After(60 * time.Second):
-		t.Fatal("no event written on the new primary was delivered within 60s")
-	}
-	resumed := time.Since(killed)
+	_, resumed := s.failOver(ctx, primary, standby, marker)
 	<-produced
 	s.waitDrained(60 * time.Second)
 	metrics := scrape(t, addr)
