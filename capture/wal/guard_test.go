@@ -26,7 +26,7 @@ import (
 // warning of wal.Warnings; a bounded one is not.
 func TestSlotStateAndWarnings(t *testing.T) {
 	ctx := context.Background()
-	_, pool := ownCluster(t, map[string]string{"max_slot_wal_keep_size": "256MB"})
+	_, pool := ownCluster(t, testenv.PostgresOptions{Settings: map[string]string{"max_slot_wal_keep_size": "256MB"}})
 	if ws := wal.Warnings(ctx, pool); len(ws) != 0 {
 		t.Errorf("warnings with max_slot_wal_keep_size 256MB: %v", ws)
 	}
@@ -191,17 +191,7 @@ func TestFailoverSlot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{Bin: bin})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pg.Stop() })
-	pool, err := pgxpool.New(ctx, pg.DSN("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	mustExec(t, pool, layout.CreateOutbox())
+	_, pool := ownCluster(t, testenv.PostgresOptions{Bin: bin})
 	failover := func(slot string) bool {
 		var on bool
 		if err := pool.QueryRow(ctx, `SELECT failover FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&on); err != nil {

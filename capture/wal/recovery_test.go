@@ -337,12 +337,13 @@ func TestReconnectAfterWalsenderEnds(t *testing.T) {
 	}
 }
 
-// ownCluster starts a cluster for tests that restart or break it, with an
-// outbox and a pool on database postgres.
-func ownCluster(t *testing.T, settings map[string]string) (*testenv.Postgres, *pgxpool.Pool) {
+// ownCluster starts a cluster with opts for tests that restart or break it
+// or need a version or settings of their own, with an outbox and a pool on
+// database postgres.
+func ownCluster(t *testing.T, opts testenv.PostgresOptions) (*testenv.Postgres, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
-	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{Settings: settings})
+	pg, err := testenv.StartPostgres(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,7 +362,7 @@ func ownCluster(t *testing.T, settings map[string]string) (*testenv.Postgres, *p
 // the pipeline publishes: the source reconnects and nothing is lost or
 // reordered.
 func TestPostgresRestartMidStream(t *testing.T) {
-	pg, pool := ownCluster(t, nil)
+	pg, pool := ownCluster(t, testenv.PostgresOptions{})
 	p := newProducer(pool)
 	o := options(t, pool, layout, 20)
 	snk := &recorder{log: p.log}
@@ -392,7 +393,7 @@ func TestPostgresRestartMidStream(t *testing.T) {
 // drops and recreates it and publishes the backlog in order.
 func TestLostSlotRecovered(t *testing.T) {
 	ctx := context.Background()
-	_, pool := ownCluster(t, map[string]string{"max_slot_wal_keep_size": "1MB"})
+	_, pool := ownCluster(t, testenv.PostgresOptions{Settings: map[string]string{"max_slot_wal_keep_size": "1MB"}})
 	mustExec(t, pool, `CREATE TABLE other (x text)`)
 	p := newProducer(pool)
 	o := options(t, pool, layout, 10)
