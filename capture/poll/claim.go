@@ -3,6 +3,7 @@ package poll
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -44,7 +45,7 @@ func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
 			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			AND classid = $1::int::oid AND objid::int = ANY($3::int[])`,
 		claim: fmt.Sprintf(`SELECT %s FROM %s o
-			WHERE %s > $1 AND %s <= $2 AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[]) AND NOT %s = ANY($6::bigint[]) %s %s
+			WHERE %s > $1 AND %s <= least($2, current_setting('relay.safe')::bigint) AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[]) AND NOT %s = ANY($6::bigint[]) %s %s
 			ORDER BY %s LIMIT $3 FOR UPDATE SKIP LOCKED`,
 			sel, t, seq, seq, c.Key("o"), seq, l.Unpublished(archiveMode, "o"), parked, seq),
 		archive:  l.ArchiveByKey(archiveMode, c.Seq, "bigint"),
@@ -71,9 +72,46 @@ const guard = `SELECT set_config('statement_timeout', $1, true), set_config('idl
 
 var guardArg = strconv.FormatInt(txTimeout.Milliseconds(), 10)
 
-// claim reads the next rows up to the safe watermark in a short
-// transaction of two round trips and commits it before returning; see
-// docs/design.md. It returns nil when there are none.
+// claimGuard is guard for the claiming transaction, which also commits
+// without waiting for its commit record to be flushed (synchronous_commit
+// off): it writes nothing but row locks, which end with it, so a crash
+// cannot lose anything of it.
+const claimGuard = guard + `, set_config('synchronous_commit', 'off', true)`
+
+// headSeq reads H (see the package doc) at the start of the claiming
+// transaction and keeps it in the transaction's relay.h setting for ready.
+const headSeq = `SELECT set_config('relay.h', coalesce(pg_sequence_last_value($1::regclass), 0)::text, true)::bigint`
+
+// ready runs after the work locks are taken and before the claim, as a
+// statement of its own so that the claim's snapshot is taken after it. It
+// counts the owned partitions this relay still leases ($2 lease key, $3
+// lease connection pid, $4 owned partitions), reads L, the open writers of
+// the outbox ($1), and releases the pending watermarks ($6 seqs, $7 their
+// writers, one element per writer) none of whose writers is open any more.
+// It stores the safe seq, at least $5 (or -1 when a lease was lost), in the
+// transaction's relay.safe setting, which bounds the claim.
+const ready = `WITH open AS (
+	SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') AS vx FROM pg_locks
+	WHERE locktype = 'relation' AND relation = $1::regclass AND mode = 'RowExclusiveLock'
+	AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	AND pid IS DISTINCT FROM pg_backend_pid()
+), leased AS (
+	SELECT count(*)::int AS n FROM pg_locks
+	WHERE locktype = 'advisory' AND granted AND pid = $3 AND objsubid = 2
+	AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	AND classid = $2::int::oid AND objid::int = ANY($4::int[])
+), released AS (
+	SELECT max(seq) AS seq FROM (SELECT u.seq FROM unnest($6::bigint[], $7::text[]) AS u(seq, vx), open
+		GROUP BY u.seq HAVING NOT bool_or(u.vx = ANY(open.vx))) r
+)
+SELECT leased.n, open.vx, set_config('relay.safe', (CASE WHEN leased.n < cardinality($4::int[]) THEN -1
+	ELSE greatest($5::bigint, released.seq, CASE WHEN cardinality(open.vx) = 0 THEN current_setting('relay.h')::bigint END) END)::text, true)::bigint
+FROM open, leased, released`
+
+// claim claims the next rows up to the safe watermark in one round trip: a
+// short transaction that takes the work locks, checks the leases, works
+// out the safe seq, claims and commits, followed by a read of H and L for
+// the next claim; see docs/design.md. It returns nil when there are none.
 func (s *Source) claim(ctx context.Context) (*batch, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*txTimeout)
 	defer cancel()
@@ -84,38 +122,37 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 	// A connection left inside the transaction after an error is closed
 	// on release, which rolls it back.
 	defer conn.Release()
-	safe, parts, err := s.prepare(ctx, conn.Conn())
-	if err != nil {
-		return nil, err
-	}
-	if len(parts) < len(s.lease.owned) {
-		s.log.Warn("partition leases lost; claiming stops until they are leased again",
-			"leased", len(parts), "owned", len(s.lease.owned))
-		s.disconnect(ctx)
-	}
 	if s.rewind.Swap(false) {
 		s.cursor = 0
 	}
-	if s.opts.MaxSeq > 0 {
-		safe = min(safe, s.opts.MaxSeq)
-	}
 	s.from = s.cursor
 	b := &batch{s: s}
-	br := &pgx.Batch{}
-	if len(parts) > 0 {
-		br.Queue(s.sql.claim, s.cursor, safe, s.opts.BatchSize, s.opts.Partitions, parts, s.flight.above(s.cursor)).
-			Query(func(rows pgx.Rows) error {
-				for rows.Next() {
-					if err := b.scan(rows, s.info.ContentType); err != nil {
-						return err
-					}
-				}
-				return rows.Err()
-			})
+	var r readings
+	br := s.prepare(&r)
+	bound := int64(math.MaxInt64)
+	if s.opts.MaxSeq > 0 {
+		bound = s.opts.MaxSeq
 	}
+	br.Queue(s.sql.claim, s.cursor, bound, s.opts.BatchSize, s.opts.Partitions, s.lease.owned, s.flight.above(s.cursor)).
+		Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				if err := b.scan(rows, s.info.ContentType); err != nil {
+					return err
+				}
+			}
+			return rows.Err()
+		})
 	br.Queue("COMMIT")
+	br.Queue(s.sql.lastSeq, s.info.SeqSequence).QueryRow(func(row pgx.Row) error { return row.Scan(&r.tailH) })
+	br.Queue(s.sql.writers, s.opts.Layout.Outbox.Ident()).QueryRow(func(row pgx.Row) error { return row.Scan(&r.tailL) })
 	if err := conn.SendBatch(ctx, br).Close(); err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
+	}
+	s.settle(&r, bound)
+	if r.leased < len(s.lease.owned) {
+		s.log.Warn("partition leases lost; claiming stops until they are leased again",
+			"leased", r.leased, "owned", len(s.lease.owned))
+		s.disconnect(ctx)
 	}
 	n := len(b.seqs)
 	s.idle = n < s.opts.BatchSize
@@ -131,26 +168,46 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 	return b, nil
 }
 
-// prepare begins the claiming transaction on conn, takes the work locks of
-// the owned partitions, checks which of them this relay still leases (see
-// Scale-out in lease.go), and reads H and L (see the package doc), in one
-// round trip. It returns the safe seq and the partitions to claim.
-func (s *Source) prepare(ctx context.Context, conn *pgx.Conn) (int64, []int32, error) {
-	var h int64
+// readings are what one claim's round trip read besides the rows: the
+// leased partitions, the safe seq that bounded the claim, and two (H, L)
+// pairs, one read before the claim and one after its commit.
+type readings struct {
+	leased       int
+	safe         int64
+	headH, tailH int64
+	headL, tailL []string
+}
+
+// prepare returns the claiming transaction up to its claim: it begins,
+// takes the work locks of the owned partitions, reads H, and runs ready,
+// with the pending watermarks, which checks which partitions this relay
+// still leases (see Scale-out in lease.go) and works out the safe seq.
+func (s *Source) prepare(r *readings) *pgx.Batch {
+	var seqs []int64
 	var writers []string
-	var parts []int32
+	for _, m := range s.marks.pending {
+		for _, w := range m.writers {
+			seqs, writers = append(seqs, m.seq), append(writers, w)
+		}
+	}
 	k := s.lease.keys
 	br := &pgx.Batch{}
 	br.Queue("BEGIN")
-	br.Queue(guard, guardArg)
+	br.Queue(claimGuard, guardArg)
 	br.Queue(s.sql.lockWork, k.work, s.lease.owned)
-	br.Queue(s.sql.leased, k.lease, s.lease.pid, s.lease.owned).QueryRow(func(r pgx.Row) error { return r.Scan(&parts) })
-	br.Queue(s.sql.lastSeq, s.info.SeqSequence).QueryRow(func(r pgx.Row) error { return r.Scan(&h) })
-	br.Queue(s.sql.writers, s.opts.Layout.Outbox.Ident()).QueryRow(func(r pgx.Row) error { return r.Scan(&writers) })
-	if err := conn.SendBatch(ctx, br).Close(); err != nil {
-		return 0, nil, fmt.Errorf("prepare claim: %w", err)
-	}
-	return s.marks.advance(h, writers), parts, nil
+	br.Queue(headSeq, s.info.SeqSequence).QueryRow(func(row pgx.Row) error { return row.Scan(&r.headH) })
+	br.Queue(ready, s.opts.Layout.Outbox.Ident(), k.lease, s.lease.pid, s.lease.owned, s.marks.safe, seqs, writers).
+		QueryRow(func(row pgx.Row) error { return row.Scan(&r.leased, &r.headL, &r.safe) })
+	return br
+}
+
+// settle records what a claim bounded by bound read: the safe seq it
+// used and both (H, L) pairs.
+func (s *Source) settle(r *readings, bound int64) {
+	s.claimedTo = min(r.safe, bound)
+	s.marks.safe = max(s.marks.safe, r.safe)
+	s.marks.advance(r.headH, r.headL)
+	s.marks.advance(r.tailH, r.tailL)
 }
 
 // batch is a claimed set of rows. Its rows are not locked: this relay

@@ -123,6 +123,8 @@ type Source struct {
 	blocked bool        // the last claim was held back by an open writer
 	quiet   int         // claims in a row that found nothing
 	from    int64       // the cursor the last claim started from
+	// claimedTo is the safe seq that bounded the last claim.
+	claimedTo int64
 }
 
 // ErrDrained is returned by Next, with Options.MaxSeq set, when a claim
@@ -223,7 +225,7 @@ func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
 // flight a claim from the cursor is enough: the caller waits for them to
 // settle and asks again, and then the claim looks from the start.
 func (s *Source) drained() bool {
-	return (s.from == 0 || !s.flight.empty()) && len(s.lease.owned) == s.opts.Partitions && s.marks.safe >= s.opts.MaxSeq
+	return (s.from == 0 || !s.flight.empty()) && len(s.lease.owned) == s.opts.Partitions && s.claimedTo >= s.opts.MaxSeq
 }
 
 // Close releases the lease connection, which gives up every partition.
@@ -285,6 +287,7 @@ func (s *Source) disconnect(ctx context.Context) {
 func (s *Source) wait(ctx context.Context) error {
 	wctx, cancel := context.WithTimeout(ctx, s.pause())
 	defer cancel()
+
 	_, err := s.lease.conn.WaitForNotification(wctx)
 	switch {
 	case ctx.Err() != nil:
