@@ -1,0 +1,65 @@
+package poll_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// batchCounter counts the pipelined batches (round trips) sent on the
+// connections of a pool.
+type batchCounter struct{ n atomic.Int64 }
+
+func (c *batchCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (c *batchCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *batchCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *batchCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *batchCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// TestHeldBackRowsClaimedInOneRoundTrip shows that rows held back by an
+// open writer are claimed by the first claim after the writer committed,
+// and that this claim, watermark check included, is one round trip.
+func TestHeldBackRowsClaimedInOneRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	cfg := setup(t, layout).Config()
+	counter := &batchCounter{}
+	cfg.ConnConfig.Tracer = counter
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	src := newSource(t, pool, layout, 100)
+	slow, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Rollback(ctx)
+	first := insert(t, slow, "order-1", 1)
+	second := insert(t, pool, "order-1", 2)
+	if b := next(t, src, 300*time.Millisecond); b != nil {
+		t.Fatalf("claimed %v while seq 1 is uncommitted", ids(b.Events()))
+	}
+	if err := slow.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	counter.n.Store(0)
+	b := next(t, src, 5*time.Second)
+	if b == nil || fmt.Sprint(ids(b.Events())) != fmt.Sprint([]string{first, second}) {
+		t.Fatalf("after commit claimed %v, want [%s %s]", b, first, second)
+	}
+	if n := counter.n.Load(); n != 1 {
+		t.Errorf("the claim took %d round trips, want 1", n)
+	}
+	complete(t, b)
+}
