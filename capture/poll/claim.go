@@ -159,7 +159,7 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 	s.blocked = s.marks.held()
 	if n == 0 {
 		s.cursor = 0
-		s.quiet++
+		s.backOff(time.Now())
 		return nil, nil
 	}
 	s.quiet = 0
@@ -206,8 +206,9 @@ func (s *Source) prepare(r *readings) *pgx.Batch {
 func (s *Source) settle(r *readings, bound int64) {
 	s.claimedTo = min(r.safe, bound)
 	s.marks.safe = max(s.marks.safe, r.safe)
-	s.marks.advance(r.headH, r.headL)
-	s.marks.advance(r.tailH, r.tailL)
+	now := time.Now()
+	s.marks.advance(r.headH, r.headL, now)
+	s.marks.advance(r.tailH, r.tailL, now)
 }
 
 // batch is a claimed set of rows. Its rows are not locked: this relay

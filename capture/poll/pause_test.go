@@ -34,3 +34,32 @@ func TestPause(t *testing.T) {
 		}
 	}
 }
+
+// TestBackOffWhileHeld: a claim held back by writers read less than
+// blockedInterval ago does not lengthen the wait, so a row is claimed
+// within about a millisecond of its writer's commit; once they have held it
+// longer, the wait doubles up to blockedInterval as before.
+func TestBackOffWhileHeld(t *testing.T) {
+	now := time.Now()
+	s := &Source{opts: Options{Interval: 200 * time.Millisecond}}
+	s.marks.advance(10, []string{"3/7"}, now)
+	s.blocked = s.marks.held()
+	for range 3 {
+		s.backOff(now.Add(blockedInterval / 2))
+	}
+	if got := s.pause(); got != busyInterval {
+		t.Errorf("pause after empty claims held by a writer open for %s = %s, want %s", blockedInterval/2, got, busyInterval)
+	}
+	for range 5 {
+		s.backOff(now.Add(2 * blockedInterval))
+	}
+	if got := s.pause(); got != blockedInterval {
+		t.Errorf("pause after empty claims held by a writer open for %s = %s, want %s", 2*blockedInterval, got, blockedInterval)
+	}
+	s.marks.advance(11, nil, now.Add(3*blockedInterval))
+	s.blocked = s.marks.held()
+	s.backOff(now.Add(3 * blockedInterval))
+	if got := s.pause(); got != 64*busyInterval {
+		t.Errorf("pause after 6 empty claims, nothing held = %s, want %s", got, 64*busyInterval)
+	}
+}

@@ -96,8 +96,9 @@ const DedicatedConns = 1
 // blockedInterval is the longest the poller waits while rows are held back
 // by an open writer: a row becomes claimable one poll after the writers
 // that were open when its seq was read have ended, and single-row
-// transactions end within milliseconds. The wait starts at busyInterval
-// and doubles with every empty claim, so a writer that stays open costs at
+// transactions end within milliseconds. The wait stays at busyInterval
+// while the held rows have waited less than blockedInterval, then doubles
+// with every empty claim (see backOff), so a writer that stays open costs at
 // most one claim per blockedInterval.
 const blockedInterval = 10 * time.Millisecond
 
@@ -298,6 +299,19 @@ func (s *Source) wait(ctx context.Context) error {
 	return nil
 }
 
+// backOff records, at now, a claim that found nothing: the next wait
+// doubles, unless rows are held back by writers that have been open for less
+// than blockedInterval. Those are most likely single-row transactions that
+// end within milliseconds, so the poller keeps looking at the pace of the
+// last wait; a writer that stays open longer costs at most one claim per
+// blockedInterval.
+func (s *Source) backOff(now time.Time) {
+	if s.marks.held() && now.Sub(s.marks.heldSince()) < blockedInterval {
+		return
+	}
+	s.quiet++
+}
+
 // pause returns how long wait waits at most: busyInterval after a claim
 // that found rows, doubling with every empty claim up to Options.Interval,
 // or up to blockedInterval while rows are held back by open writers.
@@ -318,16 +332,17 @@ type watermarks struct {
 type watermark struct {
 	seq     int64
 	writers []string
+	at      time.Time // when it was read
 }
 
 // maxPending bounds the pending list; beyond it the two oldest entries are
 // merged, which only makes the wait longer, never shorter.
 const maxPending = 64
 
-// advance records the pair (h, writers) read now and returns the highest seq
-// that is safe to claim.
-func (w *watermarks) advance(h int64, writers []string) int64 {
-	w.pending = append(w.pending, watermark{seq: h, writers: writers})
+// advance records the pair (h, writers) read at now and returns the highest
+// seq that is safe to claim.
+func (w *watermarks) advance(h int64, writers []string, now time.Time) int64 {
+	w.pending = append(w.pending, watermark{seq: h, writers: writers, at: now})
 	keep := w.pending[:0]
 	for _, m := range w.pending {
 		if !overlaps(m.writers, writers) {
@@ -339,7 +354,7 @@ func (w *watermarks) advance(h int64, writers []string) int64 {
 	w.pending = keep
 	if len(w.pending) > maxPending {
 		a, b := w.pending[0], w.pending[1]
-		w.pending[1] = watermark{seq: b.seq, writers: append(slices.Clone(a.writers), b.writers...)}
+		w.pending[1] = watermark{seq: b.seq, writers: append(slices.Clone(a.writers), b.writers...), at: a.at}
 		w.pending = w.pending[1:]
 	}
 	return w.safe
@@ -347,6 +362,10 @@ func (w *watermarks) advance(h int64, writers []string) int64 {
 
 // held reports whether rows are waiting for open writers.
 func (w *watermarks) held() bool { return len(w.pending) > 0 }
+
+// heldSince returns when the oldest pending pair was read; held must be
+// true.
+func (w *watermarks) heldSince() time.Time { return w.pending[0].at }
 
 func overlaps(a, b []string) bool {
 	for _, x := range a {
