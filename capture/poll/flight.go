@@ -2,20 +2,23 @@ package poll
 
 import (
 	"context"
+	"slices"
 	"sync"
 )
 
 // inFlight is the set of claimed rows whose batch has not settled yet: a
 // claim that looks again below the cursor skips them, so a row is never in
 // the pipeline twice through one relay. It also counts their payload bytes
-// and lets the poller wait while too many rows are unsettled. Safe for
-// concurrent use.
+// and lets the poller wait while too many rows are unsettled. It keeps each
+// batch's seqs as one ascending slice, so adding and removing a batch costs
+// no work per row. Safe for concurrent use.
 type inFlight struct {
-	mu    sync.Mutex
-	seqs  map[int64]struct{}
-	top   int64 // no seq in the set is above top
-	bytes int   // payload bytes of the rows in the set
-	space chan struct{}
+	mu      sync.Mutex
+	batches [][]int64 // the seqs of each batch in flight, ascending
+	rows    int       // rows in the set
+	top     int64     // no seq in the set is above top
+	bytes   int       // payload bytes of the rows in the set
+	space   chan struct{}
 }
 
 // Unsettled rows (claimed, and not yet archived or dead-lettered) are
@@ -28,30 +31,39 @@ const (
 	maxUnsettledBytes   = 24 << 20
 )
 
-// add records seqs, with bytes of payload, as in flight.
+// add records the seqs of one batch, with bytes of payload, as in flight.
+// The set keeps seqs, which must not change until remove, and which no
+// other batch in flight holds.
 func (f *inFlight) add(seqs []int64, bytes int) {
+	if !slices.IsSorted(seqs) {
+		seqs = slices.Sorted(slices.Values(seqs))
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.seqs == nil {
-		f.seqs = make(map[int64]struct{}, len(seqs))
-	}
-	for _, s := range seqs {
-		f.seqs[s] = struct{}{}
-		f.top = max(f.top, s)
+	if len(seqs) > 0 {
+		f.batches = append(f.batches, seqs)
+		f.rows += len(seqs)
+		f.top = max(f.top, seqs[len(seqs)-1])
 	}
 	f.bytes += bytes
 }
 
-// remove records that seqs, with bytes of payload, settled.
+// remove records that the batch added with seqs, with bytes of payload,
+// settled.
 func (f *inFlight) remove(seqs []int64, bytes int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, s := range seqs {
-		delete(f.seqs, s)
+	if len(seqs) > 0 {
+		first := slices.Min(seqs)
+		if i := slices.IndexFunc(f.batches, func(b []int64) bool { return b[0] == first && len(b) == len(seqs) }); i >= 0 {
+			f.rows -= len(f.batches[i])
+			f.batches = slices.Delete(f.batches, i, i+1)
+		}
 	}
 	f.bytes -= bytes
-	if len(f.seqs) == 0 {
-		f.top = 0
+	f.top = 0
+	for _, b := range f.batches {
+		f.top = max(f.top, b[len(b)-1])
 	}
 	if f.space != nil {
 		select {
@@ -66,7 +78,7 @@ func (f *inFlight) remove(seqs []int64, bytes int) {
 func (f *inFlight) waitRoom(ctx context.Context, rows, bytes int) error {
 	for {
 		f.mu.Lock()
-		if len(f.seqs) < rows && f.bytes < bytes {
+		if f.rows < rows && f.bytes < bytes {
 			f.mu.Unlock()
 			return nil
 		}
@@ -83,8 +95,9 @@ func (f *inFlight) waitRoom(ctx context.Context, rows, bytes int) error {
 	}
 }
 
-// above returns the seqs in flight that are above from; none while the
-// cursor is past every one, as it is until a claim looks again from below.
+// above returns the seqs in flight that are above from, never nil; none
+// while the cursor is past every one, as it is until a claim looks again
+// from below.
 func (f *inFlight) above(from int64) []int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -92,10 +105,9 @@ func (f *inFlight) above(from int64) []int64 {
 	if from >= f.top {
 		return out
 	}
-	for s := range f.seqs {
-		if s > from {
-			out = append(out, s)
-		}
+	for _, b := range f.batches {
+		i, _ := slices.BinarySearch(b, from+1)
+		out = append(out, b[i:]...)
 	}
 	return out
 }
@@ -104,7 +116,7 @@ func (f *inFlight) above(from int64) []int64 {
 func (f *inFlight) empty() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return len(f.seqs) == 0
+	return f.rows == 0
 }
 
 // payloadBytes returns the payload bytes of the batch's events.
