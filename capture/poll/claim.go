@@ -18,7 +18,7 @@ import (
 
 // queries are the source's SQL, built once with quoted identifiers.
 type queries struct {
-	lastSeq, writers, lockWork, leased, claim, archive, deadLetter, dropDead string
+	lastSeq, writers, lockWork, leased, claim, claimAll, archive, deadLetter, dropDead string
 }
 
 func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
@@ -33,6 +33,14 @@ func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
 	if c.OrderBy != "" {
 		sel += "::text" // the order column comes last
 	}
+	// claimSQL returns the claim with the partition filter filter and the
+	// in-flight seqs as parameter skip.
+	claimSQL := func(filter string, skip int) string {
+		return fmt.Sprintf(`SELECT %s FROM %s o
+			WHERE %s > $1 AND %s <= least($2, current_setting('relay.safe')::bigint) %s AND NOT %s = ANY($%d::bigint[]) %s %s
+			ORDER BY %s LIMIT $3 FOR UPDATE SKIP LOCKED`,
+			sel, t, seq, seq, filter, seq, skip, l.Unpublished(archiveMode, "o"), parked, seq)
+	}
 	return queries{
 		lastSeq: `SELECT coalesce(pg_sequence_last_value($1::regclass), 0)`,
 		writers: `SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') FROM pg_locks
@@ -44,10 +52,8 @@ func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
 			WHERE locktype = 'advisory' AND granted AND pid = $2 AND objsubid = 2
 			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			AND classid = $1::int::oid AND objid::int = ANY($3::int[])`,
-		claim: fmt.Sprintf(`SELECT %s FROM %s o
-			WHERE %s > $1 AND %s <= least($2, current_setting('relay.safe')::bigint) AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[]) AND NOT %s = ANY($6::bigint[]) %s %s
-			ORDER BY %s LIMIT $3 FOR UPDATE SKIP LOCKED`,
-			sel, t, seq, seq, c.Key("o"), seq, l.Unpublished(archiveMode, "o"), parked, seq),
+		claim:    claimSQL(fmt.Sprintf("AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[])", c.Key("o")), 6),
+		claimAll: claimSQL("", 4),
 		archive:  l.ArchiveByKey(archiveMode, c.Seq, "bigint"),
 		dropDead: fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::bigint[])`, t, seq),
 		deadLetter: fmt.Sprintf(`INSERT INTO %s (%s, error, error_class, attempts, first_failed_at, last_failed_at)
@@ -56,6 +62,30 @@ func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
 			AS d(seq, error, class, attempts, first_failed, last_failed) ON o.%s = d.seq`,
 			l.DeadLetter.Ident(), c.Quoted(""), c.Quoted("o"), t, seq),
 	}
+}
+
+// claimOf returns the claim of the rows of partitions parts, of n, with
+// seq above cursor and at most bound and the transaction's safe seq, and
+// not in skip, at most limit of them, and its arguments. When parts holds
+// every partition the claim does not compute each row's partition.
+func (q queries) claimOf(parts []int32, n int, cursor, bound int64, limit int, skip []int64) (string, []any) {
+	if coversAll(parts, n) {
+		return q.claimAll, []any{cursor, bound, limit, skip}
+	}
+	return q.claim, []any{cursor, bound, limit, n, parts, skip}
+}
+
+// coversAll reports whether parts holds every partition of n.
+func coversAll(parts []int32, n int) bool {
+	seen := make([]bool, n)
+	left := n
+	for _, p := range parts {
+		if p >= 0 && int(p) < n && !seen[p] {
+			seen[p] = true
+			left--
+		}
+	}
+	return left == 0
 }
 
 // txTimeout bounds every statement of the source's transactions and the
@@ -133,7 +163,8 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 	if s.opts.MaxSeq > 0 {
 		bound = s.opts.MaxSeq
 	}
-	br.Queue(s.sql.claim, s.cursor, bound, s.opts.BatchSize, s.opts.Partitions, s.lease.owned, s.flight.above(s.cursor)).
+	sql, args := s.sql.claimOf(s.lease.owned, s.opts.Partitions, s.cursor, bound, s.opts.BatchSize, s.flight.above(s.cursor))
+	br.Queue(sql, args...).
 		Query(func(rows pgx.Rows) error {
 			for rows.Next() {
 				if err := b.scan(rows, s.info.ContentType); err != nil {

@@ -1,0 +1,42 @@
+package poll
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/outboxrelay/relay/internal/schema"
+)
+
+// TestClaimOfPartitions: the claim without the partition filter serves
+// only a relay that leases every partition; with any partition missing
+// (also when a partition is listed twice or one is out of range) the claim
+// filters rows by partition, so relays sharing an outbox never claim each
+// other's rows.
+func TestClaimOfPartitions(t *testing.T) {
+	q := buildQueries(schema.Layout{Outbox: schema.Table{Schema: "public", Name: "outbox"},
+		Cols: schema.Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", EventType: "event_type",
+			Payload: "payload", Headers: "headers", CreatedAt: "created_at", Seq: "seq"}}, "delete", false)
+	all := []int32{3, 1, 0, 2}
+	for _, tc := range []struct {
+		parts    []int32
+		filtered bool
+	}{
+		{all, false},
+		{[]int32{0, 1, 2}, true},
+		{[]int32{0, 1, 2, 2}, true},
+		{[]int32{0, 1, 2, 4}, true},
+		{[]int32{0, 1, 2, 3, 3}, false},
+		{nil, true},
+	} {
+		sql, args := q.claimOf(tc.parts, 4, 10, 20, 500, []int64{})
+		if got := strings.Contains(sql, "hashtext"); got != tc.filtered {
+			t.Errorf("parts %v of 4: filtered %v, want %v", tc.parts, got, tc.filtered)
+		}
+		if !strings.Contains(sql, "relay.safe") {
+			t.Errorf("parts %v: the claim is not bounded by the safe seq: %s", tc.parts, sql)
+		}
+		if n := strings.Count(sql, "$"); n != len(args) {
+			t.Errorf("parts %v: %d parameters, %d arguments", tc.parts, n, len(args))
+		}
+	}
+}
