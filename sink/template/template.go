@@ -5,8 +5,11 @@ package template
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/outboxrelay/relay/event"
 )
@@ -14,12 +17,30 @@ import (
 // Template is a destination template such as "outbox.{aggregate_type}".
 // The placeholders {aggregate_type}, {event_type} and {aggregate_id} are
 // replaced from the event; the sanitize function given to Parse maps each rune of a replaced value that
-// the broker does not allow in a name, and may be nil.
+// the broker does not allow in a name, and may be nil. A template without
+// {aggregate_id} keeps the destinations it rendered (at most maxCached),
+// shared by its copies. A Template is safe for concurrent use.
 type Template struct {
 	raw      string
 	sanitize func(rune) rune
 	parts    []part // raw split into literals and placeholders
+	cache    *cache // nil when the template uses {aggregate_id} or no placeholder
 }
+
+// maxCached bounds the destinations a template keeps; beyond it the others
+// are rendered every time.
+const maxCached = 256
+
+// cache holds rendered destinations by the values of {aggregate_type} and
+// {event_type}. Readers load the map without locking; a writer copies it.
+type cache struct {
+	mu sync.Mutex // serializes writers
+	m  atomic.Pointer[map[cacheKey]string]
+}
+
+// cacheKey holds the values of the placeholders a template uses, "" for the
+// others.
+type cacheKey struct{ aggregateType, eventType string }
 
 // part is a literal piece of a template or, when field is not fieldNone, a
 // placeholder.
@@ -28,7 +49,12 @@ type part struct {
 	field int
 }
 
-const fieldNone = -1
+const (
+	fieldNone          = -1
+	fieldAggregateType = 0
+	fieldEventType     = 1
+	fieldAggregateID   = 2
+)
 
 // Placeholders lists the names a template may use; a part's field indexes
 // it.
@@ -57,6 +83,10 @@ func Parse(raw string, sanitize func(rune) rune) (Template, error) {
 		t.parts = append(t.parts, part{field: field})
 		rest = rest[i+j+1:]
 	}
+	if slices.ContainsFunc(t.parts, func(p part) bool { return p.field != fieldNone }) &&
+		!slices.ContainsFunc(t.parts, func(p part) bool { return p.field == fieldAggregateID }) {
+		t.cache = &cache{}
+	}
 	return t, nil
 }
 
@@ -64,21 +94,61 @@ func Parse(raw string, sanitize func(rune) rune) (Template, error) {
 func (t Template) Raw() string { return t.raw }
 
 // Render returns the destination of e. An empty value renders as "_". It
-// allocates only the result, and nothing for a template without
-// placeholders.
+// allocates only the result, nothing for a template without placeholders,
+// and nothing for a destination the template keeps.
 func (t Template) Render(e *event.Event) string {
 	if len(t.parts) == 1 && t.parts[0].field == fieldNone {
 		return t.raw
 	}
+	if t.cache == nil {
+		return t.render(e)
+	}
+	var k cacheKey
+	for _, p := range t.parts {
+		switch p.field {
+		case fieldAggregateType:
+			k.aggregateType = e.AggregateType
+		case fieldEventType:
+			k.eventType = e.EventType
+		}
+	}
+	if m := t.cache.m.Load(); m != nil {
+		if v, ok := (*m)[k]; ok {
+			return v
+		}
+	}
+	v := t.render(e)
+	t.cache.add(k, v)
+	return v
+}
+
+// add keeps v as the destination of k unless maxCached are kept.
+func (c *cache) add(k cacheKey, v string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := map[cacheKey]string{}
+	if old := c.m.Load(); old != nil {
+		if len(*old) >= maxCached {
+			return
+		}
+		m = maps.Clone(*old)
+	}
+	// The event's strings may share memory with the rest of its row.
+	m[cacheKey{strings.Clone(k.aggregateType), strings.Clone(k.eventType)}] = v
+	c.m.Store(&m)
+}
+
+// render builds the destination of e.
+func (t Template) render(e *event.Event) string {
 	var b strings.Builder
 	b.Grow(len(t.raw) + len(e.AggregateType) + len(e.AggregateID))
 	for _, p := range t.parts {
 		switch p.field {
 		case fieldNone:
 			b.WriteString(p.lit)
-		case 0:
+		case fieldAggregateType:
 			t.write(&b, e.AggregateType)
-		case 1:
+		case fieldEventType:
 			t.write(&b, e.EventType)
 		default:
 			t.write(&b, e.AggregateID)

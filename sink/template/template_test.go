@@ -1,6 +1,8 @@
 package template
 
 import (
+	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/outboxrelay/relay/event"
@@ -36,6 +38,59 @@ func TestTemplateRender(t *testing.T) {
 	for _, bad := range []string{"x.{nope}", "x.{aggregate_type"} {
 		if _, err := Parse(bad, nil); err == nil {
 			t.Errorf("%s: no error", bad)
+		}
+	}
+}
+
+// TestTemplateCache renders events of 300 aggregate and event types from
+// several goroutines: every destination equals the uncached rendering, the
+// template keeps at most maxCached of them, a kept one is rendered without
+// allocating, and a template with {aggregate_id} keeps none.
+func TestTemplateCache(t *testing.T) {
+	upper := func(r rune) rune {
+		if r == '.' {
+			return '_'
+		}
+		return r
+	}
+	for _, raw := range []string{"outbox.{aggregate_type}", "x.{event_type}.{aggregate_type}", "{event_type}", "a.{aggregate_id}.{aggregate_type}"} {
+		tp, err := Parse(raw, upper)
+		if err != nil {
+			t.Fatal(err)
+		}
+		copied := tp // copies share what the template keeps
+		var wg sync.WaitGroup
+		for g := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 1200 {
+					e := &event.Event{AggregateType: fmt.Sprintf("t.%d", (i*7+g)%300), EventType: fmt.Sprintf("e%d", i%3), AggregateID: fmt.Sprint(i)}
+					if i%50 == 0 {
+						e.AggregateType = ""
+					}
+					if got, want := copied.Render(e), tp.render(e); got != want {
+						t.Errorf("%s: rendered %q, want %q", raw, got, want)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if tp.cache == nil {
+			if raw != "a.{aggregate_id}.{aggregate_type}" {
+				t.Errorf("%s: keeps nothing", raw)
+			}
+			continue
+		}
+		if n := len(*tp.cache.m.Load()); n == 0 || n > maxCached {
+			t.Errorf("%s: keeps %d destinations, want 1..%d", raw, n, maxCached)
+		}
+		fresh, _ := Parse(raw, upper)
+		e := &event.Event{AggregateType: "t.1", EventType: "e1"}
+		fresh.Render(e)
+		if a := testing.AllocsPerRun(100, func() { fresh.Render(e) }); a != 0 {
+			t.Errorf("%s: %v allocations to render a kept destination", raw, a)
 		}
 	}
 }
