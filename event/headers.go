@@ -3,6 +3,7 @@ package event
 import (
 	"bytes"
 	"encoding/json"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -10,7 +11,8 @@ import (
 // json.Unmarshal into a map[string]string does, with the same result and
 // the same errors. Objects whose keys and values have no escapes or control
 // characters, as Postgres prints most jsonb, are decoded without
-// reflection; anything else goes to json.Unmarshal.
+// reflection; anything else goes to json.Unmarshal. Every call returns a
+// new map, which the caller may change. It is safe for concurrent use.
 func ParseHeaders(b []byte) (map[string]string, error) {
 	if h, ok := parseSimpleObject(b); ok {
 		return h, nil
@@ -24,14 +26,14 @@ func ParseHeaders(b []byte) (map[string]string, error) {
 
 // parseSimpleObject decodes b when it is an object of plain strings; ok is
 // false for anything else. The keys and values share one string, a copy of
-// b.
+// b, or the string of the previous call when its text was the same.
 func parseSimpleObject(b []byte) (h map[string]string, ok bool) {
 	b = trimSpace(b)
 	if len(b) < 2 || b[0] != '{' || b[len(b)-1] != '}' {
 		return nil, false
 	}
 	b = trimSpace(b[1 : len(b)-1])
-	s := string(b)
+	s := intern(b)
 	h = make(map[string]string, bytes.Count(b, []byte{':'}))
 	for p := 0; p < len(b); {
 		var k, v string
@@ -55,6 +57,23 @@ func parseSimpleObject(b []byte) (h map[string]string, ok bool) {
 		}
 	}
 	return h, true
+}
+
+// last is the text of the object parseSimpleObject read last.
+var last struct {
+	sync.Mutex
+	s string
+}
+
+// intern returns b as a string, without a copy when b is the text of the
+// previous object: most rows of an outbox carry the same headers.
+func intern(b []byte) string {
+	last.Lock()
+	defer last.Unlock()
+	if last.s != string(b) {
+		last.s = string(b)
+	}
+	return last.s
 }
 
 // plainString reads a JSON string without escapes or control characters

@@ -23,6 +23,21 @@ func TestParseHeaders(t *testing.T) {
 	}
 }
 
+// TestParseHeadersFresh: objects with the same text give maps of their
+// own, so a caller that changes one changes no other event's headers.
+func TestParseHeadersFresh(t *testing.T) {
+	in := []byte(`{"source":"relaybench"}`)
+	a, _ := ParseHeaders(in)
+	b, _ := ParseHeaders(in)
+	a["source"], a["x"] = "changed", "y"
+	c, _ := ParseHeaders(in)
+	for _, h := range []map[string]string{b, c} {
+		if len(h) != 1 || h["source"] != "relaybench" {
+			t.Fatalf("headers %v after changing another event's", h)
+		}
+	}
+}
+
 func FuzzParseHeaders(f *testing.F) {
 	for _, in := range headerCases {
 		f.Add([]byte(in))
@@ -44,6 +59,17 @@ func check(t *testing.T, in []byte) {
 
 func BenchmarkParseHeaders(b *testing.B) {
 	in := []byte(`{"source": "relaybench", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"}`)
+	b.Run("unique", func(b *testing.B) {
+		in := [][]byte{in, []byte(`{"source": "relaybench", "trace_id": "5bf92f3577b34da6a3ce929d0e0e4736"}`)}
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			if _, err := ParseHeaders(in[i%2]); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("ParseHeaders", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
