@@ -260,9 +260,9 @@ func (d *decoder) event(rel *relation) (*event.Event, int64, error) {
 			return nil, 0, fmt.Errorf("%s is NULL", d.names[k])
 		}
 	}
-	id, err := uuid.ParseBytes(v[fID])
+	sc, err := appendID(d.scratch[:0], v[fID])
 	if err != nil {
-		return nil, 0, fmt.Errorf("id %q is not a UUID", v[fID])
+		return nil, 0, err
 	}
 	seq, err := parseInt(v[fSeq])
 	if err != nil {
@@ -278,7 +278,6 @@ func (d *decoder) event(rel *relation) (*event.Event, int64, error) {
 			return nil, 0, fmt.Errorf("headers must be a JSON object of strings: %v", err)
 		}
 	}
-	sc := appendUUID(d.scratch[:0], id)
 	for _, k := range []int{fAggregateType, fAggregateID, fEventType, fCreatedAt, fOrder} {
 		sc = append(sc, v[k]...)
 	}
@@ -329,6 +328,40 @@ func (d *decoder) badRow(err error) *badRow {
 	return b
 }
 
+// appendID appends the canonical text form of the UUID id: as it is when
+// it is canonical already, as PostgreSQL prints a uuid.
+func appendID(dst, id []byte) ([]byte, error) {
+	if canonicalUUID(id) {
+		return append(dst, id...), nil
+	}
+	u, err := uuid.ParseBytes(id)
+	if err != nil {
+		return dst, fmt.Errorf("id %q is not a UUID", id)
+	}
+	return appendUUID(dst, u), nil
+}
+
+// canonicalUUID reports whether b is a UUID in its canonical text form:
+// 36 characters, lower-case hex digits and dashes at 8, 13, 18 and 23.
+func canonicalUUID(b []byte) bool {
+	if len(b) != 36 {
+		return false
+	}
+	for i, c := range b {
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // appendUUID appends the canonical text form of u.
 func appendUUID(dst []byte, u uuid.UUID) []byte {
 	var b [36]byte
@@ -376,11 +409,119 @@ var timestampLayouts = []string{
 	"2006-01-02 15:04:05.999999999",
 }
 
+// parseTimestamp parses created_at. The form PostgreSQL sends is read
+// without time.Parse; anything else (BC dates, infinity, years past 9999,
+// other separators) is left to timestampLayouts, with the same result.
 func parseTimestamp(s string) (time.Time, error) {
+	if t, ok := parseISOTimestamp(s); ok {
+		return t, nil
+	}
 	for _, layout := range timestampLayouts {
 		if t, err := time.Parse(layout, s); err == nil {
 			return t, nil
 		}
 	}
 	return time.Time{}, fmt.Errorf("created_at %q is not an ISO timestamp", s)
+}
+
+// parseISOTimestamp parses "YYYY-MM-DD hh:mm:ss[.f…][±hh[:mm[:ss]]]", with
+// one to nine fraction digits, as time.Parse does with timestampLayouts:
+// UTC without an offset, time.Local when its offset at that instant is the
+// given one, otherwise a fixed zone. It reports false for anything else.
+func parseISOTimestamp(s string) (time.Time, bool) {
+	if len(s) < 19 || s[4] != '-' || s[7] != '-' || s[10] != ' ' || s[13] != ':' || s[16] != ':' {
+		return time.Time{}, false
+	}
+	year, ok1 := digits(s[0:4])
+	month, ok2 := digits(s[5:7])
+	day, ok3 := digits(s[8:10])
+	hour, ok4 := digits(s[11:13])
+	minute, ok5 := digits(s[14:16])
+	sec, ok6 := digits(s[17:19])
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || month < 1 || month > 12 ||
+		day < 1 || day > daysIn(month, year) || hour > 23 || minute > 59 || sec > 59 {
+		return time.Time{}, false
+	}
+	rest, nsec := s[19:], 0
+	if len(rest) > 0 && rest[0] == '.' {
+		n := 1
+		for n < len(rest) && rest[n] >= '0' && rest[n] <= '9' {
+			n++
+		}
+		if n == 1 || n > 10 {
+			return time.Time{}, false
+		}
+		f, _ := digits(rest[1:n])
+		for range 10 - n {
+			f *= 10
+		}
+		rest, nsec = rest[n:], f
+	}
+	t := time.Date(year, time.Month(month), day, hour, minute, sec, nsec, time.UTC)
+	if rest == "" {
+		return t, true
+	}
+	offset, ok := parseOffset(rest)
+	if !ok {
+		return time.Time{}, false
+	}
+	t = t.Add(-time.Duration(offset) * time.Second)
+	if _, local := t.In(time.Local).Zone(); local == offset {
+		return t.In(time.Local), true
+	}
+	return t.In(time.FixedZone("", offset)), true
+}
+
+// parseOffset parses "±hh", "±hh:mm" or "±hh:mm:ss" into seconds east of
+// UTC.
+func parseOffset(s string) (int, bool) {
+	if (len(s) != 3 && len(s) != 6 && len(s) != 9) || (s[0] != '+' && s[0] != '-') {
+		return 0, false
+	}
+	h, ok := digits(s[1:3])
+	m, sec, okm, oks := 0, 0, true, true
+	if len(s) >= 6 {
+		m, okm = digits(s[4:6])
+		okm = okm && s[3] == ':'
+	}
+	if len(s) == 9 {
+		sec, oks = digits(s[7:9])
+		oks = oks && s[6] == ':'
+	}
+	if !ok || !okm || !oks || h > 24 || m > 59 || sec > 59 {
+		return 0, false
+	}
+	off := (h*60+m)*60 + sec
+	if s[0] == '-' {
+		off = -off
+	}
+	return off, true
+}
+
+// digits parses s, made of decimal digits only.
+func digits(s string) (int, bool) {
+	n := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, true
+}
+
+// daysIn returns the number of days of month in year (proleptic
+// Gregorian, as time does).
+func daysIn(month, year int) int {
+	switch month {
+	case 2:
+		if year%4 == 0 && (year%100 != 0 || year%400 == 0) {
+			return 29
+		}
+		return 28
+	case 4, 6, 9, 11:
+		return 30
+	}
+	return 31
 }

@@ -233,3 +233,30 @@ func BenchmarkDecode(b *testing.B) {
 		})
 	}
 }
+
+// TestDecodeIDForms checks the event id is the UUID's canonical text form
+// whatever form the row holds it in (a text id column), and that a value
+// that is no UUID makes a bad row.
+func TestDecodeIDForms(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{testID, testID},
+		{strings.ToUpper(testID), testID},
+		{"{" + testID + "}", testID},
+		{strings.ReplaceAll(testID, "-", ""), testID},
+		{"6ba7b810-9dad-11d1-80b4-00c04fd430cg", ""},
+		{"6ba7b810-9dad-11d1-80b4x00c04fd430c8", ""},
+		{testID[:35], ""},
+	} {
+		d := newDecoder(testLayout)
+		mustDecode(t, d, relationMsg(1, "app data", `Out "Box`, outboxCols))
+		v := row()
+		v[3] = s(tc.in)
+		r := mustDecode(t, d, insertMsg(1, v...))
+		switch {
+		case tc.want == "" && (r.bad == nil || !strings.Contains(r.bad.err, "is not a UUID")):
+			t.Errorf("id %q: decoded %+v, want a bad row", tc.in, r)
+		case tc.want != "" && (r.ev == nil || r.ev.ID != tc.want || r.ev.AggregateType != "order"):
+			t.Errorf("id %q: decoded %+v, want id %s", tc.in, r.ev, tc.want)
+		}
+	}
+}
