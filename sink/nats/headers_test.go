@@ -1,6 +1,9 @@
 package nats
 
 import (
+	"fmt"
+	"maps"
+	"slices"
 	"testing"
 
 	"github.com/nats-io/nats.go"
@@ -49,5 +52,44 @@ func TestHeadersReused(t *testing.T) {
 	h := hs.headers(&second)
 	if len(h) != 7 || h.Get("tenant") != "" || h.Get("trace") != "b" || h.Get("message_id") != second.ID {
 		t.Fatalf("headers of the second event: %v", h)
+	}
+}
+
+// wantHeaders is the headers of e built the plain way.
+func wantHeaders(e *event.Event) nats.Header {
+	h := nats.Header{}
+	for k, v := range e.Headers {
+		h.Set(k, v)
+	}
+	for k, v := range map[string]string{jetstream.MsgIDHeader: e.ID, "message_id": e.ID, "event_type": e.EventType,
+		"aggregate_type": e.AggregateType, "aggregate_id": e.AggregateID, "Content-Type": e.ContentType} {
+		h[k] = []string{v}
+	}
+	return h
+}
+
+// TestHeadersSequence builds the headers of events one after another in
+// one headerSet, with row header names that stay, change, keep their count
+// with other names, collide with a contract header, or go, and with a
+// caller changing the map in between: each message carries exactly its own
+// headers.
+func TestHeadersSequence(t *testing.T) {
+	rows := []map[string]string{
+		{"source": "a"}, {"source": "b"}, {"tenant": "t"}, {"source": "c", "tenant": "u"},
+		{"tenant": "v", "source": "d"}, {"source": "e", "trace": "x"}, nil, nil, {"event_type": "forged"},
+		{"event_type": "forged", "x": "1"}, {"x": "2", "y": "3"}, {}, {"source": "f"}, {"event_type": "forged"}, {"source": "g"},
+	}
+	hs := new(headerSet)
+	for i, r := range rows {
+		e := *benchEvent
+		e.ID, e.EventType, e.AggregateID, e.Headers = fmt.Sprintf("id-%d", i), fmt.Sprintf("type-%d", i), fmt.Sprintf("agg-%d", i), r
+		h := hs.headers(&e)
+		if want := wantHeaders(&e); !maps.EqualFunc(h, want, slices.Equal) {
+			t.Fatalf("event %d: headers %v, want %v", i, h, want)
+		}
+		if i == 6 { // as cloudEvent does
+			h["ce-id"] = []string{"x"}
+			hs.changed()
+		}
 	}
 }

@@ -68,26 +68,69 @@ func (s *Sink) send(ctx context.Context, msg *nats.Msg, hs *headerSet, subject s
 			return err
 		}
 		cloudEvent(msg.Header, e, env)
+		hs.changed()
 	}
 	return s.acks.send(ctx, msg, w, i, deadline, s.closed)
 }
 
 // headerSet builds the headers of one message after another in one map and
 // one array of values, which the NATS client encodes before PublishMsg
-// returns and does not keep. It is used by one goroutine.
+// returns and does not keep. When an event's row headers have the names of
+// the previous event's, the map keeps its keys and only the values change.
+// It is used by one goroutine.
 type headerSet struct {
 	h    nats.Header
-	vals []string
+	vals []string // the row headers' values, then the contract headers'
+	rows int      // how many row headers h holds
+	// same is set while h holds exactly the contract headers, at
+	// vals[rows:], and rows row headers of other names.
+	same bool
 }
 
+// contractHeaders are the names of the headers every message carries, in
+// the order of their values in headerSet.vals.
+var contractHeaders = [...]string{jetstream.MsgIDHeader, "message_id", "event_type", "aggregate_type", "aggregate_id", "Content-Type"}
+
 // headers returns the message headers of e: its Headers map, overridden by
-// the contract headers. They are valid until the next call.
+// the contract headers. They are valid until the next call; a caller that
+// changes them calls changed.
 func (hs *headerSet) headers(e *event.Event) nats.Header {
+	if !hs.sameNames(e) {
+		hs.build(e)
+	}
+	c := hs.vals[hs.rows:]
+	c[0], c[1], c[2], c[3], c[4], c[5] = e.ID, e.ID, e.EventType, e.AggregateType, e.AggregateID, e.ContentType
+	return hs.h
+}
+
+// sameNames reports whether h holds the row headers of e's names, and then
+// sets their values.
+func (hs *headerSet) sameNames(e *event.Event) bool {
+	if !hs.same || len(e.Headers) != hs.rows {
+		return false
+	}
+	for k, v := range e.Headers {
+		slot, ok := hs.h[k]
+		if !ok || isContractHeader(k) {
+			return false
+		}
+		slot[0] = v
+	}
+	return true
+}
+
+// build fills h with e's headers anew; the contract headers get their
+// values from the caller.
+func (hs *headerSet) build(e *event.Event) {
 	if hs.h == nil {
-		hs.h = make(nats.Header, len(e.Headers)+6)
+		hs.h = make(nats.Header, len(e.Headers)+len(contractHeaders))
 	}
 	h := hs.h
 	clear(h)
+	// The map's values alias vals: it must not grow while being filled.
+	if n := len(e.Headers) + len(contractHeaders); cap(hs.vals) < n {
+		hs.vals = make([]string, 0, n)
+	}
 	hs.vals = hs.vals[:0]
 	set := func(k, v string) {
 		hs.vals = append(hs.vals, v)
@@ -97,13 +140,22 @@ func (hs *headerSet) headers(e *event.Event) nats.Header {
 	for k, v := range e.Headers {
 		set(k, v)
 	}
-	set(jetstream.MsgIDHeader, e.ID)
-	set("message_id", e.ID)
-	set("event_type", e.EventType)
-	set("aggregate_type", e.AggregateType)
-	set("aggregate_id", e.AggregateID)
-	set("Content-Type", e.ContentType)
-	return h
+	hs.rows = len(hs.vals)
+	for _, k := range contractHeaders {
+		set(k, "")
+	}
+	hs.same = len(h) == len(hs.vals)
+}
+
+// changed notes that the caller changed the headers last returned.
+func (hs *headerSet) changed() { hs.same = false }
+
+func isContractHeader(k string) bool {
+	switch k {
+	case jetstream.MsgIDHeader, "message_id", "event_type", "aggregate_type", "aggregate_id", "Content-Type":
+		return true
+	}
+	return false
 }
 
 // cloudEvent replaces the headers of h in the ce- namespace, which a row
