@@ -12,7 +12,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"slices"
 	"syscall"
 
@@ -40,27 +39,9 @@ const usage = `usage:
 `
 
 func main() {
-	tuneGC()
+	app.TuneGC()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
-
-// tuneGC sets the garbage collector to grow the heap to 3× the live data
-// (GOGC=200) with a soft limit of gcMemoryLimit (GOMEMLIMIT), unless the
-// environment sets either. The relay's live heap is bounded by its windows
-// (tens of MB), so the default GOGC=100 spends CPU collecting a small heap
-// often; a larger heap costs less CPU for a little more memory. The limit
-// keeps that growth, which would take the heap to about three times the
-// windows, within about 100 MB of resident memory: near it the collector
-// runs sooner instead.
-func tuneGC() {
-	if os.Getenv("GOGC") == "" && os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetGCPercent(200)
-		debug.SetMemoryLimit(gcMemoryLimit)
-	}
-}
-
-// gcMemoryLimit is the default soft limit of the Go runtime's memory.
-const gcMemoryLimit = 64 << 20
 
 // run executes one command and returns the exit status.
 func run(args []string, stdout, stderr io.Writer) int {
