@@ -55,6 +55,7 @@ type destState struct {
 	lastUsed  time.Time   // last event routed here or publish result
 	lastOK    time.Time   // last acknowledgement or successful probe; zero: none yet
 	lastErr   error
+	okIn      uint64 // the engine's settles count when a Publish result last had an ack from here
 }
 
 // DestinationStatus is the state of one destination's breaker.

@@ -44,6 +44,7 @@ type aggQueue struct {
 	held    bool      // held by its destination's open breaker
 	probe   bool      // its head is sent as its destination's probe
 	heapIdx int
+	first   [1]*item // items' first backing array, so one event needs no other
 }
 
 // run is the first n events of an aggregate's queue in one Publish call.
@@ -64,7 +65,9 @@ type engine struct {
 	p        *Pipeline
 	ctx      context.Context // publishes and archives; ends after the drain
 	queues   map[string]*aggQueue
-	ready    []*aggQueue
+	spare    []*aggQueue // emptied queues for reuse, at most maxSpare
+	ready    []*aggQueue // aggregates whose head can be sent, from readyAt on
+	readyAt  int
 	retries  retryHeap
 	held     int // events captured and not settled
 	bytes    int // their payload bytes
@@ -75,6 +78,7 @@ type engine struct {
 	parked   map[string]*park // see park.go
 	received int              // batches received from the source
 	perAgg   int              // most events of one aggregate in a Publish call (sink.Ordered)
+	settles  uint64           // Publish results applied; see destState.okIn
 
 	router    sink.Destinations // nil when the sink names no destinations
 	dests     map[string]*destState
@@ -165,6 +169,7 @@ func (e *engine) wait() {
 func (e *engine) add(b capture.Batch) {
 	evs := b.Events()
 	bs := &batchState{batch: b, pending: len(evs)}
+	bs.outcome.Published = make([]*event.Event, 0, len(evs))
 	e.received++
 	e.p.stats.Captured.Add(int64(len(evs)))
 	e.held += len(evs)
@@ -187,7 +192,7 @@ func (e *engine) add(b capture.Batch) {
 		}
 		q := e.queues[key]
 		if q == nil {
-			q = &aggQueue{id: key, heapIdx: -1}
+			q = e.newQueue(key)
 			e.queues[key] = q
 		}
 		q.items = append(q.items, it)
@@ -196,12 +201,50 @@ func (e *engine) add(b capture.Batch) {
 	e.p.stats.InFlight.Store(int64(e.held))
 }
 
+// newQueue returns an empty queue for aggregate key, a spare one when
+// there is one.
+func (e *engine) newQueue(key string) *aggQueue {
+	var q *aggQueue
+	if n := len(e.spare); n > 0 {
+		q = e.spare[n-1]
+		e.spare[n-1] = nil
+		e.spare = e.spare[:n-1]
+	} else {
+		q = new(aggQueue)
+	}
+	*q = aggQueue{id: key, heapIdx: -1}
+	q.items = q.first[:0]
+	return q
+}
+
+// maxSpare is how many emptied queues the engine keeps for reuse.
+const maxSpare = 1024
+
 func (e *engine) markReady(q *aggQueue) {
 	if q.queued || q.sending > 0 || q.held || q.heapIdx >= 0 || len(q.items) == 0 {
 		return
 	}
 	q.queued = true
+	if len(e.ready) == cap(e.ready) && e.readyAt >= len(e.ready)/2 {
+		// Taken entries make up half the array: move the rest to its start.
+		n := copy(e.ready, e.ready[e.readyAt:])
+		clear(e.ready[n:])
+		e.ready, e.readyAt = e.ready[:n], 0
+	}
 	e.ready = append(e.ready, q)
+}
+
+// popReady takes the first aggregate of the ready list. When the list
+// empties its backing array is kept for the next ones.
+func (e *engine) popReady() *aggQueue {
+	q := e.ready[e.readyAt]
+	e.ready[e.readyAt] = nil
+	e.readyAt++
+	if e.readyAt == len(e.ready) {
+		e.ready, e.readyAt = e.ready[:0], 0
+	}
+	q.queued = false
+	return q
 }
 
 // dispatch starts Publish calls while there is capacity and ready heads.
@@ -209,13 +252,11 @@ func (e *engine) markReady(q *aggQueue) {
 func (e *engine) dispatch() {
 	e.dueProbes(time.Now())
 	for e.inFlight < e.p.opts.Concurrency && len(e.ready) > 0 {
-		var runs []run
-		var batch []*event.Event
+		size := min(e.p.opts.BatchSize, e.held)
+		runs := make([]run, 0, min(size, len(e.ready)-e.readyAt))
+		batch := make([]*event.Event, 0, size)
 		for len(e.ready) > 0 && len(batch) < e.p.opts.BatchSize {
-			q := e.ready[0]
-			e.ready[0] = nil
-			e.ready = e.ready[1:]
-			q.queued = false
+			q := e.popReady()
 			if d := q.items[0].dest; d.open && !q.probe {
 				e.hold(d, q)
 				continue
@@ -237,9 +278,6 @@ func (e *engine) dispatch() {
 			e.p.opts.Metrics.publishDone(time.Since(start))
 			e.results <- result{runs: runs, err: err}
 		}()
-	}
-	if len(e.ready) == 0 {
-		e.ready = nil // let the backing array go
 	}
 }
 
@@ -271,13 +309,13 @@ func (e *engine) settle(r result) {
 		return // the drain timed out: loop abandons every unsettled batch
 	}
 	now := time.Now()
-	okIn := make(map[*destState]bool)
+	e.settles++
 	off := 0
 	for _, rn := range r.runs {
 		for j, it := range rn.q.items[:rn.n] {
 			err := sink.Failed(r.err, off+j)
 			if err == nil {
-				okIn[it.dest] = true
+				it.dest.okIn = e.settles
 				continue
 			}
 			if fault.IsSuspect(err) && !heldBack(err, j) {
@@ -289,7 +327,7 @@ func (e *engine) settle(r result) {
 	}
 	off = 0
 	for _, rn := range r.runs {
-		e.settleRun(rn, r.err, off, okIn, now)
+		e.settleRun(rn, r.err, off, now)
 		off += rn.n
 	}
 }
@@ -301,7 +339,7 @@ func heldBack(err error, j int) bool {
 }
 
 // settleRun settles one run whose first event is at index off of the batch.
-func (e *engine) settleRun(rn run, batchErr error, off int, okIn map[*destState]bool, now time.Time) {
+func (e *engine) settleRun(rn run, batchErr error, off int, now time.Time) {
 	q, probe := rn.q, rn.q.probe
 	q.probe = false
 	if probe {
@@ -330,7 +368,7 @@ func (e *engine) settleRun(rn run, batchErr error, off int, okIn map[*destState]
 	class := fault.ClassOf(err)
 	e.p.opts.Metrics.failed(class)
 	switch {
-	case e.destLevel(d, it, err, okIn[d]):
+	case e.destLevel(d, it, err, d.okIn == e.settles):
 		e.trip(d, err, probe, now)
 		e.hold(d, q)
 	case e.failed(it, class, now):
@@ -386,10 +424,15 @@ func (e *engine) popHead(q *aggQueue, dead *item, now time.Time) {
 	}
 }
 
-// next forgets q when it is empty and marks it ready otherwise.
+// next forgets q when it is empty, keeping it as a spare, and marks it
+// ready otherwise.
 func (e *engine) next(q *aggQueue) {
 	if len(q.items) == 0 {
 		delete(e.queues, q.id)
+		if len(e.spare) < maxSpare {
+			*q = aggQueue{}
+			e.spare = append(e.spare, q)
+		}
 		return
 	}
 	e.markReady(q)
@@ -446,7 +489,7 @@ func (e *engine) abandonAll() {
 	for _, d := range e.dests {
 		d.waiting, d.events = nil, 0
 	}
-	e.ready, e.retries = nil, nil
+	e.ready, e.readyAt, e.retries = nil, 0, nil
 	e.held, e.bytes = 0, 0
 	e.p.stats.InFlight.Store(0)
 }
