@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -17,31 +18,37 @@ import (
 // It is what jetstream.PublishMsgAsync does, with one wait per Publish
 // call instead of one future, timer and pair of channels per message, and
 // a PubAck read without reflection. At most max messages await their acks
-// at once. Safe for concurrent use.
+// at once, each in a slot of its own. Safe for concurrent use.
 type acker struct {
 	nc     *nats.Conn
 	prefix string // reply subjects are prefix + a decimal token
 	sub    *nats.Subscription
 	window chan struct{} // one element per message awaiting its ack
 
-	mu      sync.Mutex
-	next    uint64
-	pending map[uint64]ackSlot
+	mu     sync.Mutex
+	issued uint64 // tokens handed out so far
+	// slots holds the messages awaiting their acks: the token of the one in
+	// slot k is k plus a multiple of len(slots), and no token is used twice.
+	slots []ackSlot
+	free  []int // the unused slots
 }
 
-// ackSlot is where the ack of one message goes: message i of w.
+// ackSlot is where the ack of one message goes: message i of w. token is
+// zero while the slot is unused.
 type ackSlot struct {
-	w *ackWait
-	i int
+	token uint64
+	w     *ackWait
+	i     int
 }
 
 // ackWait collects the acks of one Publish call. errs[i] is message i's
 // error; left counts the messages still waiting (and the call while it
 // sends), and done is closed when it reaches zero.
 type ackWait struct {
-	errs []error
-	left int
-	done chan struct{}
+	errs  []error
+	left  int
+	done  chan struct{}
+	reply []byte // the reply subject of the message being sent
 }
 
 // newAcker subscribes to the reply subjects of nc's PubAcks. The
@@ -49,10 +56,14 @@ type ackWait struct {
 // closed does.
 func newAcker(nc *nats.Conn, max int, closed <-chan struct{}) (*acker, error) {
 	a := &acker{
-		nc:      nc,
-		prefix:  nc.NewInbox() + ".", // under the connection's inbox prefix
-		window:  make(chan struct{}, max),
-		pending: make(map[uint64]ackSlot),
+		nc:     nc,
+		prefix: nc.NewInbox() + ".", // under the connection's inbox prefix
+		window: make(chan struct{}, max),
+		slots:  make([]ackSlot, max),
+		free:   make([]int, max),
+	}
+	for k := range a.free {
+		a.free[k] = k
 	}
 	sub, err := nc.Subscribe(a.prefix+"*", a.received)
 	if err != nil {
@@ -127,22 +138,37 @@ func (a *acker) send(ctx context.Context, msg *nats.Msg, w *ackWait, i int, dead
 			return errClosed
 		}
 	}
-	a.mu.Lock()
-	a.next++
-	token := a.next
-	a.pending[token] = ackSlot{w: w, i: i}
-	w.left++
-	a.mu.Unlock()
-	var buf [64]byte
-	msg.Reply = string(strconv.AppendUint(append(buf[:0], a.prefix...), token, 10))
-	if err := a.nc.PublishMsg(msg); err != nil {
+	k, token := a.add(w, i)
+	// PublishMsg copies the reply subject into its buffer before it
+	// returns, so the subject can live in w's buffer, rewritten for each
+	// message, instead of a new string per message.
+	w.reply = strconv.AppendUint(append(w.reply[:0], a.prefix...), token, 10)
+	msg.Reply = unsafe.String(unsafe.SliceData(w.reply), len(w.reply))
+	err := a.nc.PublishMsg(msg)
+	msg.Reply = ""
+	if err != nil {
 		a.mu.Lock()
-		if s, ok := a.pending[token]; ok {
-			a.settle(token, s, err)
+		if a.slots[k].token == token {
+			a.settle(k, err)
 		}
 		a.mu.Unlock()
 	}
 	return nil
+}
+
+// add puts message i of w in a free slot and returns the slot and the
+// message's token. The caller holds a place in the window, which
+// guarantees a free slot.
+func (a *acker) add(w *ackWait, i int) (int, uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	k := a.free[len(a.free)-1]
+	a.free = a.free[:len(a.free)-1]
+	a.issued++
+	token := a.issued*uint64(len(a.slots)) + uint64(k)
+	a.slots[k] = ackSlot{token: token, w: w, i: i}
+	w.left++
+	return k, token
 }
 
 // received settles the message whose reply subject m was sent to.
@@ -151,16 +177,20 @@ func (a *acker) received(m *nats.Msg) {
 	if err != nil {
 		return
 	}
+	k := int(token % uint64(len(a.slots)))
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if s, ok := a.pending[token]; ok {
-		a.settle(token, s, ackError(m))
+	if a.slots[k].token == token {
+		a.settle(k, ackError(m))
 	}
 }
 
-// settle records err as the outcome of the message token; a.mu is held.
-func (a *acker) settle(token uint64, s ackSlot, err error) {
-	delete(a.pending, token)
+// settle records err as the outcome of the message in slot k and frees the
+// slot; a.mu is held.
+func (a *acker) settle(k int, err error) {
+	s := a.slots[k]
+	a.slots[k] = ackSlot{}
+	a.free = append(a.free, k)
 	<-a.window
 	s.w.errs[s.i] = err
 	if s.w.left--; s.w.left == 0 {
@@ -172,9 +202,9 @@ func (a *acker) settle(token uint64, s ackSlot, err error) {
 func (a *acker) abandon(w *ackWait, err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for token, s := range a.pending {
+	for k, s := range a.slots {
 		if s.w == w {
-			a.settle(token, s, err)
+			a.settle(k, err)
 		}
 	}
 }
@@ -183,8 +213,10 @@ func (a *acker) abandon(w *ackWait, err error) {
 func (a *acker) failAll(err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for token, s := range a.pending {
-		a.settle(token, s, err)
+	for k, s := range a.slots {
+		if s.token != 0 {
+			a.settle(k, err)
+		}
 	}
 }
 
