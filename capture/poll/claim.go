@@ -113,30 +113,26 @@ const claimGuard = guard + `, set_config('synchronous_commit', 'off', true)`
 const headSeq = `SELECT set_config('relay.h', coalesce(pg_sequence_last_value($1::regclass), 0)::text, true)::bigint`
 
 // ready runs after the work locks are taken and before the claim, as a
-// statement of its own so that the claim's snapshot is taken after it. It
-// counts the owned partitions this relay still leases ($2 lease key, $3
-// lease connection pid, $4 owned partitions), reads L, the open writers of
-// the outbox ($1), and releases the pending watermarks ($6 seqs, $7 their
-// writers, one element per writer) none of whose writers is open any more.
-// It stores the safe seq, at least $5 (or -1 when a lease was lost), in the
+// statement of its own so that the claim's snapshot is taken after it. In
+// one read of pg_locks it counts the owned partitions this relay still
+// leases ($2 lease key, $3 lease connection pid, $4 owned partitions) and
+// reads L, the open writers of the outbox ($1); then it releases the
+// pending watermarks ($6 seqs, $7 their writers, one element per writer)
+// none of whose writers is open any more. It stores the safe seq, at least $5 (or -1 when a lease was lost), in the
 // transaction's relay.safe setting, which bounds the claim.
-const ready = `WITH open AS (
-	SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') AS vx FROM pg_locks
-	WHERE locktype = 'relation' AND relation = $1::regclass AND mode = 'RowExclusiveLock'
-	AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-	AND pid IS DISTINCT FROM pg_backend_pid()
-), leased AS (
-	SELECT count(*)::int AS n FROM pg_locks
-	WHERE locktype = 'advisory' AND granted AND pid = $3 AND objsubid = 2
-	AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-	AND classid = $2::int::oid AND objid::int = ANY($4::int[])
+const ready = `WITH locks AS (
+	SELECT coalesce(array_agg(DISTINCT virtualtransaction) FILTER (WHERE locktype = 'relation' AND relation = $1::regclass
+		AND mode = 'RowExclusiveLock' AND pid IS DISTINCT FROM pg_backend_pid()), '{}') AS open,
+	count(*) FILTER (WHERE locktype = 'advisory' AND granted AND pid = $3 AND objsubid = 2
+		AND classid = $2::int::oid AND objid::int = ANY($4::int[]))::int AS leased
+	FROM pg_locks WHERE database = (SELECT oid FROM pg_database WHERE datname = current_database())
 ), released AS (
-	SELECT max(seq) AS seq FROM (SELECT u.seq FROM unnest($6::bigint[], $7::text[]) AS u(seq, vx), open
-		GROUP BY u.seq HAVING NOT bool_or(u.vx = ANY(open.vx))) r
+	SELECT max(seq) AS seq FROM (SELECT u.seq FROM unnest($6::bigint[], $7::text[]) AS u(seq, vx), locks
+		GROUP BY u.seq HAVING NOT bool_or(u.vx = ANY(locks.open))) r
 )
-SELECT leased.n, open.vx, set_config('relay.safe', (CASE WHEN leased.n < cardinality($4::int[]) THEN -1
-	ELSE greatest($5::bigint, released.seq, CASE WHEN cardinality(open.vx) = 0 THEN current_setting('relay.h')::bigint END) END)::text, true)::bigint
-FROM open, leased, released`
+SELECT leased, open, set_config('relay.safe', (CASE WHEN leased < cardinality($4::int[]) THEN -1
+	ELSE greatest($5::bigint, released.seq, CASE WHEN cardinality(open) = 0 THEN current_setting('relay.h')::bigint END) END)::text, true)::bigint
+FROM locks, released`
 
 // claim claims the next rows up to the safe watermark in one round trip: a
 // short transaction that takes the work locks, checks the leases, works

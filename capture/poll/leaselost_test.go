@@ -1,0 +1,86 @@
+package poll
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxrelay/relay/internal/schema"
+	"github.com/outboxrelay/relay/internal/testenv"
+)
+
+// TestLostLeaseClaimsNothing shows that a claim checks the leases in its
+// own transaction: after the relay's lease connection died and another
+// relay took every partition over, the claim claims none of the rows the
+// other relay has in flight.
+func TestLostLeaseClaimsNothing(t *testing.T) {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.NewDB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	l := schema.Layout{
+		Outbox: schema.Table{Schema: "public", Name: "outbox"},
+		Cols: schema.Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id",
+			EventType: "event_type", Payload: "payload", Headers: "headers", CreatedAt: "created_at", Seq: "seq"},
+		DeadLetter: schema.Table{Schema: "public", Name: "outbox_dead_letter"},
+	}
+	for _, q := range []string{l.CreateOutbox(), l.CreatePollIndex()} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newSource := func() *Source {
+		s, err := New(ctx, Options{Pool: pool, Layout: l})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		if err := s.connect(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.lease.rebalance(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a := newSource()
+	if len(a.lease.owned) != a.opts.Partitions {
+		t.Fatalf("owns %d partitions", len(a.lease.owned))
+	}
+	if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, a.lease.pid); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the lease connection did not end")
+		}
+	}
+	b := newSource()
+	if _, err := pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+		SELECT gen_random_uuid(), 'order', 'agg-' || i, 'created', '{}' FROM generate_series(1, 20) AS i`); err != nil {
+		t.Fatal(err)
+	}
+	inFlight, err := b.Next(ctx)
+	if err != nil || len(inFlight.Events()) != 20 {
+		t.Fatalf("the other relay claimed %v, %v", inFlight, err)
+	}
+	defer inFlight.Abandon(ctx)
+	got, err := a.claim(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != nil {
+		t.Fatalf("the relay that lost its leases claimed %d rows the other relay has in flight", len(got.Events()))
+	}
+}
