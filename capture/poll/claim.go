@@ -118,8 +118,9 @@ const headSeq = `SELECT set_config('relay.h', coalesce(pg_sequence_last_value($1
 // leases ($2 lease key, $3 lease connection pid, $4 owned partitions) and
 // reads L, the open writers of the outbox ($1); then it releases the
 // pending watermarks ($6 seqs, $7 their writers, one element per writer)
-// none of whose writers is open any more. It stores the safe seq, at least $5 (or -1 when a lease was lost), in the
-// transaction's relay.safe setting, which bounds the claim.
+// none of whose writers is open any more. It stores the safe seq, at least
+// $5 (or -1 when a lease was lost), in the transaction's relay.safe
+// setting, which bounds the claim.
 const ready = `WITH locks AS (
 	SELECT coalesce(array_agg(DISTINCT virtualtransaction) FILTER (WHERE locktype = 'relation' AND relation = $1::regclass
 		AND mode = 'RowExclusiveLock' AND pid IS DISTINCT FROM pg_backend_pid()), '{}') AS open,
