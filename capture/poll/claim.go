@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,7 +19,7 @@ import (
 
 // queries are the source's SQL, built once with quoted identifiers.
 type queries struct {
-	lastSeq, writers, lockWork, leased, claim, claimAll, archive, deadLetter, dropDead string
+	lastSeq, writers, lockWork, leased, claim, claimAll, archive, archiveRange, deadLetter, dropDead string
 }
 
 func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
@@ -52,10 +53,11 @@ func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
 			WHERE locktype = 'advisory' AND granted AND pid = $2 AND objsubid = 2
 			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			AND classid = $1::int::oid AND objid::int = ANY($3::int[])`,
-		claim:    claimSQL(fmt.Sprintf("AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[])", c.Key("o")), 6),
-		claimAll: claimSQL("", 4),
-		archive:  l.ArchiveByKey(archiveMode, c.Seq, "bigint"),
-		dropDead: fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::bigint[])`, t, seq),
+		claim:        claimSQL(fmt.Sprintf("AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[])", c.Key("o")), 6),
+		claimAll:     claimSQL("", 4),
+		archive:      l.ArchiveByKey(archiveMode, c.Seq, "bigint"),
+		archiveRange: l.ArchiveByKeyRange(archiveMode, c.Seq, "bigint"),
+		dropDead:     fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::bigint[])`, t, seq),
 		deadLetter: fmt.Sprintf(`INSERT INTO %s (%s, error, error_class, attempts, first_failed_at, last_failed_at)
 			SELECT %s, d.error, d.class, d.attempts, d.first_failed, d.last_failed
 			FROM %s o JOIN unnest($1::bigint[], $2::text[], $3::text[], $4::int[], $5::timestamptz[], $6::timestamptz[])
@@ -73,6 +75,17 @@ func (q queries) claimOf(parts []int32, n int, cursor, bound int64, limit int, s
 		return q.claimAll, []any{cursor, bound, limit, skip}
 	}
 	return q.claim, []any{cursor, bound, limit, n, parts, skip}
+}
+
+// archiveOf returns the statement archiving the rows of seqs, not empty,
+// and its arguments: the range form when seqs fill at least a quarter of
+// the range from their least to their greatest.
+func (q queries) archiveOf(seqs []int64) (string, []any) {
+	lo, hi := slices.Min(seqs), slices.Max(seqs)
+	if hi-lo < 4*int64(len(seqs)) {
+		return q.archiveRange, []any{seqs, lo, hi}
+	}
+	return q.archive, []any{seqs}
 }
 
 // coversAll reports whether parts holds every partition of n.
@@ -319,7 +332,8 @@ func (b *batch) complete(ctx context.Context, o capture.Outcome) error {
 		for i, ev := range o.Published {
 			seqs[i] = int64(ev.Position)
 		}
-		br.Queue(b.s.sql.archive, seqs)
+		sql, args := b.s.sql.archiveOf(seqs)
+		br.Queue(sql, args...)
 	}
 	br.Queue("COMMIT")
 	ctx, cancel := context.WithTimeout(ctx, 2*txTimeout)

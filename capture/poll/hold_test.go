@@ -5,6 +5,11 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxrelay/relay/capture"
+	"github.com/outboxrelay/relay/event"
 )
 
 // TestNoTransactionWhileInFlight shows that a claimed batch holds neither a
@@ -74,5 +79,37 @@ func TestRescanSkipsRowsInFlight(t *testing.T) {
 	complete(t, b3)
 	if n := count(t, pool, "outbox"); n != 0 {
 		t.Fatalf("%d rows left", n)
+	}
+}
+
+// TestArchiveOnlyPublished completes a batch of which only some rows were
+// published, with gaps inside their seq range: exactly those rows leave
+// the outbox, also when they are archived with the range statement.
+func TestArchiveOnlyPublished(t *testing.T) {
+	pool := setup(t, layout)
+	src := newSource(t, pool, layout, 10)
+	var all []string
+	for i := range 10 {
+		all = append(all, insert(t, pool, "a", i))
+	}
+	b := next(t, src, 5*time.Second)
+	if b == nil || len(b.Events()) != 10 {
+		t.Fatalf("claimed %v, want 10 rows", b)
+	}
+	evs := b.Events()
+	published := []*event.Event{evs[0], evs[1], evs[2], evs[5], evs[6], evs[7]}
+	if err := b.Complete(context.Background(), capture.Outcome{Published: published}); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pool.Query(context.Background(), `SELECT id::text FROM outbox ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{all[3], all[4], all[8], all[9]}; fmt.Sprint(left) != fmt.Sprint(want) {
+		t.Fatalf("outbox holds %v, want the unpublished rows %v", left, want)
 	}
 }

@@ -12,10 +12,12 @@ import (
 	"github.com/outboxrelay/relay/internal/testenv"
 )
 
-// TestArchiveByKeyPerMode runs each archive mode's statement on a real
-// outbox of three rows, archiving two by seq: delete removes them, mark
-// sets published_at so that Unpublished keeps only the third, move puts
-// them into the archive table with their ids. Other rows stay untouched.
+// TestArchiveByKeyPerMode runs each archive mode's statements, ArchiveByKey
+// and ArchiveByKeyRange, on a real outbox of four rows, archiving the first
+// and third by seq: delete removes them, mark sets published_at so that
+// Unpublished keeps only the others, move puts them into the archive table
+// with their ids. Other rows, also the second one, inside the range, stay
+// untouched.
 func TestArchiveByKeyPerMode(t *testing.T) {
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, testenv.NewDB(t))
@@ -24,56 +26,63 @@ func TestArchiveByKeyPerMode(t *testing.T) {
 	}
 	defer conn.Close(ctx)
 	for _, mode := range []string{ArchiveDelete, ArchiveMark, ArchiveMove} {
-		t.Run(mode, func(t *testing.T) {
-			l := Layout{
-				Outbox: ParseTable("outbox_" + mode),
-				Cols: Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", EventType: "event_type",
-					Payload: "payload", Headers: "headers", CreatedAt: "created_at", Seq: "seq"},
-				Archive: ParseTable("archive_" + mode),
-			}
-			for _, stmt := range append([]string{l.CreateOutbox()}, l.ArchiveDDL(mode, nil)...) {
-				if _, err := conn.Exec(ctx, stmt); err != nil {
-					t.Fatalf("%v\n%s", err, stmt)
+		for _, form := range []string{"keys", "range"} {
+			t.Run(mode+"/"+form, func(t *testing.T) {
+				l := Layout{
+					Outbox: ParseTable("outbox_" + mode + "_" + form),
+					Cols: Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", EventType: "event_type",
+						Payload: "payload", Headers: "headers", CreatedAt: "created_at", Seq: "seq"},
+					Archive: ParseTable("archive_" + mode + "_" + form),
 				}
-			}
-			var ids []string
-			var seqs []int64
-			for range 3 {
-				id := uuid.NewString()
-				var seq int64
-				if err := conn.QueryRow(ctx, "INSERT INTO "+l.Outbox.Ident()+" ("+l.insertColumns()+
-					") VALUES ($1, 't', 'a', 'e', '{}', NULL, now()) RETURNING seq", id).Scan(&seq); err != nil {
-					t.Fatal(err)
+				for _, stmt := range append([]string{l.CreateOutbox()}, l.ArchiveDDL(mode, nil)...) {
+					if _, err := conn.Exec(ctx, stmt); err != nil {
+						t.Fatalf("%v\n%s", err, stmt)
+					}
 				}
-				ids, seqs = append(ids, id), append(seqs, seq)
-			}
-			tag, err := conn.Exec(ctx, l.ArchiveByKey(mode, l.Cols.Seq, "bigint"), seqs[:2])
-			if err != nil || tag.RowsAffected() != 2 {
-				t.Fatalf("archived %d rows, %v; want 2\n%s", tag.RowsAffected(), err, l.ArchiveByKey(mode, l.Cols.Seq, "bigint"))
-			}
-			left := idsOf(t, conn, "SELECT id::text FROM "+l.Outbox.Ident()+" o WHERE true "+l.Unpublished(mode, "o"))
-			if !slices.Equal(left, ids[2:]) {
-				t.Errorf("unpublished rows %v, want %v", left, ids[2:])
-			}
-			all := idsOf(t, conn, "SELECT id::text FROM "+l.Outbox.Ident())
-			var archived []string
-			switch mode {
-			case ArchiveMark:
-				if !slices.Equal(all, sorted(ids)) {
-					t.Errorf("outbox holds %v, want every row %v, marked", all, ids)
+				var ids []string
+				var seqs []int64
+				for range 4 {
+					id := uuid.NewString()
+					var seq int64
+					if err := conn.QueryRow(ctx, "INSERT INTO "+l.Outbox.Ident()+" ("+l.insertColumns()+
+						") VALUES ($1, 't', 'a', 'e', '{}', NULL, now()) RETURNING seq", id).Scan(&seq); err != nil {
+						t.Fatal(err)
+					}
+					ids, seqs = append(ids, id), append(seqs, seq)
 				}
-			case ArchiveMove:
-				archived = idsOf(t, conn, "SELECT id::text FROM "+l.Archive.Ident()+" WHERE archived_at IS NOT NULL")
-				fallthrough
-			default:
-				if !slices.Equal(all, ids[2:]) {
-					t.Errorf("outbox holds %v, want %v", all, ids[2:])
+				stmt, args := l.ArchiveByKey(mode, l.Cols.Seq, "bigint"), []any{[]int64{seqs[0], seqs[2]}}
+				if form == "range" {
+					stmt, args = l.ArchiveByKeyRange(mode, l.Cols.Seq, "bigint"), append(args, seqs[0], seqs[2])
 				}
-			}
-			if want := sorted(ids[:2]); mode == ArchiveMove && !slices.Equal(archived, want) {
-				t.Errorf("archive table holds %v, want %v", archived, want)
-			}
-		})
+				tag, err := conn.Exec(ctx, stmt, args...)
+				if err != nil || tag.RowsAffected() != 2 {
+					t.Fatalf("archived %d rows, %v; want 2\n%s", tag.RowsAffected(), err, stmt)
+				}
+				kept := []string{ids[1], ids[3]}
+				left := idsOf(t, conn, "SELECT id::text FROM "+l.Outbox.Ident()+" o WHERE true "+l.Unpublished(mode, "o"))
+				if !slices.Equal(left, sorted(kept)) {
+					t.Errorf("unpublished rows %v, want %v", left, kept)
+				}
+				all := idsOf(t, conn, "SELECT id::text FROM "+l.Outbox.Ident())
+				var archived []string
+				switch mode {
+				case ArchiveMark:
+					if !slices.Equal(all, sorted(ids)) {
+						t.Errorf("outbox holds %v, want every row %v, marked", all, ids)
+					}
+				case ArchiveMove:
+					archived = idsOf(t, conn, "SELECT id::text FROM "+l.Archive.Ident()+" WHERE archived_at IS NOT NULL")
+					fallthrough
+				default:
+					if !slices.Equal(all, sorted(kept)) {
+						t.Errorf("outbox holds %v, want %v", all, kept)
+					}
+				}
+				if want := sorted([]string{ids[0], ids[2]}); mode == ArchiveMove && !slices.Equal(archived, want) {
+					t.Errorf("archive table holds %v, want %v", archived, want)
+				}
+			})
+		}
 	}
 }
 
