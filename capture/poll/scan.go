@@ -2,11 +2,13 @@ package poll
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxrelay/relay/capture"
@@ -30,18 +32,33 @@ const (
 // scanner reads claimed rows. For the column types of the documented table
 // (the id and the order column cast to text, text or varchar for the other
 // strings, json or jsonb headers) it reads the strings and headers from the
-// row's raw values, one string allocation per row, and lets pgx decode the
-// payload, created_at and seq into fields it reuses; for any other types it
-// scans every column with pgx. A scanner serves one claim.
+// row's raw values, one string allocation per row; when created_at and seq
+// arrive as binary timestamptz and bigint and the payload as json, jsonb,
+// text, varchar or binary bytea, it reads them from the raw values too,
+// and otherwise lets pgx decode them into fields it reuses; for any other
+// types it scans every column with pgx. It takes the events and payload
+// copies of the first path from blocks it allocates for several rows. A
+// scanner serves one claim.
 type scanner struct {
-	fast    bool
-	binHdr  bool // headers arrive as binary jsonb: a version byte, then the text
-	dest    []any
-	payload []byte
-	created pgtype.Timestamptz
-	seq     int64
-	buf     []byte
+	fast       bool
+	binHdr     bool // headers arrive as binary jsonb: a version byte, then the text
+	raw        bool // payload, created_at and seq can be read by decode
+	binPayload bool // the payload arrives as binary jsonb
+	dest       []any
+	payload    []byte
+	created    pgtype.Timestamptz
+	seq        int64
+	buf        []byte
+	events     []event.Event // the unused rest of the current block of events
+	bytes      []byte        // the current block of payload bytes
 }
+
+// Blocks of events and payload bytes: eventBlock events, payloadBlock bytes;
+// a payload larger than a quarter block gets its own copy.
+const (
+	eventBlock   = 32
+	payloadBlock = 16 << 10
+)
 
 // newScanner returns the scanner of rows, whose fields it inspects.
 func newScanner(rows pgx.Rows) *scanner {
@@ -65,6 +82,18 @@ func newScanner(rows pgx.Rows) *scanner {
 	default:
 		sc.fast = false
 	}
+	binary := func(f pgconn.FieldDescription, oid uint32) bool {
+		return f.DataTypeOID == oid && f.Format == pgtype.BinaryFormatCode
+	}
+	sc.raw = sc.fast && binary(fds[colCreatedAt], pgtype.TimestamptzOID) && binary(fds[colSeq], pgtype.Int8OID)
+	switch p := fds[colPayload]; {
+	case binary(p, pgtype.JSONBOID):
+		sc.binPayload = true
+	case p.DataTypeOID == pgtype.JSONBOID, p.DataTypeOID == pgtype.JSONOID, p.DataTypeOID == pgtype.TextOID,
+		p.DataTypeOID == pgtype.VarcharOID, binary(p, pgtype.ByteaOID):
+	default:
+		sc.raw = false
+	}
 	return sc
 }
 
@@ -77,21 +106,86 @@ func (b *batch) scan(rows pgx.Rows, contentType string) error {
 		return b.scanAll(rows, contentType)
 	}
 	sc := b.sc
-	sc.payload = nil
-	if err := rows.Scan(sc.dest...); err != nil {
-		return err
-	}
 	raw := rows.RawValues()
-	ev := &event.Event{Payload: sc.payload, ContentType: contentType, Position: uint64(sc.seq)}
-	if sc.created.Valid {
-		ev.CreatedAt = sc.created.Time
+	ev := sc.newEvent()
+	ev.ContentType = contentType
+	if !sc.raw || !sc.decode(ev, raw) {
+		sc.payload = nil
+		if err := rows.Scan(sc.dest...); err != nil {
+			return err
+		}
+		ev.Payload, ev.Position = sc.payload, uint64(sc.seq)
+		if sc.created.Valid {
+			ev.CreatedAt = sc.created.Time
+		}
 	}
 	err := sc.fill(ev, raw)
-	if err == nil && sc.payload == nil {
+	if err == nil && ev.Payload == nil {
 		err = fmt.Errorf("payload is NULL")
 	}
-	b.add(ev, sc.seq, err)
+	b.add(ev, int64(ev.Position), err)
 	return nil
+}
+
+// The created_at values decode reads: microseconds since 2000-01-01 UTC
+// from year 1 to 9999. pgx decodes the others (infinity, far dates).
+var (
+	minCreated = (time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC).Unix() - y2k.Unix()) * 1e6
+	maxCreated = (time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC).Unix() - y2k.Unix()) * 1e6
+	y2k        = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+)
+
+// decode sets the event's payload, created_at and seq from the row's raw
+// values, as pgx decodes them; it reports false, changing nothing, for a
+// value it leaves to pgx.
+func (sc *scanner) decode(ev *event.Event, raw [][]byte) bool {
+	seq, created, payload := raw[colSeq], raw[colCreatedAt], raw[colPayload]
+	if len(seq) != 8 || created != nil && len(created) != 8 {
+		return false
+	}
+	var at time.Time
+	if created != nil {
+		us := int64(binary.BigEndian.Uint64(created))
+		if us < minCreated || us >= maxCreated {
+			return false
+		}
+		at = time.Unix(y2k.Unix()+us/1e6, us%1e6*1e3)
+	}
+	if sc.binPayload && payload != nil {
+		if len(payload) == 0 || payload[0] != 1 {
+			return false // pgx names the unknown jsonb version
+		}
+		payload = payload[1:]
+	}
+	if payload != nil {
+		payload = sc.copy(payload)
+	}
+	ev.Payload, ev.CreatedAt, ev.Position = payload, at, binary.BigEndian.Uint64(seq)
+	return true
+}
+
+// newEvent returns a zero event from the current block.
+func (sc *scanner) newEvent() *event.Event {
+	if len(sc.events) == 0 {
+		sc.events = make([]event.Event, eventBlock)
+	}
+	ev := &sc.events[0]
+	sc.events = sc.events[1:]
+	return ev
+}
+
+// copy returns a copy of p, not nil, from the current block of payload
+// bytes; appending to it never writes into the block.
+func (sc *scanner) copy(p []byte) []byte {
+	if len(p) > payloadBlock/4 {
+		return append(make([]byte, 0, len(p)), p...)
+	}
+	if len(sc.bytes)+len(p) > cap(sc.bytes) {
+		sc.bytes = make([]byte, 0, payloadBlock)
+	}
+	start := len(sc.bytes)
+	sc.bytes = append(sc.bytes, p...)
+	return sc.bytes[start:len(sc.bytes):len(sc.bytes)]
 }
 
 // fill sets the event's strings and headers from the row's raw values.

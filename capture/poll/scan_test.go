@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -75,14 +76,15 @@ func TestScanColumnTypes(t *testing.T) {
 // payloads with one header, as relaybench's poll drain does: one op is one
 // row, claimed and archived. The backlog is inserted and analyzed in parts
 // of at most 100,000 rows with the timer stopped. pg-cpu-ns/op is the CPU
-// time of the database's backends per row, read from /proc.
+// time of the database's backends per row, read from /proc, cpu-ns/op the
+// CPU time of this process per row.
 func BenchmarkClaim(b *testing.B) {
 	slog.SetDefault(slog.New(slog.DiscardHandler))
 	pool := setup(b, layout)
 	src := newSource(b, pool, layout, 500)
 	ctx := context.Background()
 	payload := fmt.Sprintf(`{"pad": "%s"}`, strings.Repeat("x", 188))
-	var pgCPU time.Duration
+	var pgCPU, cpu time.Duration
 	b.ReportAllocs()
 	b.StopTimer()
 	for done := 0; done < b.N; {
@@ -91,7 +93,7 @@ func BenchmarkClaim(b *testing.B) {
 			SELECT gen_random_uuid(), 'order', 'agg-' || (i % 10000), 'created', $1::jsonb, '{"source":"relaybench"}'
 			FROM generate_series(1, $2) AS i`, payload, n)
 		mustExec(b, pool, `VACUUM ANALYZE outbox`)
-		cpu := backendCPU(b, pool)
+		pg0, cpu0 := backendCPU(b, pool), processCPU(b)
 		b.StartTimer()
 		for got := 0; got < n; {
 			batch, err := src.Next(ctx)
@@ -104,10 +106,21 @@ func BenchmarkClaim(b *testing.B) {
 			got += len(batch.Events())
 		}
 		b.StopTimer()
-		pgCPU += backendCPU(b, pool) - cpu
+		cpu += processCPU(b) - cpu0
+		pgCPU += backendCPU(b, pool) - pg0
 		done += n
 	}
 	b.ReportMetric(float64(pgCPU.Nanoseconds())/float64(b.N), "pg-cpu-ns/op")
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+}
+
+// processCPU returns the CPU time this process has used so far.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // backendCPU returns the CPU time the backends of the pool's database have
