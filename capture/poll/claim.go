@@ -19,7 +19,7 @@ import (
 
 // queries are the source's SQL, built once with quoted identifiers.
 type queries struct {
-	lastSeq, writers, lockWork, leased, claim, claimAll, archive, archiveRange, deadLetter, dropDead string
+	lastSeq, writers, lockWork, claim, claimAll, archive, archiveRange, deadLetter, dropDead string
 }
 
 func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
@@ -49,10 +49,6 @@ func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
 			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			AND pid IS DISTINCT FROM pg_backend_pid()`,
 		lockWork: `SELECT pg_advisory_xact_lock_shared($1, p) FROM unnest($2::int[]) AS p`,
-		leased: `SELECT coalesce(array_agg(objid::int), '{}') FROM pg_locks
-			WHERE locktype = 'advisory' AND granted AND pid = $2 AND objsubid = 2
-			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-			AND classid = $1::int::oid AND objid::int = ANY($3::int[])`,
 		claim:        claimSQL(fmt.Sprintf("AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[])", c.Key("o")), 6),
 		claimAll:     claimSQL("", 4),
 		archive:      l.ArchiveByKey(archiveMode, c.Seq, "bigint"),
