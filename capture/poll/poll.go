@@ -24,8 +24,8 @@
 // the lock any more, every row with seq ≤ H is committed or gone, and rows
 // up to H can be published in seq order. Pending (H, L) pairs are kept until
 // they are released by a later poll: the claiming transaction checks them
-// in a statement of its own before the claim, whose snapshot is therefore
-// taken after every writer it found ended had committed. Unlike a filter on xmin against the
+// in a statement of its own before the claim, so the claim's snapshot sees
+// the rows of every writer that check found ended. Unlike a filter on xmin against the
 // snapshot's xmin, this waits neither for unrelated long transactions nor
 // misses a writer whose xid is newer than the committed row's; it waits only
 // for open transactions that wrote to the outbox.
