@@ -48,7 +48,7 @@ func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
 			WHERE locktype = 'relation' AND relation = $1::regclass AND mode = 'RowExclusiveLock'
 			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			AND pid IS DISTINCT FROM pg_backend_pid()`,
-		lockWork: `SELECT pg_advisory_xact_lock_shared($1, p) FROM unnest($2::int[]) AS p`,
+		lockWork:     `SELECT pg_advisory_xact_lock_shared($1, p) FROM unnest($2::int[]) AS p`,
 		claim:        claimSQL(fmt.Sprintf("AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[])", c.Key("o")), 6),
 		claimAll:     claimSQL("", 4),
 		archive:      l.ArchiveByKey(archiveMode, c.Seq, "bigint"),
