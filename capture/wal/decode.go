@@ -344,23 +344,28 @@ func appendID(dst, id []byte) ([]byte, error) {
 // canonicalUUID reports whether b is a UUID in its canonical text form:
 // 36 characters, lower-case hex digits and dashes at 8, 13, 18 and 23.
 func canonicalUUID(b []byte) bool {
-	if len(b) != 36 {
+	if len(b) != 36 || b[8] != '-' || b[13] != '-' || b[18] != '-' || b[23] != '-' {
 		return false
 	}
-	for i, c := range b {
-		switch i {
-		case 8, 13, 18, 23:
-			if c != '-' {
-				return false
-			}
-		default:
-			if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-				return false
-			}
+	var bad byte
+	for i, c := range b[:36] {
+		bad |= notHex[c] &^ dashAt[i]
+	}
+	return bad == 0
+}
+
+// dashAt is 1 at the dashes of a canonical UUID.
+var dashAt = [36]byte{8: 1, 13: 1, 18: 1, 23: 1}
+
+// notHex is 0 for lower-case hex digits, 1 for other bytes.
+var notHex = func() (t [256]byte) {
+	for c := range t {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			t[c] = 1
 		}
 	}
-	return true
-}
+	return t
+}()
 
 // appendUUID appends the canonical text form of u.
 func appendUUID(dst []byte, u uuid.UUID) []byte {

@@ -245,6 +245,8 @@ func TestDecodeIDForms(t *testing.T) {
 		{strings.ReplaceAll(testID, "-", ""), testID},
 		{"6ba7b810-9dad-11d1-80b4-00c04fd430cg", ""},
 		{"6ba7b810-9dad-11d1-80b4x00c04fd430c8", ""},
+		{"6ba7b810-9dad-11d1-80b4-00c04fd430-8", ""},
+		{"6ba7b810-9dad-11d1-80b4-00c04fd430C8", testID},
 		{testID[:35], ""},
 	} {
 		d := newDecoder(testLayout)
