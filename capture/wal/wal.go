@@ -13,9 +13,11 @@
 package wal
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"regexp"
@@ -28,6 +30,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/relay/capture"
@@ -273,8 +276,18 @@ func replConfig(opts Options) *pgconn.Config {
 	c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
 	}
+	c.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
+		return pgproto3.NewFrontend(bufio.NewReaderSize(r, replReadBuffer), w)
+	}
 	return c
 }
+
+// replReadBuffer is how much of the replication stream one read from the
+// socket takes at most. pgx reads 8 KiB at a time, a few dozen rows of a
+// backlog; a larger buffer takes them in fewer system calls. The
+// connection is never used directly (SyncConn, Hijack), which would miss
+// what the buffer holds.
+const replReadBuffer = 64 << 10
 
 // Next returns the next batch: drained rows while a drain is pending, then
 // the stream's. It waits while another relay leads. After the stream ended

@@ -1,0 +1,51 @@
+package wal
+
+import (
+	"io"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// readSizes is a stream of CopyData messages that records how much each
+// Read asked for.
+type readSizes struct {
+	data []byte
+	asks []int
+}
+
+func (r *readSizes) Read(p []byte) (int, error) {
+	r.asks = append(r.asks, len(p))
+	if len(r.data) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.data)
+	r.data = r.data[n:]
+	return n, nil
+}
+
+// TestReplConnReadsLargeChunks: the replication connection takes the
+// stream from the socket in reads of replReadBuffer, not pgx's 8 KiB, and
+// still yields every message whole and in order.
+func TestReplConnReadsLargeChunks(t *testing.T) {
+	var data []byte
+	for i := range 1000 {
+		m := &pgproto3.CopyData{Data: append([]byte{byte(i)}, make([]byte, 399)...)}
+		data, _ = m.Encode(data)
+	}
+	r := &readSizes{data: data}
+	f := replConfig(Options{ReplConfig: &pgconn.Config{}}).BuildFrontend(r, io.Discard)
+	for i := range 1000 {
+		m, err := f.Receive()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, ok := m.(*pgproto3.CopyData); !ok || len(d.Data) != 400 || d.Data[0] != byte(i) {
+			t.Fatalf("message %d: %T %v", i, m, m)
+		}
+	}
+	if r.asks[0] < replReadBuffer || len(r.asks) > len(data)/replReadBuffer+2 {
+		t.Fatalf("reads of %v bytes for %d bytes of stream", r.asks, len(data))
+	}
+}
