@@ -111,12 +111,6 @@ const guard = `SELECT set_config('statement_timeout', $1, true), set_config('idl
 
 var guardArg = strconv.FormatInt(txTimeout.Milliseconds(), 10)
 
-// claimGuard is guard for the claiming transaction, which also commits
-// without waiting for its commit record to be flushed (synchronous_commit
-// off): it writes nothing but row locks, which end with it, so a crash
-// cannot lose anything of it.
-const claimGuard = guard + `, set_config('synchronous_commit', 'off', true)`
-
 // headSeq reads H (see the package doc) at the start of the claiming
 // transaction and keeps it in the transaction's relay.h setting for ready.
 const headSeq = `SELECT set_config('relay.h', coalesce(pg_sequence_last_value($1::regclass), 0)::text, true)::bigint`
@@ -230,7 +224,7 @@ func (s *Source) prepare(r *readings) *pgx.Batch {
 	k := s.lease.keys
 	br := &pgx.Batch{}
 	br.Queue("BEGIN")
-	br.Queue(claimGuard, guardArg)
+	br.Queue(guard, guardArg)
 	br.Queue(s.sql.lockWork, k.work, s.lease.owned)
 	br.Queue(headSeq, s.info.SeqSequence).QueryRow(func(row pgx.Row) error { return row.Scan(&r.headH) })
 	br.Queue(ready, s.opts.Layout.Outbox.Ident(), k.lease, s.lease.pid, s.lease.owned, s.marks.safe, seqs, writers).

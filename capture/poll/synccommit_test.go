@@ -7,15 +7,17 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/internal/testenv"
 )
 
-// TestClaimCommitsAsynchronously shows that the claiming transaction, which
-// only takes row locks, does not wait for its commit record to be flushed
-// or replicated: on a cluster whose synchronous standby never connects,
-// where every other transaction that writes waits at COMMIT, rows are
-// still claimed.
-func TestClaimCommitsAsynchronously(t *testing.T) {
+// TestClaimCommitsSynchronously shows that the claiming transaction commits
+// with the session's synchronous_commit: on a cluster whose synchronous
+// standby has not connected yet, the claim waits at COMMIT for it, and its
+// rows are handed out only once the commit is acknowledged (here when the
+// standby requirement is dropped). So no row is published whose commit a
+// crash or failover could still undo.
+func TestClaimCommitsSynchronously(t *testing.T) {
 	ctx := context.Background()
 	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{
 		Settings: map[string]string{"synchronous_standby_names": "absent", "fsync": "off"}})
@@ -29,6 +31,7 @@ func TestClaimCommitsAsynchronously(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = synchronousCommit
+		cfg.ConnConfig.RuntimeParams["application_name"] = "relay-" + synchronousCommit
 		pool, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -42,9 +45,46 @@ func TestClaimCommitsAsynchronously(t *testing.T) {
 	newSource(t, local, layout, 10).Close() // creates the dead-letter table
 	src := newSource(t, newPool("on"), layout, 10)
 	want := insert(t, local, "a", 1)
-	b := next(t, src, 5*time.Second)
-	if b == nil || len(b.Events()) != 1 || b.Events()[0].ID != want {
-		t.Fatalf("claimed %v, want [%s]: the claim waited for the synchronous standby", b, want)
+
+	type result struct {
+		b   capture.Batch
+		err error
 	}
-	b.Abandon(ctx)
+	done := make(chan result, 1)
+	nctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	go func() {
+		b, err := src.Next(nctx)
+		done <- result{b, err}
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var waiting int
+		if err := local.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'relay-on' AND wait_event = 'SyncRep'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("claimed %v (err %v) without waiting for the synchronous standby", r.b, r.err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no claim waits for the synchronous standby")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	mustExec(t, local, `ALTER SYSTEM SET synchronous_standby_names = ''`)
+	mustExec(t, local, `SELECT pg_reload_conf()`)
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.b == nil || len(r.b.Events()) != 1 || r.b.Events()[0].ID != want {
+		t.Fatalf("claimed %v, want [%s]", r.b, want)
+	}
+	r.b.Abandon(ctx)
 }
