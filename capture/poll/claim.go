@@ -214,13 +214,7 @@ type readings struct {
 // with the pending watermarks, which checks which partitions this relay
 // still leases (see Scale-out in lease.go) and works out the safe seq.
 func (s *Source) prepare(r *readings) *pgx.Batch {
-	var seqs []int64
-	var writers []string
-	for _, m := range s.marks.pending {
-		for _, w := range m.writers {
-			seqs, writers = append(seqs, m.seq), append(writers, w)
-		}
-	}
+	seqs, writers := s.marks.flat()
 	k := s.lease.keys
 	br := &pgx.Batch{}
 	br.Queue("BEGIN")

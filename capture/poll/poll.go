@@ -350,16 +350,55 @@ func (w *watermarks) advance(h int64, writers []string, now time.Time) int64 {
 		if !overlaps(m.writers, writers) {
 			w.safe = max(w.safe, m.seq)
 		} else if m.seq > w.safe {
+			m.writers = still(m.writers, writers)
 			keep = append(keep, m)
 		}
 	}
 	w.pending = keep
 	if len(w.pending) > maxPending {
 		a, b := w.pending[0], w.pending[1]
-		w.pending[1] = watermark{seq: b.seq, writers: append(slices.Clone(a.writers), b.writers...), at: a.at}
+		w.pending[1] = watermark{seq: b.seq, writers: union(a.writers, b.writers), at: a.at}
 		w.pending = w.pending[1:]
 	}
 	return w.safe
+}
+
+// flat returns the pending pairs as the ready statement's parameters: one
+// element per pair and writer.
+func (w *watermarks) flat() (seqs []int64, writers []string) {
+	for _, m := range w.pending {
+		for _, x := range m.writers {
+			seqs, writers = append(seqs, m.seq), append(writers, x)
+		}
+	}
+	return seqs, writers
+}
+
+// still returns the writers of a that are in open. A writer that is not
+// open any more has ended, and a virtual transaction id is not reused, so
+// it can be dropped from every pair: each pair keeps at most len(open).
+func still(a, open []string) []string {
+	if !slices.ContainsFunc(a, func(x string) bool { return !slices.Contains(open, x) }) {
+		return a
+	}
+	var out []string
+	for _, x := range a {
+		if slices.Contains(open, x) {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// union returns the writers of a and b, each once, in a new slice.
+func union(a, b []string) []string {
+	out := slices.Clone(a)
+	for _, x := range b {
+		if !slices.Contains(out, x) {
+			out = append(out, x)
+		}
+	}
+	return out
 }
 
 // held reports whether rows are waiting for open writers.
