@@ -193,7 +193,7 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 		s.backOff(time.Now())
 		return nil, nil
 	}
-	s.quiet = 0
+	s.quiet, s.heldSince = 0, time.Time{}
 	s.cursor = b.last
 	s.flight.add(b.seqs, b.payloadBytes())
 	return b, nil
@@ -231,9 +231,8 @@ func (s *Source) prepare(r *readings) *pgx.Batch {
 func (s *Source) settle(r *readings, bound int64) {
 	s.claimedTo = min(r.safe, bound)
 	s.marks.safe = max(s.marks.safe, r.safe)
-	now := time.Now()
-	s.marks.advance(r.headH, r.headL, now)
-	s.marks.advance(r.tailH, r.tailL, now)
+	s.marks.advance(r.headH, r.headL)
+	s.marks.advance(r.tailH, r.tailL)
 }
 
 // batch is a claimed set of rows. Its rows are not locked: this relay

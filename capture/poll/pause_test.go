@@ -1,6 +1,7 @@
 package poll
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -35,14 +36,15 @@ func TestPause(t *testing.T) {
 	}
 }
 
-// TestBackOffWhileHeld: a claim held back by writers read less than
-// blockedInterval ago does not lengthen the wait, so a row is claimed
-// within about a millisecond of its writer's commit; once they have held it
-// longer, the wait doubles up to blockedInterval as before.
+// TestBackOffWhileHeld: an empty claim held back by open writers, in a run
+// of such claims that began less than blockedInterval ago, does not
+// lengthen the wait, so a row is claimed within about a millisecond of its
+// writer's commit; once the run is older, the wait doubles up to
+// blockedInterval as before, and without held rows up to Options.Interval.
 func TestBackOffWhileHeld(t *testing.T) {
 	now := time.Now()
 	s := &Source{opts: Options{Interval: 200 * time.Millisecond}}
-	s.marks.advance(10, []string{"3/7"}, now)
+	s.marks.advance(10, []string{"3/7"})
 	s.blocked = s.marks.held()
 	for range 3 {
 		s.backOff(now.Add(blockedInterval / 2))
@@ -56,10 +58,33 @@ func TestBackOffWhileHeld(t *testing.T) {
 	if got := s.pause(); got != blockedInterval {
 		t.Errorf("pause after empty claims held by a writer open for %s = %s, want %s", 2*blockedInterval, got, blockedInterval)
 	}
-	s.marks.advance(11, nil, now.Add(3*blockedInterval))
+	s.marks.advance(11, nil)
 	s.blocked = s.marks.held()
 	s.backOff(now.Add(3 * blockedInterval))
 	if got := s.pause(); got != 64*busyInterval {
 		t.Errorf("pause after 6 empty claims, nothing held = %s, want %s", got, 64*busyInterval)
+	}
+}
+
+// TestBackOffUnderWriterChurn: short writers that keep replacing each other
+// (other relays' archive transactions, inserts into partitions other relays
+// own) hold back every empty claim, each time with pairs read just now;
+// after blockedInterval of such claims the wait still doubles up to
+// blockedInterval instead of staying at busyInterval.
+func TestBackOffUnderWriterChurn(t *testing.T) {
+	start := time.Now()
+	s := &Source{opts: Options{Interval: 200 * time.Millisecond}}
+	now := start
+	for i := range 100 {
+		s.marks.advance(int64(i+1), []string{fmt.Sprintf("4/%d", i)})
+		s.blocked = s.marks.held()
+		s.backOff(now)
+		now = now.Add(s.pause())
+		if now.Sub(start) > time.Second {
+			break
+		}
+	}
+	if got := s.pause(); got != blockedInterval {
+		t.Errorf("pause after %s of empty claims under writer churn = %s, want %s", now.Sub(start), got, blockedInterval)
 	}
 }

@@ -98,10 +98,10 @@ const DedicatedConns = 1
 // blockedInterval is the longest the poller waits while rows are held back
 // by an open writer: a row becomes claimable one poll after the writers
 // that were open when its seq was read have ended, and single-row
-// transactions end within milliseconds. The wait stays at busyInterval
-// while the held rows have waited less than blockedInterval, then doubles
-// with every empty claim (see backOff), so a writer that stays open costs at
-// most one claim per blockedInterval.
+// transactions end within milliseconds. The wait keeps its pace while the
+// run of empty claims held back by open writers is younger than
+// blockedInterval, then doubles with every empty claim (see backOff), so
+// open writers cost at most one claim per blockedInterval.
 const blockedInterval = 10 * time.Millisecond
 
 // busyInterval is the wait after a claim that found rows but did not fill a
@@ -125,7 +125,10 @@ type Source struct {
 	idle    bool        // the last claim did not fill a batch
 	blocked bool        // the last claim was held back by an open writer
 	quiet   int         // claims in a row that found nothing
-	from    int64       // the cursor the last claim started from
+	// heldSince is when the current run of empty claims held back by open
+	// writers began; zero outside such a run.
+	heldSince time.Time
+	from      int64 // the cursor the last claim started from
 	// claimedTo is the safe seq that bounded the last claim.
 	claimedTo int64
 }
@@ -302,16 +305,25 @@ func (s *Source) wait(ctx context.Context) error {
 }
 
 // backOff records, at now, a claim that found nothing: the next wait
-// doubles, unless rows are held back by writers that have been open for less
-// than blockedInterval. Those are most likely single-row transactions that
-// end within milliseconds, so the poller keeps looking at the pace of the
-// last wait; a writer that stays open longer costs at most one claim per
-// blockedInterval.
+// doubles, unless rows are held back by open writers and the run of empty
+// claims held back like this began less than blockedInterval ago. Such
+// writers are most likely single-row transactions that end within
+// milliseconds, so the poller keeps looking at the pace of the last wait;
+// once the run is older, whether one writer stays open or short writers
+// keep replacing each other, the wait doubles again, so they cost at most
+// one claim per blockedInterval.
 func (s *Source) backOff(now time.Time) {
-	if s.marks.held() && now.Sub(s.marks.heldSince()) < blockedInterval {
+	if !s.marks.held() {
+		s.heldSince = time.Time{}
+		s.quiet++
 		return
 	}
-	s.quiet++
+	if s.heldSince.IsZero() {
+		s.heldSince = now
+	}
+	if now.Sub(s.heldSince) >= blockedInterval {
+		s.quiet++
+	}
 }
 
 // pause returns how long wait waits at most: busyInterval after a claim
@@ -334,17 +346,16 @@ type watermarks struct {
 type watermark struct {
 	seq     int64
 	writers []string
-	at      time.Time // when it was read
 }
 
 // maxPending bounds the pending list; beyond it the two oldest entries are
 // merged, which only makes the wait longer, never shorter.
 const maxPending = 64
 
-// advance records the pair (h, writers) read at now and returns the highest
+// advance records the pair (h, writers), just read, and returns the highest
 // seq that is safe to claim.
-func (w *watermarks) advance(h int64, writers []string, now time.Time) int64 {
-	w.pending = append(w.pending, watermark{seq: h, writers: writers, at: now})
+func (w *watermarks) advance(h int64, writers []string) int64 {
+	w.pending = append(w.pending, watermark{seq: h, writers: writers})
 	keep := w.pending[:0]
 	for _, m := range w.pending {
 		if !overlaps(m.writers, writers) {
@@ -357,7 +368,7 @@ func (w *watermarks) advance(h int64, writers []string, now time.Time) int64 {
 	w.pending = keep
 	if len(w.pending) > maxPending {
 		a, b := w.pending[0], w.pending[1]
-		w.pending[1] = watermark{seq: b.seq, writers: union(a.writers, b.writers), at: a.at}
+		w.pending[1] = watermark{seq: b.seq, writers: union(a.writers, b.writers)}
 		w.pending = w.pending[1:]
 	}
 	return w.safe
@@ -403,10 +414,6 @@ func union(a, b []string) []string {
 
 // held reports whether rows are waiting for open writers.
 func (w *watermarks) held() bool { return len(w.pending) > 0 }
-
-// heldSince returns when the oldest pending pair was read; held must be
-// true.
-func (w *watermarks) heldSince() time.Time { return w.pending[0].at }
 
 func overlaps(a, b []string) bool {
 	for _, x := range a {

@@ -3,7 +3,6 @@ package poll
 import (
 	"fmt"
 	"testing"
-	"time"
 )
 
 // TestPendingBounded: while one writer stays open and short writers come
@@ -12,11 +11,10 @@ import (
 // merged pairs list each writer once.
 func TestPendingBounded(t *testing.T) {
 	var w watermarks
-	now := time.Now()
 	for i := range 1000 {
 		open := []string{"3/7", fmt.Sprintf("4/%d", i), fmt.Sprintf("5/%d", i)}
-		w.advance(int64(i+1), open, now)
-		w.advance(int64(i+1), open[:1], now)
+		w.advance(int64(i+1), open)
+		w.advance(int64(i+1), open[:1])
 	}
 	seqs, writers := w.flat()
 	if len(seqs) != len(writers) {
@@ -34,7 +32,7 @@ func TestPendingBounded(t *testing.T) {
 	if w.safe != 0 {
 		t.Fatalf("safe %d while the first writer is open", w.safe)
 	}
-	w.advance(1001, nil, now)
+	w.advance(1001, nil)
 	if w.held() || w.safe != 1001 {
 		t.Fatalf("after the writer ended: held %v, safe %d, want nothing held and 1001", w.held(), w.safe)
 	}
