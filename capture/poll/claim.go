@@ -103,6 +103,13 @@ func coversAll(parts []int32, n int) bool {
 // one open for long; the client gives up after twice as long.
 const txTimeout = 5 * time.Second
 
+// begin starts every transaction of the source at READ COMMITTED,
+// whatever default_transaction_isolation says, so that each statement takes
+// its own snapshot: the claim's rows must be read after ready released the
+// writers it found ended, and the archive, which only touches rows this
+// relay claimed, never fails on a serialization conflict.
+const begin = "BEGIN ISOLATION LEVEL READ COMMITTED"
+
 // guard is the first statement of every transaction of the source. It also
 // plans the claim with its parameters' values, so that PostgreSQL 14 and
 // later look the in-flight rows up in a hash table.
@@ -217,7 +224,7 @@ func (s *Source) prepare(r *readings) *pgx.Batch {
 	seqs, writers := s.marks.flat()
 	k := s.lease.keys
 	br := &pgx.Batch{}
-	br.Queue("BEGIN")
+	br.Queue(begin)
 	br.Queue(guard, guardArg)
 	br.Queue(s.sql.lockWork, k.work, s.lease.owned)
 	br.Queue(headSeq, s.info.SeqSequence).QueryRow(func(row pgx.Row) error { return row.Scan(&r.headH) })
@@ -300,7 +307,7 @@ func (b *batch) complete(ctx context.Context, o capture.Outcome) error {
 		return nil
 	}
 	br := &pgx.Batch{}
-	br.Queue("BEGIN")
+	br.Queue(begin)
 	br.Queue(guard, guardArg)
 	if len(dead) > 0 {
 		seqs := make([]int64, len(dead))
