@@ -25,10 +25,10 @@
 // up to H can be published in seq order. Pending (H, L) pairs are kept until
 // they are released by a later poll: the claiming transaction checks them
 // in a statement of its own before the claim, so the claim's snapshot sees
-// the rows of every writer that check found ended. Unlike a filter on xmin against the
-// snapshot's xmin, this waits neither for unrelated long transactions nor
-// misses a writer whose xid is newer than the committed row's; it waits only
-// for open transactions that wrote to the outbox.
+// the rows of every writer that check found ended. Unlike a filter on xmin
+// against the snapshot's xmin, this waits neither for unrelated long
+// transactions nor misses a writer whose xid is newer than the committed
+// row's; it waits only for open transactions that wrote to the outbox.
 package poll
 
 import (
@@ -352,9 +352,10 @@ type watermark struct {
 // merged, which only makes the wait longer, never shorter.
 const maxPending = 64
 
-// advance records the pair (h, writers), just read, and returns the highest
-// seq that is safe to claim.
-func (w *watermarks) advance(h int64, writers []string) int64 {
+// advance records the pair (h, writers), just read, releases the pending
+// pairs none of whose writers is in writers any more, and raises the safe
+// seq to the highest released one.
+func (w *watermarks) advance(h int64, writers []string) {
 	w.pending = append(w.pending, watermark{seq: h, writers: writers})
 	keep := w.pending[:0]
 	for _, m := range w.pending {
@@ -371,7 +372,6 @@ func (w *watermarks) advance(h int64, writers []string) int64 {
 		w.pending[1] = watermark{seq: b.seq, writers: union(a.writers, b.writers)}
 		w.pending = w.pending[1:]
 	}
-	return w.safe
 }
 
 // flat returns the pending pairs as the ready statement's parameters: one
