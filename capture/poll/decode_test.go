@@ -15,7 +15,8 @@ import (
 // TestDecodeAsPgx reads rows with every payload type, created_at values
 // around the epochs, at the ends of the range and infinite, and NULLs, and
 // checks that decode gives what pgx gives for each row it takes, that it
-// takes the usual ones, and that payload copies do not share capacity.
+// takes the usual ones, and that payload copies do not share capacity. The
+// first row of the text, varchar and bytea tables has an empty payload.
 func TestDecodeAsPgx(t *testing.T) {
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, testenv.NewDB(t))
@@ -32,7 +33,7 @@ func TestDecodeAsPgx(t *testing.T) {
 				payload %s, headers jsonb, created_at timestamptz, seq bigint)`, table, typ))
 			payloads := []string{`'{"a": [1, 2]}'`, `'{}'`, "NULL"}
 			if typ == "text" || typ == "varchar" || typ == "bytea" {
-				payloads = append(payloads, "''")
+				payloads = append([]string{"''"}, payloads...) // the scanner's first payload is empty
 			}
 			seq := int64(-2)
 			for _, c := range created {

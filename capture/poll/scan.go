@@ -174,9 +174,13 @@ func (sc *scanner) newEvent() *event.Event {
 	return ev
 }
 
-// copy returns a copy of p, not nil, from the current block of payload
-// bytes; appending to it never writes into the block.
+// copy returns a copy of p from the current block of payload bytes; the
+// copy is never nil, also when p is empty (an empty payload is not NULL),
+// and appending to it never writes into the block.
 func (sc *scanner) copy(p []byte) []byte {
+	if len(p) == 0 {
+		return []byte{}
+	}
 	if len(p) > payloadBlock/4 {
 		return append(make([]byte, 0, len(p)), p...)
 	}

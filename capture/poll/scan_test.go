@@ -72,6 +72,38 @@ func TestScanColumnTypes(t *testing.T) {
 	}
 }
 
+// TestEmptyPayloadPublished claims rows of text, varchar and bytea payloads
+// whose first row, and a later one, hold an empty payload: every row is an
+// event with an empty payload that is not NULL, and none is dead-lettered.
+func TestEmptyPayloadPublished(t *testing.T) {
+	for _, typ := range []string{"text", "varchar", "bytea"} {
+		t.Run(typ, func(t *testing.T) {
+			pool := setup(t, layout)
+			mustExec(t, pool, fmt.Sprintf(`ALTER TABLE outbox ALTER COLUMN payload TYPE %s USING payload::text::%s`, typ, typ))
+			src := newSource(t, pool, layout, 10)
+			want := []string{"", "x", "", "yz"}
+			mustExec(t, pool, fmt.Sprintf(`INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+				SELECT gen_random_uuid(), 't', 'a', 'e', p::%s FROM unnest($1::text[]) WITH ORDINALITY AS u(p, n) ORDER BY n`, typ), want)
+			b := next(t, src, 5*time.Second)
+			if b == nil {
+				t.Fatal("no batch")
+			}
+			if len(b.Events()) != len(want) {
+				t.Fatalf("%d events, want %d", len(b.Events()), len(want))
+			}
+			for i, ev := range b.Events() {
+				if ev.Payload == nil || string(ev.Payload) != want[i] {
+					t.Errorf("event %d: payload %q (nil %v), want %q", i, ev.Payload, ev.Payload == nil, want[i])
+				}
+			}
+			complete(t, b)
+			if n, dead := count(t, pool, "outbox"), count(t, pool, "outbox_dead_letter"); n != 0 || dead != 0 {
+				t.Fatalf("%d rows left in the outbox, %d dead-lettered", n, dead)
+			}
+		})
+	}
+}
+
 // BenchmarkClaim drains a backlog of 500-row batches of 200-byte jsonb
 // payloads with one header, as relaybench's poll drain does: one op is one
 // row, claimed and archived. The backlog is inserted and analyzed in parts
