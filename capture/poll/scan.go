@@ -50,12 +50,18 @@ type scanner struct {
 	seq        int64
 	buf        []byte
 	events     []event.Event // the unused rest of the current block of events
+	nextEvents int           // the size of the next block of events
 	bytes      []byte        // the current block of payload bytes
 }
 
-// Blocks of events and payload bytes: eventBlock events, payloadBlock bytes;
-// a payload larger than a quarter block gets its own copy.
+// The blocks of events and payload bytes grow with the claim, so that a
+// claim of a few rows holds about its own size and a full claim few blocks:
+// the first block holds firstEvents events, the first block of payload bytes
+// twice the first payload, and each next block twice its predecessor, up to
+// eventBlock events and payloadBlock bytes. A payload larger than a quarter
+// of payloadBlock gets its own copy.
 const (
+	firstEvents  = 4
 	eventBlock   = 32
 	payloadBlock = 16 << 10
 )
@@ -164,10 +170,12 @@ func (sc *scanner) decode(ev *event.Event, raw [][]byte) bool {
 	return true
 }
 
-// newEvent returns a zero event from the current block.
+// newEvent returns a zero event from the current block of events.
 func (sc *scanner) newEvent() *event.Event {
 	if len(sc.events) == 0 {
-		sc.events = make([]event.Event, eventBlock)
+		n := max(sc.nextEvents, firstEvents)
+		sc.events = make([]event.Event, n)
+		sc.nextEvents = min(2*n, eventBlock)
 	}
 	ev := &sc.events[0]
 	sc.events = sc.events[1:]
@@ -185,7 +193,7 @@ func (sc *scanner) copy(p []byte) []byte {
 		return append(make([]byte, 0, len(p)), p...)
 	}
 	if len(sc.bytes)+len(p) > cap(sc.bytes) {
-		sc.bytes = make([]byte, 0, payloadBlock)
+		sc.bytes = make([]byte, 0, min(max(2*cap(sc.bytes), 2*len(p)), payloadBlock))
 	}
 	start := len(sc.bytes)
 	sc.bytes = append(sc.bytes, p...)
