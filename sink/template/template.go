@@ -28,7 +28,7 @@ type Template struct {
 }
 
 // maxCached bounds the destinations a template keeps; beyond it the others
-// are rendered every time.
+// are rendered every time, without taking the cache's lock.
 const maxCached = 256
 
 // cache holds rendered destinations by the values of {aggregate_type} and
@@ -112,13 +112,16 @@ func (t Template) Render(e *event.Event) string {
 			k.eventType = e.EventType
 		}
 	}
-	if m := t.cache.m.Load(); m != nil {
+	m := t.cache.m.Load()
+	if m != nil {
 		if v, ok := (*m)[k]; ok {
 			return v
 		}
 	}
 	v := t.render(e)
-	t.cache.add(k, v)
+	if m == nil || len(*m) < maxCached {
+		t.cache.add(k, v)
+	}
 	return v
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/outboxrelay/relay/event"
 )
@@ -92,6 +93,34 @@ func TestTemplateCache(t *testing.T) {
 		if a := testing.AllocsPerRun(100, func() { fresh.Render(e) }); a != 0 {
 			t.Errorf("%s: %v allocations to render a kept destination", raw, a)
 		}
+	}
+}
+
+// TestFullCacheRendersWithoutLock fills a template's cache and renders a
+// new destination while the cache's lock is held: a full cache adds nothing,
+// so the rendering does not wait for the lock.
+func TestFullCacheRendersWithoutLock(t *testing.T) {
+	tp, err := Parse("outbox.{aggregate_type}", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range maxCached {
+		tp.Render(&event.Event{AggregateType: fmt.Sprint(i)})
+	}
+	tp.cache.mu.Lock()
+	defer tp.cache.mu.Unlock()
+	done := make(chan string, 1)
+	go func() { done <- tp.Render(&event.Event{AggregateType: "new"}) }()
+	select {
+	case got := <-done:
+		if got != "outbox.new" {
+			t.Fatalf("rendered %q, want outbox.new", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("rendering with a full cache waits for the cache's lock")
+	}
+	if n := len(*tp.cache.m.Load()); n != maxCached {
+		t.Fatalf("keeps %d destinations, want %d", n, maxCached)
 	}
 }
 
