@@ -3,7 +3,6 @@ package event
 import (
 	"bytes"
 	"encoding/json"
-	"sync"
 	"unicode/utf8"
 )
 
@@ -26,14 +25,14 @@ func ParseHeaders(b []byte) (map[string]string, error) {
 
 // parseSimpleObject decodes b when it is an object of plain strings; ok is
 // false for anything else. The keys and values share one string, a copy of
-// b, or the string of the previous call when its text was the same.
+// b.
 func parseSimpleObject(b []byte) (h map[string]string, ok bool) {
 	b = trimSpace(b)
 	if len(b) < 2 || b[0] != '{' || b[len(b)-1] != '}' {
 		return nil, false
 	}
 	b = trimSpace(b[1 : len(b)-1])
-	s := intern(b)
+	s := string(b)
 	h = make(map[string]string, bytes.Count(b, []byte{':'}))
 	for p := 0; p < len(b); {
 		var k, v string
@@ -57,23 +56,6 @@ func parseSimpleObject(b []byte) (h map[string]string, ok bool) {
 		}
 	}
 	return h, true
-}
-
-// last is the text of the object parseSimpleObject read last.
-var last struct {
-	sync.Mutex
-	s string
-}
-
-// intern returns b as a string, without a copy when b is the text of the
-// previous object: most rows of an outbox carry the same headers.
-func intern(b []byte) string {
-	last.Lock()
-	defer last.Unlock()
-	if last.s != string(b) {
-		last.s = string(b)
-	}
-	return last.s
 }
 
 // plainString reads a JSON string without escapes or control characters

@@ -59,17 +59,6 @@ func check(t *testing.T, in []byte) {
 
 func BenchmarkParseHeaders(b *testing.B) {
 	in := []byte(`{"source": "relaybench", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"}`)
-	b.Run("unique", func(b *testing.B) {
-		in := [][]byte{in, []byte(`{"source": "relaybench", "trace_id": "5bf92f3577b34da6a3ce929d0e0e4736"}`)}
-		b.ReportAllocs()
-		i := 0
-		for b.Loop() {
-			i++
-			if _, err := ParseHeaders(in[i%2]); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
 	b.Run("ParseHeaders", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
