@@ -6,7 +6,7 @@ import (
 )
 
 // TuneGC sets the garbage collector to grow the heap to 3× the live data
-// (GOGC=200) with a soft limit of GCMemoryLimit (GOMEMLIMIT), unless the
+// (GOGC=200) with a soft limit of gcMemoryLimit (GOMEMLIMIT), unless the
 // environment sets either. The relay's live heap is bounded by its windows
 // (tens of MB), so the default GOGC=100 spends CPU collecting a small heap
 // often; a larger heap costs less CPU for a little more memory. The limit
@@ -17,12 +17,12 @@ import (
 func TuneGC() {
 	if os.Getenv("GOGC") == "" && os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetGCPercent(gcPercent)
-		debug.SetMemoryLimit(GCMemoryLimit)
+		debug.SetMemoryLimit(gcMemoryLimit)
 	}
 }
 
 // gcPercent is the default GOGC.
 const gcPercent = 200
 
-// GCMemoryLimit is the default soft limit of the Go runtime's memory.
-const GCMemoryLimit = 64 << 20
+// gcMemoryLimit is the default soft limit of the Go runtime's memory.
+const gcMemoryLimit = 64 << 20

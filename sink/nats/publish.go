@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -111,7 +112,7 @@ func (hs *headerSet) sameNames(e *event.Event) bool {
 	}
 	for k, v := range e.Headers {
 		slot, ok := hs.h[k]
-		if !ok || isContractHeader(k) {
+		if !ok || slices.Contains(contractHeaders[:], k) {
 			return false
 		}
 		slot[0] = v
@@ -149,14 +150,6 @@ func (hs *headerSet) build(e *event.Event) {
 
 // changed notes that the caller changed the headers last returned.
 func (hs *headerSet) changed() { hs.same = false }
-
-func isContractHeader(k string) bool {
-	switch k {
-	case jetstream.MsgIDHeader, "message_id", "event_type", "aggregate_type", "aggregate_id", "Content-Type":
-		return true
-	}
-	return false
-}
 
 // cloudEvent replaces the headers of h in the ce- namespace, which a row
 // cannot set, with e's CloudEvents attributes.
