@@ -112,7 +112,11 @@ func newSource(t testing.TB, o wal.Options) *wal.Source {
 }
 
 // newStreaming returns a source that created its slot and streams, so rows
-// inserted from now on come from the stream rather than a drain.
+// inserted from now on come from the stream rather than a drain. It waits
+// for the source's stream, not only for the slot to be active: the slot is
+// active from the walsender's START_REPLICATION on, and a Next cancelled
+// before the answer reached the source opened no stream, which a test that
+// does not call Next again would never get.
 func newStreaming(t testing.TB, o wal.Options) *wal.Source {
 	t.Helper()
 	src := newSource(t, o)
@@ -122,7 +126,9 @@ func newStreaming(t testing.TB, o wal.Options) *wal.Source {
 		b, _ := src.Next(ctx)
 		done <- b
 	}()
-	waitFor(t, 10*time.Second, "the slot to stream", func() bool { return slotActive(t, o.Pool, o.Slot) })
+	waitFor(t, 10*time.Second, "the source to stream", func() bool {
+		return wal.Streaming(src) && slotActive(t, o.Pool, o.Slot)
+	})
 	cancel()
 	if b := <-done; b != nil {
 		t.Fatalf("unexpected batch %v", ids(b.Events()))
