@@ -224,17 +224,26 @@ func (s *Source) healStall(now time.Time, stalled bool) {
 
 var errStalled = errors.New("replication slot stalled")
 
-// holding reports whether the current stream holds rows: handed out and
-// not archived yet, or received and not handed out.
-func (s *Source) holding() bool {
+// live returns the current stream, or nil when there is none or it ended.
+func (s *Source) live() *stream {
 	st := s.cur.Load()
 	if st == nil {
-		return false
+		return nil
 	}
 	select {
 	case <-st.done:
-		return false
+		return nil
 	default:
+		return st
+	}
+}
+
+// holding reports whether the current stream holds rows: handed out and
+// not archived yet, or received and not handed out.
+func (s *Source) holding() bool {
+	st := s.live()
+	if st == nil {
+		return false
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
