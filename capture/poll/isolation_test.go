@@ -5,11 +5,6 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/outboxrelay/relay/internal/schema"
-	"github.com/outboxrelay/relay/internal/testenv"
 )
 
 // TestClaimReadCommittedUnderRepeatableReadDefault shows that the claim's
@@ -20,27 +15,7 @@ import (
 // work locks, which the test holds, to place the commit there.
 func TestClaimReadCommittedUnderRepeatableReadDefault(t *testing.T) {
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(testenv.NewDB(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	l := schema.Layout{
-		Outbox: schema.Table{Schema: "public", Name: "outbox"},
-		Cols: schema.Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id",
-			EventType: "event_type", Payload: "payload", Headers: "headers", CreatedAt: "created_at", Seq: "seq"},
-		DeadLetter: schema.Table{Schema: "public", Name: "outbox_dead_letter"},
-	}
-	for _, q := range []string{l.CreateOutbox(), l.CreatePollIndex()} {
-		if _, err := pool.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
+	pool, l := outboxDB(t, map[string]string{"default_transaction_isolation": "repeatable read"})
 	s, err := New(ctx, Options{Pool: pool, Layout: l})
 	if err != nil {
 		t.Fatal(err)

@@ -4,11 +4,6 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/outboxrelay/relay/internal/schema"
-	"github.com/outboxrelay/relay/internal/testenv"
 )
 
 // TestLostLeaseClaimsNothing shows that a claim checks the leases in its
@@ -17,22 +12,7 @@ import (
 // other relay has in flight.
 func TestLostLeaseClaimsNothing(t *testing.T) {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.NewDB(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	l := schema.Layout{
-		Outbox: schema.Table{Schema: "public", Name: "outbox"},
-		Cols: schema.Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id",
-			EventType: "event_type", Payload: "payload", Headers: "headers", CreatedAt: "created_at", Seq: "seq"},
-		DeadLetter: schema.Table{Schema: "public", Name: "outbox_dead_letter"},
-	}
-	for _, q := range []string{l.CreateOutbox(), l.CreatePollIndex()} {
-		if _, err := pool.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
+	pool, l := outboxDB(t, nil)
 	newSource := func() *Source {
 		s, err := New(ctx, Options{Pool: pool, Layout: l})
 		if err != nil {

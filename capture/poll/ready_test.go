@@ -6,10 +6,6 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/outboxrelay/relay/internal/schema"
-	"github.com/outboxrelay/relay/internal/testenv"
 )
 
 // TestReadyReleasesAsAdvance runs the ready statement with several pending
@@ -18,19 +14,7 @@ import (
 // same safe seq as watermarks.advance does with them.
 func TestReadyReleasesAsAdvance(t *testing.T) {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.NewDB(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	l := schema.Layout{
-		Outbox: schema.Table{Schema: "public", Name: "outbox"},
-		Cols: schema.Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id",
-			EventType: "event_type", Payload: "payload", Headers: "headers", CreatedAt: "created_at", Seq: "seq"},
-	}
-	if _, err := pool.Exec(ctx, l.CreateOutbox()); err != nil {
-		t.Fatal(err)
-	}
+	pool, l := outboxDB(t, nil)
 	// writer inserts a row in a transaction it leaves open and returns the
 	// transaction and its virtual id.
 	writer := func() (pgx.Tx, string) {
