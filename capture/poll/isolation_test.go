@@ -16,17 +16,7 @@ import (
 func TestClaimReadCommittedUnderRepeatableReadDefault(t *testing.T) {
 	ctx := context.Background()
 	pool, l := outboxDB(t, map[string]string{"default_transaction_isolation": "repeatable read"})
-	s, err := New(ctx, Options{Pool: pool, Layout: l})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	if err := s.connect(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.lease.rebalance(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s := leasedSource(t, pool, l)
 	const ins = `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
 		VALUES (gen_random_uuid(), 'order', 'a', 'step', '{}') RETURNING id::text`
 	slow, err := pool.Begin(ctx)

@@ -13,21 +13,7 @@ import (
 func TestLostLeaseClaimsNothing(t *testing.T) {
 	ctx := context.Background()
 	pool, l := outboxDB(t, nil)
-	newSource := func() *Source {
-		s, err := New(ctx, Options{Pool: pool, Layout: l})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		if err := s.connect(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.lease.rebalance(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	a := newSource()
+	a := leasedSource(t, pool, l)
 	if len(a.lease.owned) != a.opts.Partitions {
 		t.Fatalf("owns %d partitions", len(a.lease.owned))
 	}
@@ -46,7 +32,7 @@ func TestLostLeaseClaimsNothing(t *testing.T) {
 			t.Fatal("the lease connection did not end")
 		}
 	}
-	b := newSource()
+	b := leasedSource(t, pool, l)
 	if _, err := pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
 		SELECT gen_random_uuid(), 'order', 'agg-' || i, 'created', '{}' FROM generate_series(1, 20) AS i`); err != nil {
 		t.Fatal(err)

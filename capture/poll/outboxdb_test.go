@@ -41,3 +41,22 @@ func outboxDB(t *testing.T, params map[string]string) (*pgxpool.Pool, schema.Lay
 	}
 	return pool, l
 }
+
+// leasedSource returns a source on pool that joined and leased its
+// partitions; it is closed when the test ends.
+func leasedSource(t *testing.T, pool *pgxpool.Pool, l schema.Layout) *Source {
+	t.Helper()
+	ctx := context.Background()
+	s, err := New(ctx, Options{Pool: pool, Layout: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.connect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.lease.rebalance(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
