@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/signal"
 	"slices"
@@ -31,6 +32,9 @@ const usage = `usage:
                                              create the outbox, dead-letter table, trigger and stream;
                                              with --role, grant (or print) what relay run needs
   relay check  --config FILE                 check the config, Postgres and the sink
+  relay status --config FILE [--json] [--endpoint URL] [--max-age 5m]
+                                             the relays, backlog, slot, partitions, dead letters and
+                                             destinations at a glance; exit 0 healthy, 1 not
   relay dlq    list|redrive|drop --config FILE [--id UUID ...] [--aggregate ID] [--older-than DURATION] [--all] [--limit N]
                                              inspect, re-publish (same ids) or delete dead letters;
                                              redrive and drop need a filter or --all
@@ -58,6 +62,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = configCommand(ctx, cmd, rest, stdout, stderr)
 	case "dlq":
 		err = dlqCommand(ctx, rest, stdout, stderr)
+	case "status":
+		err = statusCommand(ctx, rest, stdout, stderr)
 	case "demo":
 		err = demo.Run(ctx, demo.Options{Out: stdout})
 	case "version", "--version":
@@ -103,6 +109,33 @@ func configCommand(ctx context.Context, cmd string, args []string, stdout, stder
 	default:
 		return app.RunConfig(ctx, cfg, log)
 	}
+}
+
+// statusCommand runs `relay status`.
+func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "", "path to the YAML config file (required)")
+	var opts app.StatusOptions
+	fs.BoolVar(&opts.JSON, "json", false, "print one JSON object")
+	fs.StringVar(&opts.Endpoint, "endpoint", "", "base URL of a running relay's HTTP server (default: from http.listen)")
+	fs.DurationVar(&opts.MaxAge, "max-age", app.DefaultStatusMaxAge, "unhealthy when the oldest unpublished event is older")
+	if err := fs.Parse(args); err != nil {
+		return &app.UsageError{Err: err}
+	}
+	if *path == "" || fs.NArg() > 0 || opts.MaxAge <= 0 {
+		return &app.UsageError{Err: fmt.Errorf("relay status: --config FILE is required, --max-age must be positive, and no other arguments are taken")}
+	}
+	if opts.Endpoint != "" {
+		if u, err := url.Parse(opts.Endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return &app.UsageError{Err: fmt.Errorf("relay status: --endpoint must be an http:// or https:// URL, e.g. http://127.0.0.1:9090")}
+		}
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return err
+	}
+	return app.Status(ctx, cfg, opts, stdout)
 }
 
 // dlqCommand runs `relay dlq list|redrive|drop`.

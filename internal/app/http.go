@@ -14,7 +14,8 @@ import (
 
 // handler serves /healthz (the process is alive), /readyz (capture works
 // and no destination is broken; otherwise 503 naming each broken
-// destination, since when and why), /metrics, and with http.pprof the
+// destination, since when and why), /status (the relay's state as JSON, for
+// relay status), /metrics, and with http.pprof the
 // runtime profiles under /debug/pprof/.
 func (r *Relay) handler() http.Handler {
 	mux := http.NewServeMux()
@@ -41,6 +42,7 @@ func (r *Relay) handler() http.Handler {
 		}
 		w.Write([]byte("ready\n"))
 	})
+	mux.HandleFunc("GET /status", r.serveLive)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{}))
 	if r.cfg.HTTP.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)

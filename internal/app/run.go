@@ -29,6 +29,7 @@ type Relay struct {
 	pool     *pgxpool.Pool
 	reg      *prometheus.Registry
 	guard    *dbGuard
+	source   any // the capture source, for its leader and partition state
 	backlog  *backlogAge
 	ln       net.Listener
 	closers  []func()
@@ -105,6 +106,7 @@ func (r *Relay) open(ctx context.Context) error {
 		BatchSize:       batch,
 		ShutdownTimeout: cfg.ShutdownTimeout.D(),
 	})
+	r.source = src
 	registerStats(r.reg, r.pipeline.Stats(), src, r.backlog)
 	r.reg.MustRegister(newDestinationCollector(r.pipeline.Destinations))
 	return nil

@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Relays on one outbox must agree on how they capture: poll relays with
@@ -95,4 +98,48 @@ func JoinMode(ctx context.Context, conn Querier, l Layout, partitions int) error
 		return &ModeConflict{Table: table, Mine: mine, Other: others[0], OrderBy: l.Cols.OrderBy}
 	}
 	return nil
+}
+
+// RelaySession is one relay running on an outbox, seen through the
+// session connection that holds its capture configuration lock (see
+// JoinMode).
+type RelaySession struct {
+	// PID is the backend pid of the relay's lock session.
+	PID int32
+	// Client is the session's client address and port ("local" for a Unix
+	// socket, empty when the role may not see it).
+	Client string
+	// Since is when the session connected.
+	Since time.Time
+	// Exclusive lists the objid of every exclusive advisory lock (of the
+	// two-int form) the session holds: wal capture's leader lock (objid 0)
+	// in wal mode, the partition leases in poll mode.
+	Exclusive []int32
+}
+
+// Relays returns the relays that run on l's outbox, oldest session first,
+// from pg_locks and pg_stat_activity. Any role can read them; a role sees
+// the client address of its own sessions only.
+func Relays(ctx context.Context, q Querier, l Layout) ([]RelaySession, error) {
+	rows, err := q.Query(ctx, `SELECT m.pid, coalesce(host(a.client_addr) || ':' || a.client_port, CASE WHEN a.client_port = -1 THEN 'local' END, ''),
+		  coalesce(a.backend_start, now()),
+		  coalesce((SELECT array_agg(x.objid::bigint::int ORDER BY x.objid::bigint) FROM pg_locks x
+		    WHERE x.pid = m.pid AND x.locktype = 'advisory' AND x.granted AND x.mode = 'ExclusiveLock'
+		      AND x.objsubid = 2 AND x.database = m.database), '{}')
+		FROM pg_locks m LEFT JOIN pg_stat_activity a ON a.pid = m.pid
+		WHERE m.locktype = 'advisory' AND m.granted AND m.objsubid = 2 AND m.classid = $1::int::oid
+		  AND m.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		ORDER BY 3, 1`, modeKey(l.Outbox.String()))
+	if err != nil {
+		return nil, fmt.Errorf("list the relays on %s: %w", l.Outbox, err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RelaySession, error) {
+		var r RelaySession
+		err := row.Scan(&r.PID, &r.Client, &r.Since, &r.Exclusive)
+		return r, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list the relays on %s: %w", l.Outbox, err)
+	}
+	return out, nil
 }
