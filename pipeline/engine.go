@@ -28,7 +28,7 @@ type batchState struct {
 	batch   capture.Batch
 	pending int
 	outcome capture.Outcome
-	archive archiveState
+	archive *archiveState
 }
 
 // aggQueue holds an aggregate's events in source order. Only its first
@@ -76,7 +76,7 @@ type engine struct {
 	done     completer
 	timer    *time.Timer
 	parked   map[string]*park // see park.go
-	received int              // batches received from the source
+	swept    uint64           // the capture generation of the last sweep of parked
 	perAgg   int              // most events of one aggregate in a Publish call (sink.Ordered)
 	settles  uint64           // Publish results applied; see destState.okIn
 
@@ -95,7 +95,7 @@ func newEngine(p *Pipeline, ctx context.Context) *engine {
 		queues:   make(map[string]*aggQueue),
 		parked:   make(map[string]*park),
 		results:  make(chan result, p.opts.Concurrency),
-		done:     completer{ctx: ctx, log: p.log, st: &p.stats},
+		done:     completer{ctx: ctx, log: p.log, st: &p.stats, gen: &p.completed},
 		timer:    time.NewTimer(time.Hour),
 		dests:    make(map[string]*destState),
 		probes:   make(chan probeResult),
@@ -112,7 +112,7 @@ func newEngine(p *Pipeline, ctx context.Context) *engine {
 
 // loop runs until the drain after ctx's end finishes or the source fails.
 // readDone is closed when the reader stopped; readErr then tells why.
-func (e *engine) loop(ctx context.Context, batches <-chan capture.Batch, readDone <-chan struct{}, readErr func() error) error {
+func (e *engine) loop(ctx context.Context, batches <-chan captured, readDone <-chan struct{}, readErr func() error) error {
 	draining := false
 	for {
 		e.dispatch()
@@ -166,11 +166,11 @@ func (e *engine) wait() {
 	e.done.wg.Wait()
 }
 
-func (e *engine) add(b capture.Batch) {
-	evs := b.Events()
-	bs := &batchState{batch: b, pending: len(evs)}
+func (e *engine) add(c captured) {
+	evs := c.batch.Events()
+	bs := &batchState{batch: c.batch, pending: len(evs), archive: new(archiveState)}
 	bs.outcome.Published = make([]*event.Event, 0, len(evs))
-	e.received++
+	e.sweep(c.gen)
 	e.p.stats.Captured.Add(int64(len(evs)))
 	e.held += len(evs)
 	if len(evs) == 0 {
@@ -186,8 +186,7 @@ func (e *engine) add(b capture.Batch) {
 		key := ev.Key()
 		it := &items[i]
 		*it = item{ev: ev, batch: bs, dest: d}
-		if e.parkedNow(key) {
-			e.leave(it)
+		if e.parkedNow(key, it, c.gen) {
 			continue
 		}
 		q := e.queues[key]

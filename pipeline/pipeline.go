@@ -40,8 +40,10 @@ type Options struct {
 	Concurrency int
 	// ParkAggregate holds an aggregate's later events in the outbox once one
 	// of its events was dead-lettered (see park.go). The source must stop
-	// capturing aggregates that have a dead letter. Default false: the
-	// aggregate continues with its next event.
+	// capturing aggregates that have a dead letter, capture each batch
+	// within the Next call that returns it, and capture the events a
+	// completed batch left (neither published nor dead) again, from the
+	// oldest. Default false: the aggregate continues with its next event.
 	ParkAggregate bool
 	// Metrics records histograms and labelled counters; nil records none.
 	Metrics *Metrics
@@ -102,6 +104,17 @@ type Pipeline struct {
 	stats Stats
 	// broken lists the broken destinations; the engine replaces it.
 	broken atomic.Pointer[[]DestinationStatus]
+	// completed counts the batches whose Complete returned; each
+	// completion takes the next number (see park.go).
+	completed atomic.Uint64
+}
+
+// captured is a batch with the capture generation it was asked for at: how
+// many batches had been completed before the reader called the source's
+// Next.
+type captured struct {
+	batch capture.Batch
+	gen   uint64
 }
 
 // New returns a pipeline from src to snk.
@@ -138,7 +151,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 
 	readCtx, stopReading := context.WithCancel(ctx)
 	defer stopReading()
-	batches := make(chan capture.Batch)
+	batches := make(chan captured)
 	var readErr error
 	readDone := make(chan struct{})
 	go func() {
@@ -159,9 +172,10 @@ func (p *Pipeline) Run(ctx context.Context) error {
 
 // read feeds batches from the source until ctx ends or the source fails for
 // good. Failures that may pass are retried with backoff.
-func (p *Pipeline) read(ctx context.Context, out chan<- capture.Batch) error {
+func (p *Pipeline) read(ctx context.Context, out chan<- captured) error {
 	failures := 0
 	for {
+		gen := p.completed.Load()
 		b, err := p.src.Next(ctx)
 		if ctx.Err() != nil {
 			if b != nil {
@@ -185,7 +199,7 @@ func (p *Pipeline) read(ctx context.Context, out chan<- capture.Batch) error {
 		failures = 0
 		p.stats.Capturing.Store(true)
 		select {
-		case out <- b:
+		case out <- captured{batch: b, gen: gen}:
 		case <-ctx.Done():
 			b.Abandon(context.WithoutCancel(ctx))
 			return ctx.Err()
@@ -200,13 +214,13 @@ type completer struct {
 	ctx context.Context
 	log *slog.Logger
 	st  *Stats
+	gen *atomic.Uint64 // Pipeline.completed
 }
 
 func (c *completer) complete(bs *batchState) {
 	c.wg.Go(func() {
-		defer bs.archive.done.Store(true)
+		defer func() { bs.archive.gen.Store(c.gen.Add(1)) }()
 		if err := bs.batch.Complete(c.ctx, bs.outcome); err != nil {
-			bs.archive.failed.Store(true)
 			c.log.Warn("archive failed; the batch's events will be captured and published again with the same message_id",
 				"err", err, "events", len(bs.batch.Events()))
 			return

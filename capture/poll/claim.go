@@ -289,12 +289,15 @@ func fill(ev *event.Event, id, aggType, aggID, evType *string, headers []byte, c
 }
 
 // Complete archives the published rows and moves the dead ones to the
-// dead-letter table in one short transaction. When it fails, the rows are
-// claimed again.
+// dead-letter table in one short transaction. When it fails, or when the
+// pipeline left rows in the outbox (neither published nor dead, see
+// dead_letter.park_aggregate), the next claim starts from the first seq
+// again, so those rows are claimed again before any newer row of their
+// aggregates.
 func (b *batch) Complete(ctx context.Context, o capture.Outcome) error {
 	err := b.complete(ctx, o)
 	b.s.flight.remove(b.seqs, b.payloadBytes())
-	if err != nil {
+	if err != nil || len(o.Published)+len(o.Dead) < len(b.events) {
 		b.s.rewind.Store(true)
 	}
 	return err
