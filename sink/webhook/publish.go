@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/textproto"
 	"net/url"
@@ -60,8 +61,9 @@ const (
 // fault.AsSuspect: they count against the event only while other events to
 // the same URL succeed. A row header whose name HTTP cannot carry, and with
 // an envelope an event that cannot be a CloudEvent, is permanent. After a 429 or 503 with a Retry-After header the sink sends
-// no request until that time has passed (at most MaxRetryAfter), and the
-// error's RetryAfter method returns the delay. Publish is safe for
+// no request to that URL until that time has passed (at most
+// MaxRetryAfter): they fail at once as fault.Unavailable, while other URLs
+// go on. The error's RetryAfter method returns the delay. Publish is safe for
 // concurrent use.
 func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	errs := make([]error, len(batch))
@@ -113,7 +115,7 @@ func (s *Sink) post(ctx context.Context, e *event.Event) error {
 	if err != nil {
 		return s.wrap(e, target, fault.AsPermanent(err))
 	}
-	if err := s.gate.wait(ctx, s.closed); err != nil {
+	if err := s.gate.check(target, time.Now()); err != nil {
 		return s.wrap(e, target, err)
 	}
 
@@ -150,9 +152,9 @@ func (s *Sink) post(ctx context.Context, e *event.Event) error {
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
 		if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok && d > 0 {
 			serr.Delay = min(d, MaxRetryAfter)
-			if s.gate.hold(time.Now().Add(serr.Delay)) {
-				s.log.Warn("webhook receiver asked to slow down; holding requests",
-					"status", resp.StatusCode, "retry_after", serr.Delay, "url", redact.String(s.url.prefix))
+			if s.gate.hold(target, time.Now().Add(serr.Delay)) {
+				s.log.Warn("webhook receiver asked to slow down; holding the requests to its URL",
+					"status", resp.StatusCode, "retry_after", serr.Delay, "url", redact.String(target))
 			}
 		}
 	}
@@ -425,46 +427,58 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	return max(t.Sub(now).Round(time.Millisecond), 0), true
 }
 
-// gate holds requests after a receiver asked for a pause with Retry-After.
+// gate pauses the URLs whose receiver asked for a pause with Retry-After:
+// a request to a paused URL fails at once, without being sent, while the
+// other URLs go on. It remembers at most maxPaused URLs; beyond that a new
+// pause is not recorded (the pipeline still holds the URL's events after
+// the 429 or 503). Safe for concurrent use.
 type gate struct {
-	mu    sync.Mutex
-	until time.Time
+	mu     sync.Mutex
+	paused map[string]time.Time // URL -> the end of its pause
 }
 
-// hold keeps requests back until t, unless they already are held longer.
-// It reports whether requests were flowing before, so the caller logs a
-// pause once.
-func (g *gate) hold(t time.Time) bool {
+// maxPaused bounds the URLs the gate remembers at once.
+const maxPaused = 4096
+
+// hold pauses url until t, unless it already is paused longer. It reports
+// whether requests to url were flowing before, so the caller logs a pause
+// once.
+func (g *gate) hold(url string, t time.Time) bool {
+	now := time.Now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	flowing := time.Now().After(g.until)
-	if t.After(g.until) {
-		g.until = t
+	until, ok := g.paused[url]
+	flowing := !ok || !now.Before(until)
+	if !ok && len(g.paused) >= maxPaused {
+		maps.DeleteFunc(g.paused, func(_ string, u time.Time) bool { return !now.Before(u) })
+		if len(g.paused) >= maxPaused {
+			return flowing
+		}
+	}
+	if g.paused == nil {
+		g.paused = make(map[string]time.Time)
+	}
+	if t.After(until) {
+		g.paused[url] = t
 	}
 	return flowing
 }
 
-// wait returns when requests may flow, or with an error classified
-// fault.Unavailable when ctx ends or closed is done first.
-func (g *gate) wait(ctx, closed context.Context) error {
-	for {
-		g.mu.Lock()
-		d := time.Until(g.until)
-		g.mu.Unlock()
-		if d <= 0 {
-			return nil
-		}
-		t := time.NewTimer(d)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return fault.AsUnavailable(fmt.Errorf("waiting for the receiver's Retry-After: %w", ctx.Err()))
-		case <-closed.Done():
-			t.Stop()
-			return fault.AsUnavailable(errClosed)
-		}
+// check returns nil when requests to url may be sent at now, and an error
+// classified fault.Unavailable while url is paused.
+func (g *gate) check(url string, now time.Time) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	until, ok := g.paused[url]
+	if !ok {
+		return nil
 	}
+	if !now.Before(until) {
+		delete(g.paused, url)
+		return nil
+	}
+	return fault.AsUnavailable(fmt.Errorf("the receiver asked for a pause (Retry-After) until %s; not sent",
+		until.UTC().Format(time.RFC3339)))
 }
 
 // printable returns b as text with control characters and invalid UTF-8

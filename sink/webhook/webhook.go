@@ -32,8 +32,8 @@ const (
 	// DefaultMaxConcurrency is the number of requests in flight at once
 	// when sink.webhook.max_concurrency is zero.
 	DefaultMaxConcurrency = 64
-	// MaxRetryAfter caps how long the sink holds requests after a receiver
-	// answered 429 or 503 with a Retry-After header.
+	// MaxRetryAfter caps how long the sink holds the requests to a URL after
+	// its receiver answered 429 or 503 with a Retry-After header.
 	MaxRetryAfter = 5 * time.Minute
 )
 

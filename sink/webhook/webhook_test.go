@@ -322,43 +322,51 @@ func TestStatusClasses(t *testing.T) {
 	}
 }
 
+// TestRetryAfter: a 429 with Retry-After from one URL pauses that URL only:
+// its next requests fail at once as unavailable without being sent, while
+// the other URLs of the template keep receiving; once the pause passed, the
+// URL receives again.
 func TestRetryAfter(t *testing.T) {
-	var first atomic.Int64
 	rc := newReceiver(t, func(w http.ResponseWriter, r *http.Request, n int) {
 		if n == 1 {
-			first.Store(time.Now().UnixNano())
-			w.Header().Set("Retry-After", "1")
+			w.Header().Set("Retry-After", "2")
 			w.WriteHeader(http.StatusTooManyRequests)
 		}
 	})
 	s := newSink(t, Config{URL: rc.URL + "/{aggregate_id}"})
-
-	err := s.Publish(context.Background(), testEvents(1))
+	paused := testEvent(0, "slow")
+	start := time.Now()
+	err := s.Publish(context.Background(), []*event.Event{paused})
 	if got := sinktest.Classes(err, 1); got[0] != "unavailable" {
 		t.Fatalf("classes %v (err %v)", got, err)
 	}
 	var ra interface{ RetryAfter() time.Duration }
-	if !errors.As(sink.Failed(err, 0), &ra) || ra.RetryAfter() != time.Second {
-		t.Fatalf("err %v carries no 1s RetryAfter", err)
+	if !errors.As(sink.Failed(err, 0), &ra) || ra.RetryAfter() != 2*time.Second {
+		t.Fatalf("err %v carries no 2s RetryAfter", err)
 	}
-	if !strings.Contains(err.Error(), "retry after 1s") {
+	if !strings.Contains(err.Error(), "retry after 2s") {
 		t.Errorf("error %q does not mention the delay", err)
 	}
-	// The next requests wait for the delay, whatever their aggregate.
-	if err := s.Publish(context.Background(), testEvents(3)); err != nil {
-		t.Fatal(err)
+	// Other URLs go on at once; the paused one fails without a request.
+	others := testEvents(3)
+	err = s.Publish(context.Background(), append([]*event.Event{paused}, others...))
+	if got := sinktest.Classes(err, 4); !slices.Equal(got, []string{"unavailable", "ok", "ok", "ok"}) {
+		t.Fatalf("classes %v (err %v), want the paused URL unavailable and the others delivered", got, err)
 	}
-	if d := time.Since(time.Unix(0, first.Load())); d < 900*time.Millisecond {
-		t.Errorf("requests resumed %v after the 429, want ≥ 1s", d)
+	if !strings.Contains(sink.Failed(err, 0).Error(), "not sent") {
+		t.Errorf("paused error %q", sink.Failed(err, 0))
 	}
-
-	// While held, ctx still ends a publish.
-	s.gate.hold(time.Now().Add(time.Minute))
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	err = s.Publish(ctx, testEvents(1))
-	if got := sinktest.Classes(err, 1); got[0] != "unavailable" || !errors.Is(sink.Failed(err, 0), context.DeadlineExceeded) {
-		t.Errorf("held publish: classes %v (err %v)", got, err)
+	if d := time.Since(start); d >= 2*time.Second {
+		t.Fatalf("the other URLs took %v, as long as the pause", d)
+	}
+	if n := len(rc.requests()); n != 4 {
+		t.Fatalf("receiver got %d requests, want 4: a request reached the paused URL", n)
+	}
+	waitUntil(t, 10*time.Second, func() bool {
+		return s.Publish(context.Background(), []*event.Event{paused}) == nil
+	})
+	if d := time.Since(start); d < 1900*time.Millisecond {
+		t.Errorf("the paused URL received again %v after the 429, want ≥ 2s", d)
 	}
 }
 
@@ -718,5 +726,17 @@ func TestProbe(t *testing.T) {
 	healthy.Store(false)
 	if err := s.Probe(ctx, sink.Broker); fault.ClassOf(err) != fault.Unavailable || !strings.Contains(err.Error(), "401") {
 		t.Errorf("Probe of an unhealthy receiver = %v, want unavailable naming 401", err)
+	}
+}
+
+// waitUntil polls ok every 50ms until it holds, failing the test after d.
+func waitUntil(t *testing.T, d time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %v", d)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outboxrelay/relay/internal/verify"
+)
+
+// pausingReceiver is a webhook receiver that answers 429 with Retry-After
+// for the aggregates pause names, and records every other delivery.
+type pausingReceiver struct {
+	*httptest.Server
+	mu     sync.Mutex
+	ds     []verify.Delivery
+	pauses atomic.Int64
+}
+
+func startPausingReceiver(t *testing.T, retryAfter string, pause func(aggregateID string) bool) *pausingReceiver {
+	rc := &pausingReceiver{}
+	rc.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		agg := r.Header.Get("aggregate_id")
+		if pause(agg) {
+			rc.pauses.Add(1)
+			w.Header().Set("Retry-After", retryAfter)
+			http.Error(w, "slow down", http.StatusTooManyRequests)
+			return
+		}
+		rc.mu.Lock()
+		rc.ds = append(rc.ds, payloadDelivery(r.Header.Get("message_id"), agg, body))
+		rc.mu.Unlock()
+	}))
+	t.Cleanup(rc.Close)
+	return rc
+}
+
+func (rc *pausingReceiver) deliveries() []verify.Delivery {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return append([]verify.Delivery(nil), rc.ds...)
+}
+
+// TestRetryAfterPausesOneURL: with a URL per aggregate, the receiver answers
+// 429 with Retry-After: 60 for one aggregate's URL. That URL is paused; every
+// other URL keeps receiving: all their events arrive well before the pause
+// would have ended, and the paused URL got only the one request that asked
+// for the pause.
+func TestRetryAfterPausesOneURL(t *testing.T) {
+	rc := startPausingReceiver(t, "60", func(agg string) bool { return agg == "order-0" })
+	s := newStack(t, stackOptions{Collect: rc.deliveries,
+		Sink: fmt.Sprintf("sink:\n  type: webhook\n  webhook:\n    url: %s/events/{aggregate_id}\n", rc.URL)})
+	const events = 1000
+	s.produce(context.Background(), events, 20, 4)
+	var paused int
+	if err := s.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE aggregate_id = 'order-0'`).Scan(&paused); err != nil {
+		t.Fatal(err)
+	}
+	relay := s.start()
+	start := time.Now()
+	for len(rc.deliveries()) < events-paused {
+		if rc.pauses.Load() > 0 && time.Since(start) > 45*time.Second {
+			t.Fatalf("%d of %d events of the other URLs delivered 45s after start: the pause of one URL held the others",
+				len(rc.deliveries()), events-paused)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := rc.pauses.Load(); n != 1 {
+		t.Errorf("the paused URL got %d requests within its pause, want 1", n)
+	}
+	if code := relay.stop(t, 15*time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	t.Logf("%d events of 19 URLs delivered in %v while one URL was paused for 60s", events-paused, time.Since(start).Round(time.Millisecond))
+}
