@@ -146,10 +146,18 @@ func TestExpand(t *testing.T) {
 		{"${HOST", "${HOST"},
 	}
 	for _, tt := range tests {
-		if got := string(expand([]byte(tt.in), vars)); got != tt.want {
+		if got := expandText(tt.in, vars); got != tt.want {
 			t.Errorf("expand(%q) = %q, want %q", tt.in, got, tt.want)
 		}
 	}
+}
+
+// expandText is the text data reads as when its references are replaced
+// by their values.
+func expandText(data string, lookupEnv func(string) (string, bool)) string {
+	r, text := newRefs([]byte(data), lookupEnv)
+	s, _ := r.expand(string(text))
+	return s
 }
 
 func TestParseExpandsEnv(t *testing.T) {

@@ -41,8 +41,9 @@ func (l *loader) decode(n ast.Node, v reflect.Value, path string) {
 	}
 }
 
-// resolve looks through tags, anchors and aliases to the value node. It
-// returns nil after recording an error for an unknown alias.
+// resolve looks through tags, anchors and aliases to the value node, with
+// the variables in a scalar expanded. It returns nil after recording an
+// error for an unknown alias.
 func (l *loader) resolve(n ast.Node, path string) ast.Node {
 	for {
 		switch t := n.(type) {
@@ -58,7 +59,7 @@ func (l *loader) resolve(n ast.Node, path string) ast.Node {
 				return nil
 			}
 		default:
-			return n
+			return l.env.scalar(n)
 		}
 	}
 }
@@ -76,6 +77,9 @@ func (l *loader) decodeMapping(n ast.Node, v reflect.Value, path string) {
 			continue
 		}
 		name := it.Key().GetToken().Value
+		if v.Kind() == reflect.Map {
+			name, _ = l.env.expand(name)
+		}
 		key := join(path, name)
 		l.lines[key] = lineOf(it.Key())
 		if v.Kind() == reflect.Map {

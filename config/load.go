@@ -68,17 +68,18 @@ func Load(path string) (*Config, error) {
 	return parse(path, data, os.LookupEnv)
 }
 
-// Parse expands ${VAR} and ${VAR:-default} in data with lookupEnv, decodes
-// the YAML strictly, applies the defaults and validates the result. It
-// reports every problem it finds, each as an *Error.
+// Parse decodes the YAML data strictly, expanding ${VAR} and
+// ${VAR:-default} inside scalar values with lookupEnv, applies the defaults
+// and validates the result. It reports every problem it finds, each as an
+// *Error; no message carries the value of a variable.
 func Parse(data []byte, lookupEnv func(string) (string, bool)) (*Config, error) {
 	return parse("", data, lookupEnv)
 }
 
 // parse is Parse with the file name that errors carry.
 func parse(file string, data []byte, lookupEnv func(string) (string, bool)) (*Config, error) {
-	data = expand(data, lookupEnv)
-	l := &loader{file: file, lines: map[string]int{}, anchors: map[string]ast.Node{}}
+	env, data := newRefs(data, lookupEnv)
+	l := &loader{file: file, env: env, lines: map[string]int{}, anchors: map[string]ast.Node{}}
 	var c Config
 	l.decodeFile(data, &c)
 	if len(l.errs) == 0 {
@@ -97,14 +98,29 @@ func parse(file string, data []byte, lookupEnv func(string) (string, bool)) (*Co
 // loader decodes and validates one config file, collecting its errors.
 type loader struct {
 	file    string
+	env     *refs
 	lines   map[string]int // key path -> line of the key, for every key in the file
 	anchors map[string]ast.Node
 	errs    []error
 }
 
-// errorf records a problem with key on line.
+// errorf records a problem with key on line. Variables' values in args are
+// shown as the references that produced them, and placeholders as the
+// references as written.
 func (l *loader) errorf(line int, key, format string, args ...any) {
-	l.errs = append(l.errs, &Error{File: l.file, Line: line, Key: key, Msg: fmt.Sprintf(format, args...)})
+	for i, a := range args {
+		switch v := a.(type) {
+		case string:
+			args[i] = l.env.hide(v)
+		case error:
+			args[i] = l.env.hide(v.Error())
+		case fmt.Stringer:
+			args[i] = l.env.hide(v.String())
+		}
+	}
+	msg := l.env.asWritten(fmt.Sprintf(format, args...))
+	key = l.env.hide(l.env.asWritten(key))
+	l.errs = append(l.errs, &Error{File: l.file, Line: line, Key: key, Msg: msg})
 }
 
 // decodeFile parses data and decodes its single document into c.

@@ -224,3 +224,27 @@ func TestInterruptedCommandsFail(t *testing.T) {
 		})
 	}
 }
+
+// TestSecretsFromEnvNeverPrinted runs check, dlq list and run with a
+// postgres password from the environment holding YAML's special
+// characters: the value is used whole (not cut at " #", no alias for "*")
+// and no command prints it, even when the URL cannot be parsed.
+func TestSecretsFromEnvNeverPrinted(t *testing.T) {
+	deadPort := freePort(t)
+	cfg := writeConfig(t, fmt.Sprintf("postgres:\n  url: postgres://app:${RELAY_TEST_PW}@127.0.0.1:%d/app?sslmode=disable\n"+
+		"capture:\n  mode: poll\nsink:\n  type: nats\n  nats:\n    url: nats://127.0.0.1:%d\n", deadPort, deadPort))
+	for _, secret := range []string{"s3cr3t #1", "*star", "pa ss", "it's'q", `dq"uote`, "%zz", "&amp", "!tag"} {
+		t.Setenv("RELAY_TEST_PW", secret)
+		for _, args := range [][]string{{"check"}, {"dlq", "list"}} {
+			out, code := runRelay(t, append(args, "--config", cfg)...)
+			if code == 0 || strings.Contains(out, secret) || strings.Contains(out, "alias") {
+				t.Errorf("%v with %q: exit %d\n%s", args, secret, code, out)
+			}
+		}
+	}
+	t.Setenv("RELAY_TEST_PW", "pa ss")
+	out, code := runRelay(t, "run", "--config", cfg)
+	if code != 2 || strings.Contains(out, "pa ss") || !strings.Contains(out, "postgres.url") {
+		t.Errorf("run with an unparsable URL: exit %d\n%s", code, out)
+	}
+}

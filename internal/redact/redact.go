@@ -19,11 +19,11 @@ var (
 	// sslpassword, token, X-Amz-Signature, X-Amz-Credential, api_key,
 	// client_secret, sasl_password. The value may be quoted; an unterminated
 	// quote runs to the end.
-	param = regexp.MustCompile(`(?i)((?:^|[\s?&;,("'])[\w.-]*(?:pass|pwd|secret|token|key|sig|auth|credential|code)[\w.-]*[ \t]*=[ \t]*)('(?:\\.|[^'\n])*'?|"(?:\\.|[^"\n])*"?|[^\s&#"]*)`)
+	param = regexp.MustCompile(`(?i)((?:^|[\s?&;,("'])[\w.-]*(?:pass|pw|secret|token|key|sig|auth|credential|code)[\w.-]*[ \t]*=[ \t]*)('(?:\\.|[^'\n])*'?|"(?:\\.|[^"\n])*"?|[^\s&#"]*)`)
 	// jsonField matches a quoted JSON field whose name names a credential.
-	jsonField = regexp.MustCompile(`(?i)("[\w.-]*(?:pass|pwd|secret|token|key|sig|auth|credential)[\w.-]*"[ \t]*:[ \t]*)("(?:\\.|[^"\n])*"?)`)
+	jsonField = regexp.MustCompile(`(?i)("[\w.-]*(?:pass|pw|secret|token|key|sig|auth|credential)[\w.-]*"[ \t]*:[ \t]*)("(?:\\.|[^"\n])*"?)`)
 	// secretKey matches a log attribute key that names a credential.
-	secretKey = regexp.MustCompile(`(?i)pass|pwd|secret|token|credential`)
+	secretKey = regexp.MustCompile(`(?i)pass|pw|secret|token|credential`)
 	// bearer matches the credentials of an HTTP Authorization value.
 	bearer = regexp.MustCompile(`(?i)\b(bearer|basic)[ \t]+[^\s"',;]+`)
 )
@@ -33,9 +33,11 @@ var (
 //     user:password or a token), except a postgres URL's user name
 //     (postgres://user:xxxxx@host). It runs to the last @ before the next blank,
 //     quote or scheme, so an unescaped @ or / in a password does not end it
-//     early; at worst more than the secret is hidden;
+//     early, and past a blank or quote to the last @ on the line when a
+//     password precedes it (postgres://u:pa ss@host); at worst more than the
+//     secret is hidden;
 //   - the value of every key=value pair whose key names a credential
-//     (password, token, secret, key, sig, auth, credential, code, in any
+//     (password, pw, token, secret, key, sig, auth, credential, code, in any
 //     case and as part of a longer name), in query strings and libpq
 //     key=value strings, quoted or not;
 //   - quoted JSON fields named so, and Bearer/Basic credentials.
@@ -72,6 +74,9 @@ func userinfo(s string) string {
 		}
 		at := strings.LastIndexByte(s[:end], '@')
 		if at < 0 {
+			at = spacedPassword(s, end)
+		}
+		if at < 0 {
 			continue
 		}
 		user, _, hasPassword := strings.Cut(s[:at], ":")
@@ -85,6 +90,29 @@ func userinfo(s string) string {
 		}
 		s = s[at:]
 	}
+}
+
+// spacedPassword returns the end of user information whose password holds
+// a blank or a quote, as in postgres://u:pa ss@h/db, where s[:end] is the
+// text up to that character: when s[:end] has a colon not followed by a
+// port, it is the last @ on the line before the next URL; else -1.
+func spacedPassword(s string, end int) int {
+	colon := strings.IndexByte(s[:end], ':')
+	if colon < 0 || isPort(s[colon+1:end]) {
+		return -1
+	}
+	line, _, _ := strings.Cut(s, "\n")
+	if next := strings.Index(line, "://"); next >= 0 {
+		line = line[:next]
+	}
+	return strings.LastIndexByte(line, '@')
+}
+
+// isPort reports whether s, what follows a colon in a URL, starts with a
+// port number that ends the host (or s is empty).
+func isPort(s string) bool {
+	digits := len(s) - len(strings.TrimLeft(s, "0123456789"))
+	return digits == len(s) || digits > 0 && strings.ContainsRune("/?#:,.;)", rune(s[digits]))
 }
 
 // notSchemeChar reports whether r cannot be part of a URL scheme.

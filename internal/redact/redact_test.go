@@ -20,6 +20,10 @@ var cases = []struct{ in, want string }{
 	{"postgres://u:SEC%40RET@h/db", "postgres://u:xxxxx@h/db"},
 	{"postgres://u:SECRET@h:bad port/%zz", "postgres://u:xxxxx@h:bad port/%zz"},
 	{"nats://SECRET@h:4222", "nats://xxxxx@h:4222"},
+	{"postgres.url postgres://app:SEC RET@127.0.0.1:5999/app: cannot parse", "postgres.url postgres://app:xxxxx@127.0.0.1:5999/app: cannot parse"},
+	{"connect to postgres postgres://app:SEC'RET\"x@h/app: refused", "connect to postgres postgres://app:xxxxx@h/app: refused"},
+	{"nats://h:4222: refused by user@h", "nats://h:4222: refused by user@h"},
+	{"postgres://h:5432/db: no user@h", "postgres://h:5432/db: no user@h"},
 	{"nats://u:SECRET@h:4222,nats://SECRET@h2:4222,nats://h3", "nats://xxxxx@h:4222,nats://xxxxx@h2:4222,nats://h3"},
 	{`POST "https://SECRET@h/x": refused`, `POST "https://xxxxx@h/x": refused`},
 	{"a http://x:SECRET@h and https://SECRET@g/ done", "a http://xxxxx@h and https://xxxxx@g/ done"},
@@ -37,6 +41,7 @@ var cases = []struct{ in, want string }{
 	{"host=h password='unterminated SECRET", "host=h password=xxxxx"},
 	{"host=h PASSWORD=SECRET", "host=h PASSWORD=xxxxx"},
 	{"host=h sslpassword=SECRET", "host=h sslpassword=xxxxx"},
+	{"https://h/x?pw=SECRET&PWD=SECRET&db_pw=SECRET", "https://h/x?pw=xxxxx&PWD=xxxxx&db_pw=xxxxx"},
 	{"AWS_SECRET_ACCESS_KEY=SECRET AWS_SESSION_TOKEN=SECRET", "AWS_SECRET_ACCESS_KEY=xxxxx AWS_SESSION_TOKEN=xxxxx"},
 	{"sasl_password=SECRET,SECRET client_secret=\"SECRET\"", "sasl_password=xxxxx client_secret=xxxxx"},
 	// JSON and HTTP credentials.

@@ -1,0 +1,124 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+// envSeeds are secrets with each character YAML gives a meaning to.
+var envSeeds = []string{
+	"s3cr3t #1", "*star", "&anchor", "!tag", "a: b", "it's", `say "hi"`, "{x}", "[x]", "|pipe", ">fold",
+	"%percent", "@at", "`tick`", "two\nlines", "  padded  ", "pa ss", "# hash", "- dash", "? q", ",comma",
+	"null", "123", "true", "0x1F", "~", "${NOT}", "$$", "\\back\\slash", "tab\tin",
+}
+
+// envConfig places ${S} in every kind of scalar: plain, quoted, in a flow
+// mapping, in a block literal and inside a URL.
+const envConfig = `postgres:
+  url: postgres://app:${S}@db/app?sslmode=disable
+capture:
+  mode: poll
+sink:
+  type: kafka
+  kafka:
+    brokers: [k:9092]
+    sasl: {mechanism: PLAIN, username: "${S}", password: ${S}}
+    client_id: '${S}'
+    tls:
+      enabled: true
+      ca_file: |
+        ${S}
+`
+
+// TestEnvValuesAreNotYAML checks that a variable's value is taken whole,
+// whatever YAML characters it holds: "s3cr3t #1" is not cut at the
+// comment, "*star" is no alias, and a value cannot add keys or lines.
+func TestEnvValuesAreNotYAML(t *testing.T) {
+	for _, secret := range envSeeds {
+		c, err := Parse([]byte(envConfig), env(map[string]string{"S": secret}))
+		if err != nil {
+			t.Errorf("%q: %v", secret, err)
+			continue
+		}
+		checkEnvValues(t, c, secret)
+	}
+}
+
+// checkEnvValues fails unless every place of envConfig holds secret.
+func checkEnvValues(t *testing.T, c *Config, secret string) {
+	t.Helper()
+	k := c.Sink.Kafka
+	if got := c.Postgres.URL; got != "postgres://app:"+secret+"@db/app?sslmode=disable" {
+		t.Errorf("%q: postgres.url = %q", secret, got)
+	}
+	if k.SASL.Username != secret || k.ClientID != secret || k.TLS.CAFile != secret+"\n" {
+		t.Errorf("%q: quoted and block values %q %q %q", secret, k.SASL.Username, k.ClientID, k.TLS.CAFile)
+	}
+	if plainOK(secret) && k.SASL.Password != secret {
+		t.Errorf("%q: plain value %q", secret, k.SASL.Password)
+	}
+}
+
+// plainOK reports whether a plain ${S} decodes as a string to exactly s:
+// an empty value is null, so the key keeps its default.
+func plainOK(s string) bool { return s != "" }
+
+// TestEnvTypes checks that a plain ${VAR} is typed by its value, so
+// integer, boolean and duration keys work from the environment, that an
+// unset variable leaves the default, and that a quoted one stays a string.
+func TestEnvTypes(t *testing.T) {
+	yaml := "postgres:\n  url: postgres://app@db/app\n  max_conns: ${N}\ncapture:\n  mode: poll\n" +
+		"  poll:\n    interval: ${I}\n    batch_size: ${UNSET}\nsink:\n  type: nats\n  nats:\n    stream: '${N}'\n"
+	c, err := Parse([]byte(yaml), env(map[string]string{"N": "12", "I": "250ms"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Postgres.MaxConns != 12 || c.Capture.Poll.Interval.D().String() != "250ms" || c.Capture.Poll.BatchSize != 500 || c.Sink.NATS.Stream != "12" {
+		t.Errorf("max_conns %d interval %s batch_size %d stream %q", c.Postgres.MaxConns, c.Capture.Poll.Interval.D(), c.Capture.Poll.BatchSize, c.Sink.NATS.Stream)
+	}
+}
+
+// TestEnvErrorsHideValues checks that errors about a value from the
+// environment show the reference, never the value, and still name the key
+// and its line.
+func TestEnvErrorsHideValues(t *testing.T) {
+	const secret = "s3cr3t #1"
+	tests := []struct{ yaml, want string }{
+		{strings.Replace(minimal, "mode: poll", "mode: ${S}", 1), `line 6: capture.mode: must be wal or poll, got "${S}"`},
+		{minimal + "  poll:\n    interval: ${S}\n", `line 8: capture.poll.interval: invalid duration "${S}"`},
+		{minimal + "  poll:\n    batch_size: ${S:-x}\n", `line 8: capture.poll.batch_size: expected an integer, got "${S:-x}"`},
+		{minimal + "  poll:\n    batch_size: *${S}\n", "line 8: capture.poll.batch_size: unknown alias *${S}"},
+		{minimal + "  ${S}: 1\n", "line 7: capture.${S}: unknown key"},
+		{minimal + "  poll: [${S}\n", "capture.poll: invalid YAML"},
+	}
+	for _, tt := range tests {
+		_, err := Parse([]byte(tt.yaml), env(map[string]string{"S": secret}))
+		if err == nil || !strings.Contains(err.Error(), tt.want) || strings.Contains(err.Error(), "s3cr3t") {
+			t.Errorf("%q:\n got %v\nwant %s", tt.yaml, err, tt.want)
+		}
+	}
+}
+
+// FuzzEnvSecret fuzzes the loader with a secret in every kind of scalar:
+// the value is taken whole, and no error shows it.
+func FuzzEnvSecret(f *testing.F) {
+	for _, s := range envSeeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, secret string) {
+		vars := env(map[string]string{"S": secret})
+		if c, err := Parse([]byte(envConfig), vars); err == nil {
+			checkEnvValues(t, c, secret)
+		} else if len(secret) > 0 && !strings.Contains(secret, "\n") {
+			t.Fatalf("%q: %v", secret, err)
+		}
+		bad := strings.Replace(envConfig, "mode: poll", "mode: x${S}x", 1)
+		_, err := Parse([]byte(bad), vars)
+		if err == nil {
+			t.Fatalf("%q: capture.mode accepted", secret)
+		}
+		if len(secret) >= 4 && strings.Contains(err.Error(), secret) && !strings.Contains(bad, secret) {
+			t.Fatalf("%q shown in %v", secret, err)
+		}
+	})
+}
