@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"strings"
@@ -22,7 +24,8 @@ func TestLastingDatabaseFailure(t *testing.T) {
 		{"wal", "DELETE", `GRANT SELECT, DELETE, UPDATE ("id") ON TABLE "public"."outbox"`},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
-			s := newStack(t, stackOptions{Mode: tc.mode, Extra: "retry:\n  initial: 50ms\n  max: 500ms\n"})
+			addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+			s := newStack(t, stackOptions{Mode: tc.mode, Extra: "retry:\n  initial: 50ms\n  max: 500ms\nhttp:\n  listen: " + addr + "\n"})
 			ctx := context.Background()
 			role := fmt.Sprintf("limited_%s_%d", tc.mode, slotCounter.Add(1))
 			for _, stmt := range []string{
@@ -53,16 +56,20 @@ func TestLastingDatabaseFailure(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cfg = []byte(strings.Replace(string(cfg), "  url: "+s.dsn+"\n", "  url: "+u.String()+"\n  fatal_after: 3s\n", 1))
+			cfg = []byte(strings.Replace(string(cfg), "  url: "+s.dsn+"\n", "  url: "+u.String()+"\n  fatal_after: 6s\n", 1))
 			if err := os.WriteFile(s.cfgPath, cfg, 0o600); err != nil {
 				t.Fatal(err)
 			}
 			s.produce(ctx, 5, 1, 1)
 			p := startProc(t, ctx, "run", "--config", s.cfgPath)
+			notReady := waitCaptureNotReady(addr, p.done)
 			select {
 			case <-p.done:
 			case <-time.After(90 * time.Second):
 				t.Fatal("the relay did not exit within 90s")
+			}
+			if !notReady {
+				t.Error("relay_capture_ready never went to 0 while the database refused the relay")
 			}
 			logs := p.logs.String()
 			if code := p.cmd.ProcessState.ExitCode(); code != 1 {
@@ -86,6 +93,28 @@ func TestLastingDatabaseFailure(t *testing.T) {
 				t.Logf("relay log:\n%s", logs)
 			}
 		})
+	}
+}
+
+// waitCaptureNotReady scrapes addr's /metrics until relay_capture_ready is
+// 0, and reports whether it was, or false once done is closed.
+func waitCaptureNotReady(addr string, done <-chan struct{}) bool {
+	c := http.Client{Timeout: time.Second}
+	for {
+		select {
+		case <-done:
+			return false
+		case <-time.After(50 * time.Millisecond):
+		}
+		resp, err := c.Get("http://" + addr + "/metrics")
+		if err != nil {
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(b), "\nrelay_capture_ready 0\n") {
+			return true
+		}
 	}
 }
 

@@ -45,7 +45,7 @@ type liveDestination struct {
 // live returns the relay's liveStatus.
 func (r *Relay) live() liveStatus {
 	st := r.Stats()
-	s := liveStatus{Capturing: st.Capturing.Load(), Ready: st.Ready.Load(), Broken: []liveDestination{},
+	s := liveStatus{Capturing: r.capturing(), Ready: st.Ready.Load(), Broken: []liveDestination{},
 		Captured: st.Captured.Load(), Published: st.Published.Load(), DeadLettered: st.DeadLettered.Load(),
 		Retries: st.Retries.Load(), InFlight: st.InFlight.Load()}
 	if err := r.guard.failing(); err != nil {

@@ -53,8 +53,9 @@ func newRegistry() *prometheus.Registry {
 }
 
 // registerStats exposes the pipeline's counters, the source's state and the
-// outbox backlog age on reg.
-func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backlog *backlogAge) {
+// outbox backlog age on reg. capturing reports whether capture works: the
+// pipeline's view and a lasting database failure the source's guard holds.
+func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backlog *backlogAge, capturing func() bool) {
 	counter := func(name, help string, f func() int64) {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Name: name, Help: help},
 			func() float64 { return float64(f()) }))
@@ -71,7 +72,8 @@ func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backl
 	gauge("sink_ready", "1 when no destination is broken.", func() float64 { return boolFloat(st.Ready.Load()) })
 	gauge("destinations_broken", "Destinations the relay holds events for because they fail (auth, ACL, missing topic/queue/stream/route, unreachable).",
 		func() float64 { return float64(st.Broken.Load()) })
-	gauge("capture_ready", "1 while capture works.", func() float64 { return boolFloat(st.Capturing.Load()) })
+	gauge("capture_ready", "1 while capture works: Postgres answers and accepts the relay's statements.",
+		func() float64 { return boolFloat(capturing()) })
 	gauge("oldest_unpublished_age_seconds", "Age of the oldest row still in the outbox (by seq), 0 when empty.", backlog.load)
 	if w, ok := src.(slotWatcher); ok {
 		registerSlot(reg, w)

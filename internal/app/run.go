@@ -107,9 +107,15 @@ func (r *Relay) open(ctx context.Context) error {
 		ShutdownTimeout: cfg.ShutdownTimeout.D(),
 	})
 	r.source = src
-	registerStats(r.reg, r.pipeline.Stats(), src, r.backlog)
+	registerStats(r.reg, r.pipeline.Stats(), src, r.backlog, r.capturing)
 	r.reg.MustRegister(newDestinationCollector(r.pipeline.Destinations))
 	return nil
+}
+
+// capturing reports whether capture works: the source answers and no
+// lasting database failure (a missing grant or table) persists.
+func (r *Relay) capturing() bool {
+	return r.pipeline.Stats().Capturing.Load() && r.guard.failing() == nil
 }
 
 // Stats returns the pipeline's live counters.
