@@ -19,9 +19,9 @@ import (
 	"github.com/outboxrelay/relay/internal/testenv"
 )
 
-// TestDeadLetters dead-letters a bad row, an event whose row is gone (the
-// application inserted and deleted it in one transaction) and an event
-// whose row exists, all from the values received.
+// TestDeadLetters dead-letters a bad row and an event whose rows exist,
+// copied from the outbox, and an event whose row is gone (the application
+// inserted and deleted it in one transaction), from the values received.
 func TestDeadLetters(t *testing.T) {
 	pool := setup(t, layout)
 	src := newStreaming(t, options(t, pool, layout, 10))

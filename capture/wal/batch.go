@@ -86,8 +86,14 @@ func (b *batch) archive(ctx context.Context, o capture.Outcome) error {
 		return err
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		goneDead, goneBad, err := b.copyDead(ctx, tx, o.Dead)
+		if err != nil {
+			return err
+		}
 		br := &pgx.Batch{}
-		br.Queue(q.deadLetter, b.deadArgs(o.Dead)...)
+		if len(goneDead)+len(goneBad) > 0 {
+			br.Queue(q.deadLetter, b.deadArgs(goneDead, goneBad)...)
+		}
 		br.Queue(q.dropDead, dead)
 		if len(published) > 0 {
 			br.Queue(q.archive, published)
@@ -100,38 +106,98 @@ func (b *batch) archive(ctx context.Context, o capture.Outcome) error {
 	return nil
 }
 
-// deadArgs returns the arguments of the dead-letter insert: the outbox
-// columns as text (cast back to their types in SQL), then the failure.
-func (b *batch) deadArgs(dead []capture.DeadEvent) []any {
-	n := len(dead) + len(b.bad)
+// copyDead copies the dead events and bad rows whose row is still in the
+// outbox to the dead-letter table, from the table rather than from the
+// values received, so that a large payload is not sent back to the server
+// it came from. It returns the dead events and bad rows whose row is gone
+// (the application inserted and deleted it in one transaction).
+func (b *batch) copyDead(ctx context.Context, tx pgx.Tx, dead []capture.DeadEvent) ([]capture.DeadEvent, []*badRow, error) {
+	ids := make([]string, 0, len(dead)+len(b.bad))
+	var f failures
+	for _, d := range dead {
+		ids = append(ids, d.Event.ID)
+		f.add(d)
+	}
+	for _, r := range b.bad {
+		if r.vals[fID] != nil {
+			ids = append(ids, *r.vals[fID])
+			f.addBad(r)
+		}
+	}
+	rows, _ := tx.Query(ctx, b.src.sql.copyDead, append([]any{ids}, f.args()...)...)
+	copied, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, nil, fmt.Errorf("copy dead rows: %w", err)
+	}
+	in := make(map[string]bool, len(copied))
+	for _, id := range copied {
+		in[id] = true
+	}
+	var goneDead []capture.DeadEvent
+	for _, d := range dead {
+		if !in[d.Event.ID] {
+			goneDead = append(goneDead, d)
+		}
+	}
+	var goneBad []*badRow
+	for _, r := range b.bad {
+		if r.vals[fID] == nil || !in[*r.vals[fID]] {
+			goneBad = append(goneBad, r)
+		}
+	}
+	return goneDead, goneBad, nil
+}
+
+// failures are the failure columns of dead-letter rows, one element per
+// row.
+type failures struct {
+	errs, classes []string
+	attempts      []int32
+	first, last   []time.Time
+}
+
+func (f *failures) add(d capture.DeadEvent) {
+	f.errs, f.classes = append(f.errs, d.Err), append(f.classes, d.Class)
+	f.attempts = append(f.attempts, int32(d.Attempts))
+	f.first, f.last = append(f.first, time.Unix(0, d.FirstFailed)), append(f.last, time.Unix(0, d.LastFailed))
+}
+
+// addBad adds a bad row, failed once, now.
+func (f *failures) addBad(r *badRow) {
+	now := time.Now().UnixNano()
+	f.add(capture.DeadEvent{Err: r.err, Class: "permanent", Attempts: 1, FirstFailed: now, LastFailed: now})
+}
+
+func (f *failures) args() []any { return []any{f.errs, f.classes, f.attempts, f.first, f.last} }
+
+// deadArgs returns the arguments of the dead-letter insert of the dead
+// events and bad rows whose row is gone from the outbox: their columns as
+// text (cast back to their types in SQL), then the failure.
+func (b *batch) deadArgs(dead []capture.DeadEvent, bad []*badRow) []any {
+	n := len(dead) + len(bad)
 	var cols [numFields][]*string
 	for k := range cols {
 		cols[k] = make([]*string, 0, n)
 	}
-	errs, classes := make([]string, 0, n), make([]string, 0, n)
-	attempts, first, last := make([]int32, 0, n), make([]time.Time, 0, n), make([]time.Time, 0, n)
+	var f failures
 	seqOf := b.seqIndex(dead)
 	for _, d := range dead {
 		for k, v := range b.values(d.Event, seqOf[d.Event]) {
 			cols[k] = append(cols[k], v)
 		}
-		errs, classes = append(errs, d.Err), append(classes, d.Class)
-		attempts = append(attempts, int32(d.Attempts))
-		first, last = append(first, time.Unix(0, d.FirstFailed)), append(last, time.Unix(0, d.LastFailed))
+		f.add(d)
 	}
-	now := time.Now()
-	for _, r := range b.bad {
+	for _, r := range bad {
 		for k, v := range r.vals {
 			cols[k] = append(cols[k], v)
 		}
-		errs, classes = append(errs, r.err), append(classes, "permanent")
-		attempts, first, last = append(attempts, 1), append(first, now), append(last, now)
+		f.addBad(r)
 	}
 	args := make([]any, 0, numFields+5)
 	for _, c := range cols {
 		args = append(args, c)
 	}
-	return append(args, errs, classes, attempts, first, last)
+	return append(args, f.args()...)
 }
 
 // seqIndex maps the dead events to their seq values.
@@ -173,7 +239,7 @@ func (b *batch) values(ev *event.Event, seq int64) [numFields]*string {
 
 // queries are the archive statements, built once with quoted identifiers.
 type queries struct {
-	archive, dropDead, deadLetter string
+	archive, dropDead, deadLetter, copyDead string
 }
 
 // buildQueries builds the archive statements for archive mode mode; values
@@ -201,5 +267,11 @@ func buildQueries(l schema.Layout, mode string, info schema.Info) queries {
 			AS d(%s, error, class, attempts, first_failed, last_failed)`,
 			l.DeadLetter.Ident(), l.Cols.Quoted(""), strings.Join(sel, ", "), strings.Join(in, ", "),
 			numFields+1, numFields+2, numFields+3, numFields+4, numFields+5, strings.Join(alias, ", ")),
+		copyDead: fmt.Sprintf(`INSERT INTO %s (%s, error, error_class, attempts, first_failed_at, last_failed_at)
+			SELECT %s, d.error, d.class, d.attempts, d.first_failed, d.last_failed
+			FROM %s o JOIN unnest($1::%s[], $2::text[], $3::text[], $4::int[], $5::timestamptz[], $6::timestamptz[])
+			AS d(id, error, class, attempts, first_failed, last_failed) ON o.%s = d.id
+			RETURNING %s::text`,
+			l.DeadLetter.Ident(), l.Cols.Quoted(""), l.Cols.Quoted("o"), l.Outbox.Ident(), idType, schema.Q(l.Cols.ID), schema.Q(l.Cols.ID)),
 	}
 }
