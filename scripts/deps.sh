@@ -40,6 +40,19 @@ else
   apt_install kcat
 fi
 
+# Prometheus (Debian package prometheus: prometheus and promtool): deploy's
+# tests check and unit-test deploy/alerts.yaml with promtool and query the
+# Grafana dashboard's panels on a Prometheus scraping a running relay. The
+# package's own service is not needed: the tests start their own server.
+if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then
+  echo "deps: prometheus and promtool present"
+else
+  apt_install prometheus
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
+    $SUDO systemctl stop prometheus || true
+  fi
+fi
+
 # The SQS emulator (npm package local-aws-sqs) for sink/sqs's tests, installed
 # into the cache internal/testenv runs it from (internal/embedded.CacheDir; keep the
 # version in step with testenv.SQSEmulatorVersion). Needs Node.js and npm.
