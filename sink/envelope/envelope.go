@@ -154,6 +154,9 @@ var (
 	NATS = newBinding("ce-", true, true)
 )
 
+// Prefix returns the prefix of the binding's header names, such as "ce-".
+func (b *Binding) Prefix() string { return b.prefix }
+
 // Owns reports whether a header name is in the binding's namespace (it
 // starts with the prefix, in any case). The envelope owns that namespace:
 // the sinks do not forward a row header there.

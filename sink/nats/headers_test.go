@@ -10,16 +10,20 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/sink"
 )
 
 var benchEvent = &event.Event{ID: "6ba7b810-9dad-11d1-80b4-00c04fd430c8", AggregateType: "order", AggregateID: "order-42",
 	EventType: "created", ContentType: event.ContentTypeJSON, Headers: map[string]string{"source": "relaybench"},
 	Payload: []byte(`{"id": 42}`)}
 
+// testRows is the row header filter of a sink without an envelope.
+var testRows = sink.NewHeaderFilter(sink.NATSRules, "", nil)
+
 // TestHeadersCapped checks that appending to one header value leaves the
 // others alone (the values share a backing array).
 func TestHeadersCapped(t *testing.T) {
-	h := new(headerSet).headers(benchEvent)
+	h := new(headerSet).headers(benchEvent, testRows)
 	h.Add("message_id", "x")
 	if h.Get("event_type") != "created" || h.Get("aggregate_type") != "order" || h.Get(jetstream.MsgIDHeader) != benchEvent.ID {
 		t.Fatalf("an append overwrote another header: %v", h)
@@ -33,7 +37,7 @@ func BenchmarkHeaders(b *testing.B) {
 	b.ReportAllocs()
 	hs := new(headerSet)
 	for b.Loop() {
-		m := &nats.Msg{Subject: "order", Header: hs.headers(benchEvent), Data: benchEvent.Payload}
+		m := &nats.Msg{Subject: "order", Header: hs.headers(benchEvent, testRows), Data: benchEvent.Payload}
 		if m.Size() == 0 { // Size validates and sizes the headers
 			b.Fatal("empty message")
 		}
@@ -46,10 +50,10 @@ func TestHeadersReused(t *testing.T) {
 	hs := new(headerSet)
 	first := *benchEvent
 	first.Headers = map[string]string{"tenant": "t1", "trace": "a"}
-	hs.headers(&first)
+	hs.headers(&first, testRows)
 	second := *benchEvent
 	second.ID, second.Headers = "6ba7b811-9dad-11d1-80b4-00c04fd430c8", map[string]string{"trace": "b"}
-	h := hs.headers(&second)
+	h := hs.headers(&second, testRows)
 	if len(h) != 7 || h.Get("tenant") != "" || h.Get("trace") != "b" || h.Get("message_id") != second.ID {
 		t.Fatalf("headers of the second event: %v", h)
 	}
@@ -83,7 +87,7 @@ func TestHeadersSequence(t *testing.T) {
 	for i, r := range rows {
 		e := *benchEvent
 		e.ID, e.EventType, e.AggregateID, e.Headers = fmt.Sprintf("id-%d", i), fmt.Sprintf("type-%d", i), fmt.Sprintf("agg-%d", i), r
-		h := hs.headers(&e)
+		h := hs.headers(&e, testRows)
 		if want := wantHeaders(&e); !maps.EqualFunc(h, want, slices.Equal) {
 			t.Fatalf("event %d: headers %v, want %v", i, h, want)
 		}

@@ -21,8 +21,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxrelay/relay/fault"
+	"github.com/outboxrelay/relay/internal/destname"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/internal/tlsconf"
+	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/envelope"
 	"github.com/outboxrelay/relay/sink/template"
 )
@@ -101,6 +103,10 @@ type Options struct {
 	// Envelope, when set, adds the CloudEvents attributes to every message
 	// as ce- headers (binary content mode). Default nil: no envelope.
 	Envelope *envelope.CloudEvents
+	// HeaderDrops counts and logs the row headers the sink does not
+	// forward (see sink.HeaderFilter). Default: counters of the sink's
+	// own, logging to Logger.
+	HeaderDrops *sink.HeaderDrops
 }
 
 func (o Options) withDefaults() Options {
@@ -112,6 +118,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.HeaderDrops == nil {
+		o.HeaderDrops = sink.NewHeaderDrops(o.Logger)
 	}
 	return o
 }
@@ -139,6 +148,7 @@ type Sink struct {
 	opts    Options
 	subject template.Template
 	pattern string // the stream subject covering every rendered subject
+	rows    *sink.HeaderFilter
 	nc      *nats.Conn
 	js      jetstream.JetStream
 	acks    *acker
@@ -184,11 +194,16 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 		nc.Close()
 		return nil, fault.AsUnavailable(fmt.Errorf("nats: subscribe to PubAcks: %w", err))
 	}
+	envelopePrefix := ""
+	if opts.Envelope != nil {
+		envelopePrefix = envelope.NATS.Prefix()
+	}
 	return &Sink{
 		cfg:     cfg,
 		opts:    opts,
 		subject: subject,
 		pattern: pattern,
+		rows:    sink.NewHeaderFilter(sink.NATSRules, envelopePrefix, opts.HeaderDrops),
 		nc:      nc,
 		js:      js,
 		acks:    acks,
@@ -282,8 +297,16 @@ func sanitize(r rune) rune {
 
 // subjectPattern returns the subject filter covering every subject tmpl can
 // render: each token holding a placeholder becomes "*". It fails on an empty
-// token or a literal character not allowed in a subject token.
+// token, a literal character not allowed in a subject token, or literal
+// text longer than destname.MaxNATSSubject.
 func subjectPattern(tmpl string) (string, error) {
+	literal := tmpl
+	for _, p := range template.Placeholders {
+		literal = strings.ReplaceAll(literal, p, "")
+	}
+	if len(literal) > destname.MaxNATSSubject {
+		return "", fmt.Errorf("template %.64q…: a subject has at most %d bytes", tmpl, destname.MaxNATSSubject)
+	}
 	tokens := strings.Split(tmpl, ".")
 	for i, tok := range tokens {
 		literal := tok

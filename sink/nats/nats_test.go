@@ -624,7 +624,7 @@ func TestNewUnreachableHidesCredentials(t *testing.T) {
 }
 
 func TestNewBadTemplate(t *testing.T) {
-	for _, subject := range []string{"outbox.{nope}", "outbox..{aggregate_type}", "outbox.>"} {
+	for _, subject := range []string{"outbox.{nope}", "outbox..{aggregate_type}", "outbox.>", strings.Repeat("s", 1025) + ".{aggregate_type}"} {
 		_, err := New(context.Background(), Config{URL: "nats://127.0.0.1:1", Subject: subject, Stream: "OUTBOX"}, Options{})
 		if err == nil || !strings.Contains(err.Error(), "sink.nats.subject") {
 			t.Errorf("New with subject %q: err = %v, want a sink.nats.subject error", subject, err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
+	"github.com/outboxrelay/relay/internal/destname"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/envelope"
 )
@@ -33,6 +34,11 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	deadline, stalled := time.Now().Add(stall), false
 	for i, e := range batch {
 		subjects[i] = s.subject.Render(e)
+		if err := destname.NATSSubject(subjects[i]); err != nil {
+			w.errs[i] = fault.AsPermanent(err)
+			subjects[i] = "an invalid subject"
+			continue
+		}
 		if stalled {
 			w.errs[i] = jetstream.ErrTooManyStalledMsgs
 			continue
@@ -63,15 +69,33 @@ func (s *Sink) send(ctx context.Context, msg *nats.Msg, hs *headerSet, subject s
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	*msg = nats.Msg{Subject: subject, Header: hs.headers(e), Data: e.Payload}
+	*msg = nats.Msg{Subject: subject, Header: hs.headers(e, s.rows), Data: e.Payload}
 	if env := s.opts.Envelope; env != nil {
 		if err := env.Check(e); err != nil {
 			return err
 		}
-		cloudEvent(msg.Header, e, env)
+		env.Binary(e, envelope.NATS, func(k, v string) { msg.Header[k] = []string{v} })
 		hs.changed()
 	}
+	if n := headerBytes(msg.Header); n > maxHeaderBytes {
+		return fault.AsPermanent(fmt.Errorf("the headers are %d bytes encoded, over JetStream's limit of %d", n, maxHeaderBytes))
+	}
 	return s.acks.send(ctx, msg, w, i, deadline, s.closed)
+}
+
+// maxHeaderBytes is the largest header block JetStream stores.
+const maxHeaderBytes = 65535
+
+// headerBytes returns about how many bytes h takes encoded, at least as
+// many as it does.
+func headerBytes(h nats.Header) int {
+	n := len("NATS/1.0\r\n\r\n")
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(v) + len(": \r\n")
+		}
+	}
+	return n
 }
 
 // headerSet builds the headers of one message after another in one map and
@@ -92,12 +116,12 @@ type headerSet struct {
 // the order of their values in headerSet.vals.
 var contractHeaders = [...]string{jetstream.MsgIDHeader, "message_id", "event_type", "aggregate_type", "aggregate_id", "Content-Type"}
 
-// headers returns the message headers of e: its Headers map, overridden by
-// the contract headers. They are valid until the next call; a caller that
-// changes them calls changed.
-func (hs *headerSet) headers(e *event.Event) nats.Header {
+// headers returns the message headers of e: the contract headers and the
+// row headers rows forwards. They are valid until the next call; a caller
+// that changes them calls changed.
+func (hs *headerSet) headers(e *event.Event, rows *sink.HeaderFilter) nats.Header {
 	if !hs.sameNames(e) {
-		hs.build(e)
+		hs.build(e, rows)
 	}
 	c := hs.vals[hs.rows:]
 	c[0], c[1], c[2], c[3], c[4], c[5] = e.ID, e.ID, e.EventType, e.AggregateType, e.AggregateID, e.ContentType
@@ -105,7 +129,8 @@ func (hs *headerSet) headers(e *event.Event) nats.Header {
 }
 
 // sameNames reports whether h holds the row headers of e's names, and then
-// sets their values.
+// sets their values. A row header rows drops is never in h, so an event
+// with one is built anew, and the drop counted.
 func (hs *headerSet) sameNames(e *event.Event) bool {
 	if !hs.same || len(e.Headers) != hs.rows {
 		return false
@@ -120,9 +145,9 @@ func (hs *headerSet) sameNames(e *event.Event) bool {
 	return true
 }
 
-// build fills h with e's headers anew; the contract headers get their
-// values from the caller.
-func (hs *headerSet) build(e *event.Event) {
+// build fills h with e's headers anew, the row headers rows forwards; the
+// contract headers get their values from the caller.
+func (hs *headerSet) build(e *event.Event, rows *sink.HeaderFilter) {
 	if hs.h == nil {
 		hs.h = make(nats.Header, len(e.Headers)+len(contractHeaders))
 	}
@@ -139,7 +164,9 @@ func (hs *headerSet) build(e *event.Event) {
 		h[k] = hs.vals[i : i+1 : i+1] // capped: an append must not overwrite the next value
 	}
 	for k, v := range e.Headers {
-		set(k, v)
+		if rows.Forward(k) {
+			set(k, v)
+		}
 	}
 	hs.rows = len(hs.vals)
 	for _, k := range contractHeaders {
@@ -150,17 +177,6 @@ func (hs *headerSet) build(e *event.Event) {
 
 // changed notes that the caller changed the headers last returned.
 func (hs *headerSet) changed() { hs.same = false }
-
-// cloudEvent replaces the headers of h in the ce- namespace, which a row
-// cannot set, with e's CloudEvents attributes.
-func cloudEvent(h nats.Header, e *event.Event, env *envelope.CloudEvents) {
-	for k := range h {
-		if envelope.NATS.Owns(k) {
-			delete(h, k)
-		}
-	}
-	env.Binary(e, envelope.NATS, func(k, v string) { h[k] = []string{v} })
-}
 
 // errClosed fails the publishes waiting for acks when the sink is closed.
 var errClosed = errors.New("nats sink closed")
@@ -183,8 +199,9 @@ func (s *Sink) await(ctx context.Context, w *ackWait) {
 }
 
 // classify marks err with its fault.Class. A message over the server's
-// max_payload or the stream's max message size, or with a header name NATS
-// cannot carry, or an event the envelope rejects, is permanent. A failure of the destination is
+// max_payload, the stream's max message size or JetStream's header limit,
+// or with a header name NATS cannot carry, or an event the envelope
+// rejects, is permanent. A failure of the destination is
 // unavailable: a lost or closed connection, an ack timeout, ctx ending,
 // failed authentication or authorization, a missing stream, and no
 // responders (no stream covers the subject). Anything else is transient and
@@ -196,7 +213,8 @@ func classify(err error) error {
 		return err
 	case errors.Is(err, nats.ErrMaxPayload),
 		errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum),
-		errors.Is(err, nats.ErrBadHeaderMsg):
+		errors.Is(err, nats.ErrBadHeaderMsg),
+		isAPIError(err, errHeaderTooLarge):
 		return fault.AsPermanent(err)
 	case errors.Is(err, nats.ErrReconnectBufExceeded):
 		// With the reconnect buffer disabled this means "reconnecting".
@@ -226,6 +244,16 @@ func classify(err error) error {
 		return fault.AsUnavailable(err)
 	}
 	return fault.AsSuspect(err)
+}
+
+// errHeaderTooLarge is JetStream's error code for a message whose headers
+// are over its limit.
+const errHeaderTooLarge jetstream.ErrorCode = 10097
+
+// isAPIError reports whether err is a JetStream API error with code.
+func isAPIError(err error, code jetstream.ErrorCode) bool {
+	var ae *jetstream.APIError
+	return errors.As(err, &ae) && ae.ErrorCode == code
 }
 
 // DestinationOf returns the subject of e.
