@@ -154,8 +154,15 @@ var (
 	NATS = newBinding("ce-", true, true)
 )
 
-// Prefix returns the prefix of the binding's header names, such as "ce-".
-func (b *Binding) Prefix() string { return b.prefix }
+// ReservedPrefix returns the prefix of the header names the envelope c
+// sets in binding b, such as "ce-", which a row header cannot use; "" when
+// c is nil (no envelope).
+func (b *Binding) ReservedPrefix(c *CloudEvents) string {
+	if c == nil {
+		return ""
+	}
+	return b.prefix
+}
 
 // Owns reports whether a header name is in the binding's namespace (it
 // starts with the prefix, in any case). The envelope owns that namespace:

@@ -32,6 +32,7 @@ import (
 	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/destname"
 	"github.com/outboxrelay/relay/internal/tlsconf"
+	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/envelope"
 	"github.com/outboxrelay/relay/sink/template"
 )
@@ -115,6 +116,10 @@ type Options struct {
 	// Envelope, when set, adds the CloudEvents attributes to every record
 	// as ce_ headers (binary content mode). Default nil: no envelope.
 	Envelope *envelope.CloudEvents
+	// HeaderDrops counts and logs the row headers the sink does not
+	// forward (see sink.HeaderFilter). Default: counters of the sink's
+	// own, logging to Logger.
+	HeaderDrops *sink.HeaderDrops
 }
 
 func (o Options) withDefaults() Options {
@@ -132,6 +137,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.HeaderDrops == nil {
+		o.HeaderDrops = sink.NewHeaderDrops(o.Logger)
 	}
 	return o
 }
@@ -161,6 +169,7 @@ type Sink struct {
 	opts  Options
 	topic template.Template
 	fixed bool // the template has no placeholders
+	rows  *sink.HeaderFilter
 	cl    *kgo.Client
 	adm   *kadm.Client
 
@@ -207,6 +216,7 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 		opts:   opts,
 		topic:  topic,
 		fixed:  !strings.Contains(cfg.Topic, "{"),
+		rows:   sink.NewHeaderFilter(sink.KafkaRules, envelope.Kafka.ReservedPrefix(opts.Envelope), opts.HeaderDrops),
 		topics: make(map[string]*topicState),
 		closed: make(chan struct{}),
 	}
@@ -326,14 +336,11 @@ func sanitize(r rune) rune {
 	return '_'
 }
 
-// topicOf renders e's topic: the template with sanitized values, cut to
-// Kafka's 249 characters, with "." and ".." (possible only from a template
-// that is a bare placeholder) replaced by underscores.
+// topicOf renders e's topic: the template with sanitized values, with "."
+// and ".." (possible only from a template that is a bare placeholder)
+// replaced by underscores. The name may be longer than Kafka allows.
 func (s *Sink) topicOf(e *event.Event) string {
 	name := s.topic.Render(e)
-	if len(name) > destname.MaxKafkaTopic {
-		name = name[:destname.MaxKafkaTopic]
-	}
 	if name == "." || name == ".." {
 		name = strings.Repeat("_", len(name))
 	}

@@ -231,7 +231,7 @@ func TestTopicOf(t *testing.T) {
 		{"{aggregate_type}", ".", "_"},
 		{"{aggregate_type}", "..", "__"},
 		{"{aggregate_type}", "...", "..."},
-		{"t-{aggregate_type}", strings.Repeat("x", 300), "t-" + strings.Repeat("x", 247)},
+		{"t-{aggregate_type}", strings.Repeat("x", 300), "t-" + strings.Repeat("x", 300)},
 		{"fixed", "anything", "fixed"},
 	} {
 		tmpl, err := template.Parse(c.tmpl, sanitize)

@@ -10,13 +10,13 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
+	"github.com/outboxrelay/relay/internal/destname"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/envelope"
 )
@@ -43,6 +43,10 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	prepared := make(map[string]error)
 	for i, e := range batch {
 		topics[i] = s.topicOf(e)
+		if err := destname.KafkaTopic(topics[i]); err != nil {
+			errs[i], topics[i] = fault.AsPermanent(err), "an invalid topic"
+			continue
+		}
 		err, seen := prepared[topics[i]]
 		if !seen {
 			err = s.ready(ctx, topics[i])
@@ -64,9 +68,9 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	seen := make(map[string]bool) // keys with an earlier event in batch
 	held := make(map[string]bool) // keys whose later events are held back
 	for i, e := range batch {
-		r := record(e, topics[i])
-		if s.opts.Envelope != nil {
-			r.Headers = cloudEvent(r.Headers, e, s.opts.Envelope)
+		r := record(e, topics[i], s.rows)
+		if env := s.opts.Envelope; env != nil {
+			env.Binary(e, envelope.Kafka, func(k, v string) { r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)}) })
 		}
 		k := topics[i] + "\x00" + string(r.Key)
 		keys[i] = k
@@ -163,16 +167,15 @@ const tooLargeMargin = 512
 // errClosed fails the publishes waiting for acks when the sink is closed.
 var errClosed = errors.New("kafka sink closed")
 
-// contractHeaders are the headers every record carries; a row header of
-// the same name, in any case, is dropped.
+// contractHeaders are the headers every record carries.
 var contractHeaders = []string{"message_id", "event_type", "aggregate_type", "aggregate_id", "content-type"}
 
-// record builds e's record: key e.Key(), value the payload, and the
-// row's headers in name order followed by the contract headers.
-func record(e *event.Event, topic string) *kgo.Record {
+// record builds e's record: key e.Key(), value the payload, and the row
+// headers rows forwards in name order followed by the contract headers.
+func record(e *event.Event, topic string, rows *sink.HeaderFilter) *kgo.Record {
 	headers := make([]kgo.RecordHeader, 0, len(e.Headers)+len(contractHeaders))
 	for _, k := range slices.Sorted(maps.Keys(e.Headers)) {
-		if !slices.ContainsFunc(contractHeaders, func(c string) bool { return strings.EqualFold(c, k) }) {
+		if rows.Forward(k) {
 			headers = append(headers, kgo.RecordHeader{Key: k, Value: []byte(e.Headers[k])})
 		}
 	}
@@ -188,15 +191,6 @@ func record(e *event.Event, topic string) *kgo.Record {
 		key = []byte{} // an empty key is an empty key, not a null one
 	}
 	return &kgo.Record{Topic: topic, Key: key, Value: value, Headers: headers}
-}
-
-// cloudEvent returns h without the headers in the ce_ namespace, which a
-// row cannot set, followed by e's CloudEvents attributes; the content-type
-// header is already its datacontenttype.
-func cloudEvent(h []kgo.RecordHeader, e *event.Event, env *envelope.CloudEvents) []kgo.RecordHeader {
-	h = slices.DeleteFunc(h, func(rh kgo.RecordHeader) bool { return envelope.Kafka.Owns(rh.Key) })
-	env.Binary(e, envelope.Kafka, func(k, v string) { h = append(h, kgo.RecordHeader{Key: k, Value: []byte(v)}) })
-	return h
 }
 
 // batchBytes finds the batch size in franz-go's message for a batch the

@@ -194,16 +194,12 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 		nc.Close()
 		return nil, fault.AsUnavailable(fmt.Errorf("nats: subscribe to PubAcks: %w", err))
 	}
-	envelopePrefix := ""
-	if opts.Envelope != nil {
-		envelopePrefix = envelope.NATS.Prefix()
-	}
 	return &Sink{
 		cfg:     cfg,
 		opts:    opts,
 		subject: subject,
 		pattern: pattern,
-		rows:    sink.NewHeaderFilter(sink.NATSRules, envelopePrefix, opts.HeaderDrops),
+		rows:    sink.NewHeaderFilter(sink.NATSRules, envelope.NATS.ReservedPrefix(opts.Envelope), opts.HeaderDrops),
 		nc:      nc,
 		js:      js,
 		acks:    acks,
