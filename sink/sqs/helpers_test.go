@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -213,7 +214,7 @@ func rowHeaders(t testing.TB, m types.Message) map[string]string {
 			}
 			continue
 		}
-		if !isContract(k) && k != attrBodyEncoding {
+		if !slices.Contains([]string{attrMessageID, attrEventType, attrAggregateType, attrAggregateID, attrContentType, attrBodyEncoding}, k) {
 			out[k] = attrValue(v)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/envelope"
 )
 
@@ -43,10 +44,6 @@ const (
 	binaryType = "Binary"
 )
 
-// contractAttributes are the attributes the sink sets from the event; a row
-// header of one of these names is never forwarded.
-var contractAttributes = []string{attrMessageID, attrEventType, attrAggregateType, attrAggregateID, attrContentType}
-
 // message is one event as an SQS message, without the batch entry Id.
 type message struct {
 	body       string
@@ -57,8 +54,9 @@ type message struct {
 	headerJSON bool   // the row's headers went into the "headers" attribute
 }
 
-// newMessage builds the message of e for a FIFO or standard queue.
-func newMessage(e *event.Event, fifo bool) message {
+// newMessage builds the message of e for a FIFO or standard queue, with
+// the row headers rows forwards.
+func newMessage(e *event.Event, fifo bool, rows *sink.HeaderFilter) message {
 	m := message{attrs: make(map[string]types.MessageAttributeValue, maxAttributes)}
 	encoding := ""
 	switch {
@@ -75,7 +73,7 @@ func newMessage(e *event.Event, fifo bool) message {
 	m.set(attrAggregateID, e.AggregateID)
 	m.set(attrContentType, e.ContentType)
 	m.set(attrBodyEncoding, encoding)
-	m.addHeaders(e.Headers)
+	m.addHeaders(e.Headers, rows)
 	m.size = len(m.body)
 	for name, v := range m.attrs {
 		m.size += len(name) + len(*v.DataType) + len(aws.ToString(v.StringValue)) + len(v.BinaryValue)
@@ -109,14 +107,14 @@ func (m *message) set(name, value string) {
 	m.attrs[name] = types.MessageAttributeValue{DataType: aws.String(stringType), StringValue: aws.String(value)}
 }
 
-// addHeaders adds the row's headers, except those named like a contract
-// attribute: one attribute each when all fit and SQS accepts their names
-// and values, else one "headers" attribute holding them as a JSON object,
-// all but traceparent and tracestate, which stay attributes.
-func (m *message) addHeaders(h map[string]string) {
+// addHeaders adds the row headers filter forwards: one attribute each
+// when all fit and SQS accepts their names and values, else one "headers"
+// attribute holding them as a JSON object, all but traceparent and
+// tracestate, which stay attributes.
+func (m *message) addHeaders(h map[string]string, filter *sink.HeaderFilter) {
 	rows := make(map[string]string, len(h))
 	for k, v := range h {
-		if !isContract(k) {
+		if filter.Forward(k) {
 			rows[k] = v
 		}
 	}
@@ -128,7 +126,7 @@ func (m *message) addHeaders(h map[string]string) {
 		if !each {
 			break
 		}
-		each = validAttributeName(k) && k != attrHeaders && k != attrBodyEncoding && v != ""
+		each = validAttributeName(k) && k != attrHeaders && v != ""
 	}
 	if each {
 		for k, v := range rows {
@@ -148,15 +146,6 @@ func (m *message) addHeaders(h map[string]string) {
 		m.set(attrHeaders, headersJSON(rows))
 		m.headerJSON = true
 	}
-}
-
-func isContract(name string) bool {
-	for _, c := range contractAttributes {
-		if name == c {
-			return true
-		}
-	}
-	return false
 }
 
 // headersJSON returns h as a JSON object with sorted keys, without HTML

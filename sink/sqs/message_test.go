@@ -17,10 +17,14 @@ import (
 
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
+	"github.com/outboxrelay/relay/sink"
 )
 
 // attrsOf returns the attributes of m as name -> value (Binary values as
 // their bytes), with the data type prefixed for Binary ones.
+// testRows is the sink's row header filter.
+var testRows = sink.NewHeaderFilter(sink.SQSRules, "", nil)
+
 func attrsOf(m message) map[string]string {
 	out := map[string]string{}
 	for k, v := range m.attrs {
@@ -52,7 +56,7 @@ func TestNewMessageBodyAndAttributes(t *testing.T) {
 	t.Run("json", func(t *testing.T) {
 		e := base()
 		e.Headers = map[string]string{"trace_id": "t-1", "message_id": "spoofed", "content_type": "spoofed"}
-		m := newMessage(e, false)
+		m := newMessage(e, false, testRows)
 		if m.body != `{"a": 1}` {
 			t.Errorf("body %q", m.body)
 		}
@@ -72,7 +76,7 @@ func TestNewMessageBodyAndAttributes(t *testing.T) {
 	})
 	t.Run("fifo", func(t *testing.T) {
 		e := base()
-		m := newMessage(e, true)
+		m := newMessage(e, true, testRows)
 		if m.groupID != e.AggregateID || m.dedupID != e.ID {
 			t.Errorf("group %q, dedup %q; want %q, %q", m.groupID, m.dedupID, e.AggregateID, e.ID)
 		}
@@ -84,7 +88,7 @@ func TestNewMessageBodyAndAttributes(t *testing.T) {
 	t.Run("binary", func(t *testing.T) {
 		e := base()
 		e.Payload, e.ContentType = []byte("plain but bytea"), event.ContentTypeBinary
-		m := newMessage(e, false)
+		m := newMessage(e, false, testRows)
 		if m.body != "cGxhaW4gYnV0IGJ5dGVh" || attrsOf(m)["body_encoding"] != "base64" {
 			t.Errorf("body %q, attributes %v; want base64 of the bytea payload", m.body, attrsOf(m))
 		}
@@ -93,21 +97,21 @@ func TestNewMessageBodyAndAttributes(t *testing.T) {
 		for _, p := range []string{"a\x01b", "bad utf-8 \xff", "\uffff", "nul\x00"} {
 			e := base()
 			e.Payload, e.ContentType = []byte(p), event.ContentTypeText
-			m := newMessage(e, false)
+			m := newMessage(e, false, testRows)
 			if attrsOf(m)["body_encoding"] != "base64" {
 				t.Errorf("payload %q: body %q, body_encoding %q; want base64", p, m.body, attrsOf(m)["body_encoding"])
 			}
 		}
 		e := base()
 		e.Payload, e.ContentType = []byte("tab\t, lines\r\n, ünï 🚚"), event.ContentTypeText
-		if m := newMessage(e, false); m.body != string(e.Payload) || attrsOf(m)["body_encoding"] != "" {
+		if m := newMessage(e, false, testRows); m.body != string(e.Payload) || attrsOf(m)["body_encoding"] != "" {
 			t.Errorf("text SQS can carry was encoded: %q %v", m.body, attrsOf(m))
 		}
 	})
 	t.Run("empty", func(t *testing.T) {
 		e := base()
 		e.Payload, e.AggregateType, e.EventType = nil, "", ""
-		m := newMessage(e, false)
+		m := newMessage(e, false, testRows)
 		want := map[string]string{"message_id": e.ID, "aggregate_id": e.AggregateID, "content_type": e.ContentType, "body_encoding": "empty"}
 		if m.body != "-" || !equalMaps(attrsOf(m), want) {
 			t.Errorf("body %q, attributes %v; want \"-\" and %v (empty values left out)", m.body, attrsOf(m), want)
@@ -117,7 +121,7 @@ func TestNewMessageBodyAndAttributes(t *testing.T) {
 		e := base()
 		e.AggregateID = "ctl\x01"
 		e.Headers = map[string]string{"bell": "\a"}
-		got := attrsOf(newMessage(e, false))
+		got := attrsOf(newMessage(e, false, testRows))
 		if got["aggregate_id"] != "Binary:ctl\x01" || got["bell"] != "Binary:\a" {
 			t.Errorf("attributes %v; want Binary values for text SQS cannot carry", got)
 		}
@@ -125,7 +129,7 @@ func TestNewMessageBodyAndAttributes(t *testing.T) {
 	t.Run("headers_that_fit", func(t *testing.T) {
 		e := base()
 		e.Headers = map[string]string{"h1": "1", "h2": "2", "h3": "3", "h4": "4", "h5": "5"}
-		got := attrsOf(newMessage(e, false))
+		got := attrsOf(newMessage(e, false, testRows))
 		if len(got) != 10 || got["h5"] != "5" {
 			t.Errorf("5 headers with 5 contract attributes: %v; want 10 attributes", got)
 		}
@@ -135,7 +139,7 @@ func TestNewMessageBodyAndAttributes(t *testing.T) {
 		e.Payload = []byte{0xff}
 		e.Headers = map[string]string{"h1": "1", "h2": "2", "h3": "3", "h4": "4",
 			"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "v=1"}
-		m := newMessage(e, false)
+		m := newMessage(e, false, testRows)
 		got := attrsOf(m)
 		want := headersJSON(map[string]string{"h1": "1", "h2": "2", "h3": "3", "h4": "4"})
 		if !m.headerJSON || got["headers"] != want || got["traceparent"] != e.Headers["traceparent"] || got["tracestate"] != "v=1" || len(got) > maxAttributes {
@@ -150,12 +154,10 @@ func TestNewMessageBodyAndAttributes(t *testing.T) {
 		{"too_many", map[string]string{"h1": "1", "h2": "2", "h3": "3", "h4": "4", "h5": "5", "h6": "6"}, nil},
 		{"five_with_body_encoding", map[string]string{"h1": "1", "h2": "2", "h3": "3", "h4": "4", "h5": "5"}, []byte{0xff}},
 		{"bad_name", map[string]string{"x y": "1"}, nil},
-		{"reserved_prefix", map[string]string{"AWS.trace": "1"}, nil},
 		{"amazon_prefix", map[string]string{"amazonTrace": "1"}, nil},
 		{"dots", map[string]string{"a..b": "1"}, nil},
 		{"leading_dot", map[string]string{".a": "1"}, nil},
 		{"named_headers", map[string]string{"headers": "1"}, nil},
-		{"named_body_encoding", map[string]string{"body_encoding": "1"}, nil},
 		{"empty_value", map[string]string{"e": ""}, nil},
 		{"long_name", map[string]string{strings.Repeat("n", 257): "1"}, nil},
 	}
@@ -169,7 +171,7 @@ func TestNewMessageBodyAndAttributes(t *testing.T) {
 			if c.payload != nil {
 				e.Payload = c.payload
 			}
-			m := newMessage(e, false)
+			m := newMessage(e, false, testRows)
 			got := attrsOf(m)
 			if !m.headerJSON || got["headers"] != headersJSON(c.headers) {
 				t.Errorf("attributes %v; want all row headers in one JSON attribute %s", got, headersJSON(c.headers))
@@ -182,6 +184,13 @@ func TestNewMessageBodyAndAttributes(t *testing.T) {
 			}
 		})
 	}
+	t.Run("dropped", func(t *testing.T) {
+		e := base()
+		e.Headers = map[string]string{"AWS.trace": "1", "amazon.X": "1", "BODY_ENCODING": "1", "Message_ID": "1", "ok": "1"}
+		if got := attrsOf(newMessage(e, false, testRows)); got["ok"] != "1" || len(got) != 6 {
+			t.Errorf("attributes %v; want the contract's and ok", got)
+		}
+	})
 	if got := headersJSON(map[string]string{"b": "<&>\x01\"", "a": "ü"}); got != `{"a":"ü","b":"<&>\u0001\""}` {
 		t.Errorf("headersJSON = %s", got)
 	}

@@ -81,7 +81,7 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 				}
 				e = structured(e, env)
 			}
-			it.msg = newMessage(e, q.fifo)
+			it.msg = newMessage(e, q.fifo, s.rows)
 			if it.msg.size > maxMessageBytes {
 				errs[it.i] = fault.AsPermanent(fmt.Errorf("message of %d bytes (body and attributes) is over the SQS limit of %d bytes", it.msg.size, maxMessageBytes))
 				continue

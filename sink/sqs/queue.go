@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
+	"github.com/outboxrelay/relay/internal/destname"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -22,15 +23,16 @@ type resolution struct {
 	err  error
 }
 
-// queueName returns the name of e's queue. A rendered name that is too
-// long fails as fault.Permanent: no such queue can exist.
+// queueName returns the name of e's queue. A rendered name that is not a
+// valid queue name (too long) fails as fault.Permanent: no such queue can
+// exist.
 func (s *Sink) queueName(e *event.Event) (string, error) {
 	if s.fixed.url != "" {
 		return s.fixed.name, nil
 	}
 	name := s.tmpl.Render(e)
-	if len(name) > maxQueueName {
-		return "", fault.AsPermanent(fmt.Errorf("queue name %q from template %q is longer than %d characters", name, s.cfg.Queue, maxQueueName))
+	if err := destname.SQSQueue(name); err != nil {
+		return "", fault.AsPermanent(fmt.Errorf("template %q: %w", s.cfg.Queue, err))
 	}
 	return name, nil
 }

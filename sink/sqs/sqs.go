@@ -30,6 +30,8 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	"github.com/outboxrelay/relay/internal/destname"
+	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/envelope"
 	"github.com/outboxrelay/relay/sink/template"
 )
@@ -44,9 +46,7 @@ const (
 	// defaultMaxBatchBytes is the default of sink.sqs.max_batch_bytes: the
 	// request size limit of SQS before 2025 and of many compatible servers.
 	defaultMaxBatchBytes = 256 << 10
-	// maxQueueName is the longest queue name, ".fifo" included.
-	maxQueueName = 80
-	fifoSuffix   = ".fifo"
+	fifoSuffix           = ".fifo"
 )
 
 // Config says where a Sink publishes. The relay fills it from the sink.sqs
@@ -89,6 +89,10 @@ type Options struct {
 	// content mode: the body is the JSON event format. Default nil: no
 	// envelope.
 	Envelope *envelope.CloudEvents
+	// HeaderDrops counts and logs the row headers the sink does not
+	// forward (see sink.HeaderFilter). Default: counters of the sink's
+	// own, logging to Logger.
+	HeaderDrops *sink.HeaderDrops
 }
 
 func (o Options) withDefaults() Options {
@@ -103,6 +107,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.HeaderDrops == nil {
+		o.HeaderDrops = sink.NewHeaderDrops(o.Logger)
 	}
 	return o
 }
@@ -124,6 +131,7 @@ type Sink struct {
 	tmpl template.Template
 	// fifo says whether the template renders FIFO queue names.
 	fifo bool
+	rows *sink.HeaderFilter
 
 	mu   sync.Mutex
 	urls map[string]*resolution // queue name -> URL, for the template
@@ -147,7 +155,8 @@ type queueRef struct {
 // that cannot render valid queue names.
 func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 	opts = opts.withDefaults()
-	s := &Sink{cfg: cfg, opts: opts, maxBatch: cfg.MaxBatchBytes, urls: map[string]*resolution{}}
+	s := &Sink{cfg: cfg, opts: opts, maxBatch: cfg.MaxBatchBytes, urls: map[string]*resolution{},
+		rows: sink.NewHeaderFilter(sink.SQSRules, "", opts.HeaderDrops)}
 	if s.maxBatch <= 0 {
 		s.maxBatch = defaultMaxBatchBytes
 	}
@@ -251,7 +260,7 @@ func parseQueueURL(raw string) (queueRef, error) {
 // sanitize maps a rune of a template value that SQS does not allow in a
 // queue name to '_'.
 func sanitize(r rune) rune {
-	if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+	if destname.SQSQueueRune(r) {
 		return r
 	}
 	return '_'
@@ -273,8 +282,8 @@ func checkQueueTemplate(tmpl string) (fifo bool, err error) {
 	if strings.Map(sanitize, literal) != literal {
 		return false, fmt.Errorf("template %q: an SQS queue name holds only letters, digits, '-' and '_', and ends in .fifo for a FIFO queue", tmpl)
 	}
-	if literal == base && len(tmpl) > maxQueueName {
-		return false, fmt.Errorf("template %q: a queue name has at most %d characters", tmpl, maxQueueName)
+	if literal == base && len(tmpl) > destname.MaxSQSQueue {
+		return false, fmt.Errorf("template %q: a queue name has at most %d characters", tmpl, destname.MaxSQSQueue)
 	}
 	return fifo, nil
 }
