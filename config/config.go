@@ -260,13 +260,14 @@ type Webhook struct {
 	// Timeout bounds one request: connecting, sending it and reading the
 	// response. Default 5s.
 	Timeout Duration `yaml:"timeout"`
-	// Secret, when set, signs every request with HMAC-SHA256 in the
-	// Webhook-Signature header. Use ${VAR} to keep it out of the file; it
+	// Secret, when set, signs every request as Standard Webhooks does
+	// (webhook-id, webhook-timestamp, webhook-signature): whsec_<base64>
+	// or raw, at least 16 bytes. Use ${VAR} to keep it out of the file; it
 	// is never logged. Default empty: requests are not signed.
 	Secret string `yaml:"secret"`
 	// Headers are added to every request, e.g. Authorization. They override
 	// the row's headers and cannot set the contract headers, Content-Type,
-	// Webhook-Signature or hop-by-hop headers. Values are never logged.
+	// the signature headers or hop-by-hop headers. Values are never logged.
 	Headers map[string]string `yaml:"headers"`
 	// MaxConcurrency caps the requests in flight at once. 0 means 64,
 	// applied by the sink.

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	whsig "github.com/outboxrelay/relay/helpers/webhook"
 	"github.com/outboxrelay/relay/internal/destname"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink/envelope"
@@ -214,14 +215,15 @@ const maxWebhookConcurrency = 10000
 // that this list matches the webhook sink's.
 var webhookReserved = []string{
 	"Idempotency-Key", "Message_id", "Event_type", "Aggregate_type", "Aggregate_id",
-	"Webhook-Signature", "Content-Type",
+	"Webhook-Id", "Webhook-Timestamp", "Webhook-Signature", "Content-Type",
 	"Host", "Content-Length", "Transfer-Encoding", "Trailer", "Te", "Expect",
 	"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization", "Upgrade",
 }
 
 // checkWebhook checks the webhook sink: an absolute http or https URL with
-// placeholders only in its path and query, a non-empty secret when the key
-// is present (an unset ${VAR} must not silently turn signing off), valid
+// placeholders only in its path and query, a secret of at least 16 bytes
+// when the key is present (an unset ${VAR} must not silently turn signing
+// off), valid
 // static headers and the concurrency bound. Messages never repeat the URL,
 // the secret or a header value, which may hold credentials.
 func (l *loader) checkWebhook(w Webhook) {
@@ -232,8 +234,10 @@ func (l *loader) checkWebhook(w Webhook) {
 			l.invalid("sink.webhook.url", "%s", err)
 		}
 	}
-	if _, set := l.lines["sink.webhook.secret"]; set {
-		l.required("sink.webhook.secret", w.Secret, "remove the key to send unsigned requests")
+	if _, set := l.lines["sink.webhook.secret"]; set && l.required("sink.webhook.secret", w.Secret, "remove the key to send unsigned requests") {
+		if _, err := whsig.ParseSecret(w.Secret); err != nil {
+			l.invalid("sink.webhook.secret", "%s (whsec_<base64> or a raw string of at least %d bytes)", err, whsig.MinSecretBytes)
+		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(w.Headers)) {
 		key := "sink.webhook.headers." + name

@@ -26,14 +26,14 @@ func TestWebhookAccepts(t *testing.T) {
       x-tenant: acme
     max_concurrency: 16
 `)
-	c, err := Parse([]byte(yaml), env(map[string]string{"WEBHOOK_SECRET": "whsec_1", "TOKEN": "t0k"}))
+	c, err := Parse([]byte(yaml), env(map[string]string{"WEBHOOK_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "TOKEN": "t0k"}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := Webhook{
 		URL:            "https://hooks.example.com/in/{aggregate_type}?event={event_type}&id={aggregate_id}",
 		Timeout:        Duration(2 * time.Second),
-		Secret:         "whsec_1",
+		Secret:         "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
 		Headers:        map[string]string{"Authorization": "Bearer t0k", "x-tenant": "acme"},
 		MaxConcurrency: 16,
 	}
@@ -78,6 +78,9 @@ func TestWebhookErrors(t *testing.T) {
 		{"bad url", "    url: \"http://h:port/x\"\n", 8, "sink.webhook.url", "not a valid URL: "},
 		{"unknown placeholder", "    url: http://h/{id}\n", 8, "sink.webhook.url", "template \"http://h/{id}\": unknown placeholder {id}"},
 		{"secret empty", "    url: http://h/\n    secret: ${UNSET}\n", 9, "sink.webhook.secret", "must not be empty (remove the key to send unsigned requests)"},
+		{"secret short", "    url: http://h/\n    secret: fifteen-bytes!!\n", 9, "sink.webhook.secret", "too short: 15 bytes, at least 16 are needed"},
+		{"secret short whsec", "    url: http://h/\n    secret: whsec_c2hvcnQ=\n", 9, "sink.webhook.secret", "too short: 5 bytes"},
+		{"secret bad base64", "    url: http://h/\n    secret: whsec_!!not-base64-but-long\n", 9, "sink.webhook.secret", "the part after whsec_ is not valid base64"},
 		{"header name", "    url: http://h/\n    headers:\n      \"bad name\": x\n", 10, "sink.webhook.headers.bad name", "not a valid HTTP header name"},
 		{"header reserved", "    url: http://h/\n    headers:\n      idempotency-key: x\n", 10, "sink.webhook.headers.idempotency-key", "Idempotency-Key is set by the relay or by HTTP itself"},
 		{"header contract", "    url: http://h/\n    headers:\n      message_id: x\n", 10, "sink.webhook.headers.message_id", "Message_id is set by the relay"},
@@ -121,6 +124,7 @@ func TestWebhookErrorsHideSecrets(t *testing.T) {
 		"    url: \"https://h:s3cr3t/x\"\n",
 		"    url: ftp://h/?token=s3cr3t\n",
 		"    url: http://h/\n    secret: s3cr3t\n    max_concurrency: -1\n",
+		"    url: http://h/\n    secret: whsec_s3cr3t\n",
 		"    url: http://h/\n    headers:\n      Authorization: \"Bearer s3cr3t\\r\"\n",
 		"    url: http://h/\n    headers:\n      Content-Type: s3cr3t\n",
 	} {
@@ -138,7 +142,7 @@ func TestReservedMatchesSink(t *testing.T) {
 	const base = "postgres:\n  url: postgres://h/db\ncapture:\n  mode: poll\nsink:\n  type: webhook\n  webhook:\n    url: http://h/\n    headers:\n      %s: v\n"
 	names := append([]string{
 		webhook.HeaderIdempotencyKey, webhook.HeaderMessageID, webhook.HeaderEventType, webhook.HeaderAggregateType,
-		webhook.HeaderAggregateID, webhook.HeaderSignature, "Authorization", "User-Agent", "X-Tenant", "traceparent",
+		webhook.HeaderAggregateID, webhook.HeaderWebhookID, webhook.HeaderWebhookTimestamp, webhook.HeaderSignature, "Authorization", "User-Agent", "X-Tenant", "traceparent",
 	}, webhookReserved...)
 	for _, name := range names {
 		_, err := Parse(fmt.Appendf(nil, base, strings.ToLower(name)), env(nil))

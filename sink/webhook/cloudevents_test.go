@@ -20,7 +20,7 @@ import (
 // Without the envelope no Ce- header is sent.
 func TestCloudEvents(t *testing.T) {
 	rc := newReceiver(t, nil)
-	cfg := Config{URL: rc.URL + "/{aggregate_type}", Secret: "s3cret", Headers: map[string]string{"Ce-Source": "static", "X-Static": "1"}}
+	cfg := Config{URL: rc.URL + "/{aggregate_type}", Secret: testSecret, Headers: map[string]string{"Ce-Source": "static", "X-Static": "1"}}
 	s, err := New(cfg, Options{Logger: slog.New(slog.DiscardHandler), Envelope: envelopetest.New()})
 	if err != nil {
 		t.Fatal(err)

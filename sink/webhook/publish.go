@@ -3,9 +3,6 @@ package webhook
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +17,7 @@ import (
 
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
+	whsig "github.com/outboxrelay/relay/helpers/webhook"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/envelope"
@@ -34,7 +32,11 @@ const (
 	HeaderEventType      = "event_type"
 	HeaderAggregateType  = "aggregate_type"
 	HeaderAggregateID    = "aggregate_id"
-	HeaderSignature      = "Webhook-Signature"
+	// The Standard Webhooks signature headers, sent in lower case as
+	// written when sink.webhook.secret is set.
+	HeaderWebhookID        = whsig.HeaderID
+	HeaderWebhookTimestamp = whsig.HeaderTimestamp
+	HeaderSignature        = whsig.HeaderSignature
 )
 
 const (
@@ -129,7 +131,7 @@ func (s *Sink) post(ctx context.Context, e *event.Event) error {
 	}
 	req.Header = h
 	if s.secret != nil {
-		req.Header.Set(HeaderSignature, sign(s.secret, time.Now(), e.Payload))
+		s.sign(req.Header, e, time.Now())
 	}
 
 	resp, err := s.client.Do(req)
@@ -260,7 +262,7 @@ var reserved = map[string]bool{}
 func init() {
 	for _, k := range []string{
 		HeaderIdempotencyKey, HeaderMessageID, HeaderEventType, HeaderAggregateType, HeaderAggregateID,
-		HeaderSignature, "Content-Type",
+		HeaderWebhookID, HeaderWebhookTimestamp, HeaderSignature, "Content-Type",
 		"Host", "Content-Length", "Transfer-Encoding", "Trailer", "Te", "Expect",
 		"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization", "Upgrade",
 	} {
@@ -315,15 +317,13 @@ func validHeaderValue(v string) bool {
 	return true
 }
 
-// sign returns the Webhook-Signature header value for body sent at now:
-// "t=<unix seconds>,v1=<hex HMAC-SHA256 of secret over "<t>.<body>">".
-func sign(secret []byte, now time.Time, body []byte) string {
-	t := strconv.FormatInt(now.Unix(), 10)
-	mac := hmac.New(sha256.New, secret)
-	mac.Write([]byte(t))
-	mac.Write([]byte{'.'})
-	mac.Write(body)
-	return "t=" + t + ",v1=" + hex.EncodeToString(mac.Sum(nil))
+// sign sets the Standard Webhooks headers of e sent at now: its id, the
+// time in unix seconds and the signature of both with the body.
+func (s *Sink) sign(h http.Header, e *event.Event, now time.Time) {
+	ts := now.Unix()
+	h[HeaderWebhookID] = []string{e.ID}
+	h[HeaderWebhookTimestamp] = []string{strconv.FormatInt(ts, 10)}
+	h[HeaderSignature] = []string{whsig.Sign(s.secret, e.ID, ts, e.Payload)}
 }
 
 // StatusError is a response whose status is not 2xx.

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	whsig "github.com/outboxrelay/relay/helpers/webhook"
 	"github.com/outboxrelay/relay/internal/destname"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink"
@@ -53,8 +54,10 @@ type Config struct {
 	// Timeout bounds one request: connecting, sending it and reading the
 	// response. Default DefaultTimeout.
 	Timeout time.Duration
-	// Secret, when set, signs every request with HMAC-SHA256 in the
-	// Webhook-Signature header. Default empty: requests are not signed.
+	// Secret, when set, signs every request as Standard Webhooks does
+	// (webhook-id, webhook-timestamp, webhook-signature): "whsec_<base64>"
+	// or raw, at least 16 bytes, as the helpers' webhook.ParseSecret reads
+	// it. Default empty: requests are not signed.
 	Secret string
 	// Headers are added to every request, such as Authorization. They
 	// override the row's headers and cannot set a header ReservedHeader
@@ -116,7 +119,8 @@ var (
 // URL template that is not an absolute http or https URL, that has a
 // placeholder in its scheme, user information, host or port (event data
 // never chooses the server), or a fragment, and on a static header that is
-// not a valid HTTP header or collides with a header the sink sets. New does
+// not a valid HTTP header or collides with a header the sink sets, and on a
+// secret that is not at least 16 bytes or bad base64 after whsec_. New does
 // no I/O; Check verifies the receiver is reachable.
 //
 // A zero cfg.Timeout means DefaultTimeout and a zero cfg.MaxConcurrency
@@ -160,7 +164,9 @@ func New(cfg Config, opts Options) (*Sink, error) {
 		env:     opts.Envelope,
 	}
 	if cfg.Secret != "" {
-		s.secret = []byte(cfg.Secret)
+		if s.secret, err = whsig.ParseSecret(cfg.Secret); err != nil {
+			return nil, fmt.Errorf("sink.webhook.secret: %w", err)
+		}
 	}
 	rt := opts.Transport
 	if rt == nil {
