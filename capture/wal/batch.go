@@ -44,7 +44,8 @@ func (b *batch) Events() []*event.Event { return b.events }
 // Complete archives the published rows (per Options.ArchiveMode), writes
 // the dead ones, from the event values, to the dead-letter table and
 // deletes them from the outbox, in one transaction. Rows that are already gone (inserted and deleted in one
-// transaction by the application) are no-ops. Then the batch counts as
+// transaction by the application) are no-ops. The archive takes at most
+// archiveTimeout, whatever locks other sessions hold. Then the batch counts as
 // archived for the slot's confirmed position. When archiving fails, the
 // stream restarts from the confirmed position, so the batch's events are
 // captured again.
@@ -82,10 +83,15 @@ func (b *batch) archive(ctx context.Context, o capture.Outcome) error {
 		return b.src.arch.archive(ctx, published, b.xids)
 	}
 	q, pool := b.src.sql, b.src.opts.Pool
+	ctx, cancel := context.WithTimeout(ctx, archiveTimeout)
+	defer cancel()
 	if err := waitVisible(ctx, pool, b.xids); err != nil {
 		return err
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, txLimits, txLimit); err != nil {
+			return err
+		}
 		goneDead, goneBad, err := b.copyDead(ctx, tx, o.Dead)
 		if err != nil {
 			return err
@@ -169,6 +175,18 @@ func (f *failures) addBad(r *badRow) {
 }
 
 func (f *failures) args() []any { return []any{f.errs, f.classes, f.attempts, f.first, f.last} }
+
+// txLimits is the first statement of the dead-letter transaction: no
+// statement of it waits for a lock or runs longer than txLimit, and it is
+// never left idle longer, so a row lock another session holds on a dead
+// row (an application's UPDATE, SELECT … FOR UPDATE) fails the archive
+// instead of blocking capture.
+const txLimits = `SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $1, true),
+	set_config('idle_in_transaction_session_timeout', $1, true)`
+
+// txLimit is txLimits' bound in milliseconds: half of archiveTimeout,
+// which bounds the whole archive on the client side.
+var txLimit = strconv.FormatInt((archiveTimeout / 2).Milliseconds(), 10)
 
 // deadArgs returns the arguments of the dead-letter insert of the dead
 // events and bad rows whose row is gone from the outbox: their columns as
