@@ -65,10 +65,11 @@ func WriteMany(ctx context.Context, db Execer, events ...Event) ([]string, error
 	return std.WriteMany(ctx, db, events...)
 }
 
-// DDL creates the table public.outbox, when missing, with the columns the
-// relay reads, and an index on seq for the relay's poll mode (the index
-// `relay init` creates too).
-const DDL = `CREATE TABLE IF NOT EXISTS public.outbox (
+// TableDDL creates the table public.outbox, when missing, with the columns
+// the relay reads. It is the one text of the contract's table: the relay's
+// own tests create their outbox with it, and a test checks that `relay
+// init` creates the same table.
+const TableDDL = `CREATE TABLE IF NOT EXISTS public.outbox (
   id             uuid        PRIMARY KEY,
   aggregate_type text        NOT NULL,
   aggregate_id   text        NOT NULL,
@@ -77,7 +78,11 @@ const DDL = `CREATE TABLE IF NOT EXISTS public.outbox (
   headers        jsonb,
   created_at     timestamptz NOT NULL DEFAULT now(),
   seq            bigint      GENERATED ALWAYS AS IDENTITY
-);
+)`
+
+// DDL is TableDDL and an index on seq for the relay's poll mode (the index
+// `relay init` creates too).
+const DDL = TableDDL + `;
 CREATE INDEX IF NOT EXISTS outbox_relay_seq_idx ON public.outbox (seq);
 `
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxrelay/relay/helpers/outbox"
 	"github.com/outboxrelay/relay/internal/embedded"
 )
 
@@ -35,18 +36,10 @@ var (
 var PostgresMajors = embedded.PostgresMajors
 
 // ContractOutbox is the outbox table of docs/reference.md, as an application
-// creates it: tests and the bench use it to check the relay against the
-// contract's own DDL, not against what relay init would create.
-const ContractOutbox = `CREATE TABLE outbox (
-  id             uuid        PRIMARY KEY,
-  aggregate_type text        NOT NULL,
-  aggregate_id   text        NOT NULL,
-  event_type     text        NOT NULL,
-  payload        jsonb       NOT NULL,
-  headers        jsonb,
-  created_at     timestamptz NOT NULL DEFAULT now(),
-  seq            bigint      GENERATED ALWAYS AS IDENTITY
-)`
+// creates it with the helpers' outbox.TableDDL: tests and the bench use it to
+// check the relay against the contract's own DDL, not against what relay init
+// would create.
+const ContractOutbox = outbox.TableDDL
 
 var (
 	shared struct {
