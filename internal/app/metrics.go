@@ -55,7 +55,7 @@ func newRegistry() *prometheus.Registry {
 // registerStats exposes the pipeline's counters, the source's state and the
 // outbox backlog age on reg. capturing reports whether capture works: the
 // pipeline's view and a lasting database failure the source's guard holds.
-func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backlog *backlogAge, capturing func() bool) {
+func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backlog *sampled, capturing func() bool) {
 	counter := func(name, help string, f func() int64) {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Name: name, Help: help},
 			func() float64 { return float64(f()) }))
@@ -176,29 +176,49 @@ func boolFloat(b bool) float64 {
 	return 0
 }
 
-// backlogAge samples the age of the oldest outbox row.
-type backlogAge struct {
-	bits  atomic.Uint64 // float64 seconds
+// sampled is a value sampled with one query that returns a float8: the age
+// of the oldest outbox row (newBacklogAge), the rows of the dead-letter
+// table (newDeadLetterCount). Safe for concurrent use.
+type sampled struct {
+	bits  atomic.Uint64 // float64
 	query string
 }
 
-func newBacklogAge(l schema.Layout, archiveMode string) *backlogAge {
-	return &backlogAge{query: fmt.Sprintf(`SELECT coalesce(extract(epoch FROM now() - (
+func newBacklogAge(l schema.Layout, archiveMode string) *sampled {
+	return &sampled{query: fmt.Sprintf(`SELECT coalesce(extract(epoch FROM now() - (
 		SELECT %s FROM %s WHERE true %s ORDER BY %s LIMIT 1)), 0)::float8`,
 		schema.Q(l.Cols.CreatedAt), l.Outbox.Ident(), l.Unpublished(archiveMode, ""), schema.Q(l.Cols.Seq))}
 }
 
-func (b *backlogAge) load() float64 { return math.Float64frombits(b.bits.Load()) }
+// deadLetterCap is the most dead-letter rows newDeadLetterCount counts.
+const deadLetterCap = 100_000
+
+func newDeadLetterCount(l schema.Layout) *sampled {
+	return &sampled{query: fmt.Sprintf(`SELECT count(*)::float8 FROM (SELECT 1 FROM %s LIMIT %d) t`, l.DeadLetter.Ident(), deadLetterCap)}
+}
+
+// registerTables exposes the capture mode and the dead-letter table's rows
+// on reg.
+func registerTables(reg prometheus.Registerer, mode string, deadLetters *sampled) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Name: "capture_mode",
+		Help: "1, labelled with capture.mode (wal or poll).", ConstLabels: prometheus.Labels{"mode": mode}},
+		func() float64 { return 1 }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Name: "dead_letters",
+		Help: "Rows in the dead-letter table, sampled every few seconds, counted up to 100000: dead-lettering raises it, relay dlq redrive and drop lower it."},
+		deadLetters.load))
+}
+
+func (b *sampled) load() float64 { return math.Float64frombits(b.bits.Load()) }
 
 // watch samples every interval until ctx ends. A failed sample keeps the
 // last value; capture errors are reported elsewhere.
-func (b *backlogAge) watch(ctx context.Context, pool *pgxpool.Pool, interval time.Duration) error {
+func (b *sampled) watch(ctx context.Context, pool *pgxpool.Pool, interval time.Duration) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		var age float64
-		if err := pool.QueryRow(ctx, b.query).Scan(&age); err == nil {
-			b.bits.Store(math.Float64bits(age))
+		var v float64
+		if err := pool.QueryRow(ctx, b.query).Scan(&v); err == nil {
+			b.bits.Store(math.Float64bits(v))
 		}
 		select {
 		case <-ctx.Done():

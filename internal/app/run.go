@@ -30,7 +30,8 @@ type Relay struct {
 	reg      *prometheus.Registry
 	guard    *dbGuard
 	source   any // the capture source, for its leader and partition state
-	backlog  *backlogAge
+	backlog  *sampled
+	dlq      *sampled // rows in the dead-letter table
 	ln       net.Listener
 	closers  []func()
 }
@@ -38,7 +39,8 @@ type Relay struct {
 // pipelineWindow is the most events held between capture and archive.
 const pipelineWindow = 10000
 
-// backlogInterval is how often the age of the oldest outbox row is sampled.
+// backlogInterval is how often the age of the oldest outbox row and the
+// rows of the dead-letter table are sampled.
 const backlogInterval = 5 * time.Second
 
 // Open connects to Postgres and the sink, creates the dead-letter table and
@@ -93,6 +95,7 @@ func (r *Relay) open(ctx context.Context) error {
 	r.reg = newRegistry()
 	batch, window := limitRate(snk, cfg.Sink.RateLimit, r.reg, log, batch)
 	r.backlog = newBacklogAge(layoutOf(cfg), cfg.Archive.Mode)
+	r.dlq = newDeadLetterCount(layoutOf(cfg))
 	r.guard = &dbGuard{Source: tracedSource(tracer, src, cfg), log: log, layout: layoutOf(cfg), cfg: cfg,
 		role: pool.Config().ConnConfig.User, initial: cfg.Retry.Initial.D(), max: cfg.Retry.Max.D(),
 		fatalAfter: cfg.Postgres.FatalAfter.D()}
@@ -108,6 +111,7 @@ func (r *Relay) open(ctx context.Context) error {
 	})
 	r.source = src
 	registerStats(r.reg, r.pipeline.Stats(), src, r.backlog, r.capturing)
+	registerTables(r.reg, cfg.Capture.Mode, r.dlq)
 	r.reg.MustRegister(newDestinationCollector(r.pipeline.Destinations))
 	return nil
 }
@@ -127,6 +131,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return r.pipeline.Run(ctx) })
 	g.Go(func() error { return r.backlog.watch(gctx, r.pool, backlogInterval) })
+	g.Go(func() error { return r.dlq.watch(gctx, r.pool, backlogInterval) })
 	if r.cfg.Archive.Retention > 0 {
 		g.Go(func() error { return r.prune(gctx) })
 	}
