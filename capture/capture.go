@@ -47,7 +47,7 @@ type Outcome struct {
 // DeadEvent is an event that goes to the dead-letter table.
 type DeadEvent struct {
 	Event    *event.Event
-	Err      string // the last error
+	Err      string // the last error; the sources write it escaped and cut with rowtext.Error
 	Class    string // the last error's class, see fault.Class
 	Attempts int
 	// FirstFailed and LastFailed are Unix nanoseconds.

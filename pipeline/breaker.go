@@ -9,6 +9,7 @@ import (
 
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
+	"github.com/outboxrelay/relay/internal/rowtext"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -35,9 +36,6 @@ const suspectStreak = 3
 
 // keptIdle is how many idle destinations are remembered for idle probes.
 const keptIdle = 16
-
-// reportedBroken caps how many broken destinations Destinations lists.
-const reportedBroken = 32
 
 // destState is one destination's breaker; the engine goroutine owns it.
 type destState struct {
@@ -126,7 +124,7 @@ func (e *engine) trip(d *destState, err error, probe bool, now time.Time) {
 	d.probeAt = now.Add(e.p.opts.Retry.unavailableDelay(1))
 	e.broken++
 	e.p.log.Warn("destination unreachable: holding its events and probing until it works",
-		"destination", d.name, "err", err)
+		"destination", rowtext.Value(d.name), "err", rowtext.Error(err.Error()))
 	e.publishStatus()
 }
 
@@ -141,7 +139,7 @@ func (e *engine) ok(d *destState, probe bool, now time.Time) {
 	}
 	d.open = false
 	e.broken--
-	e.p.log.Info("destination reachable again: resuming", "destination", d.name,
+	e.p.log.Info("destination reachable again: resuming", "destination", rowtext.Value(d.name),
 		"broken_for", now.Sub(d.since).Round(time.Millisecond), "held_aggregates", len(d.waiting))
 	for _, q := range d.waiting {
 		q.held = false
@@ -258,8 +256,8 @@ func (e *engine) publishStatus() {
 	slices.SortFunc(list, func(a, b DestinationStatus) int {
 		return cmp.Or(a.Since.Compare(b.Since), cmp.Compare(a.Name, b.Name))
 	})
-	if len(list) > reportedBroken {
-		list = list[:reportedBroken]
+	if len(list) > MaxLabelValues {
+		list = list[:MaxLabelValues]
 	}
 	e.p.broken.Store(&list)
 }

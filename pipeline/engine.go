@@ -9,6 +9,7 @@ import (
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
+	"github.com/outboxrelay/relay/internal/rowtext"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -395,8 +396,8 @@ func (e *engine) failed(it *item, class fault.Class, now time.Time) bool {
 	if dead {
 		lvl = e.p.log.Error
 	}
-	lvl("publish failed", "message_id", it.ev.ID, "aggregate_id", it.ev.AggregateID,
-		"attempt", it.attempts, "class", class.String(), "dead_letter", dead, "err", it.lastErr)
+	lvl("publish failed", "message_id", rowtext.Value(it.ev.ID), "aggregate_id", rowtext.Value(it.ev.AggregateID),
+		"attempt", it.attempts, "class", class.String(), "dead_letter", dead, "err", rowtext.Error(it.lastErr.Error()))
 	return dead
 }
 

@@ -130,7 +130,7 @@ func New(src capture.Source, snk sink.Sink, opts Options) *Pipeline {
 func (p *Pipeline) Stats() *Stats { return &p.stats }
 
 // Destinations returns the destinations whose breaker is open, longest
-// broken first, at most 32 of them. Safe for concurrent use.
+// broken first, at most MaxLabelValues of them. Safe for concurrent use.
 func (p *Pipeline) Destinations() []DestinationStatus {
 	if l := p.broken.Load(); l != nil {
 		return *l

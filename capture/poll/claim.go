@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/internal/rowtext"
 	"github.com/outboxrelay/relay/internal/schema"
 )
 
@@ -347,7 +348,7 @@ func deadArgs(dead []capture.DeadEvent) []any {
 	seqs, errs, classes := make([]int64, n), make([]string, n), make([]string, n)
 	attempts, first, last := make([]int32, n), make([]time.Time, n), make([]time.Time, n)
 	for i, d := range dead {
-		seqs[i], errs[i], classes[i] = int64(d.Event.Position), d.Err, d.Class
+		seqs[i], errs[i], classes[i] = int64(d.Event.Position), rowtext.Error(d.Err), d.Class
 		attempts[i] = int32(d.Attempts)
 		first[i], last[i] = time.Unix(0, d.FirstFailed), time.Unix(0, d.LastFailed)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/internal/rowtext"
 )
 
 // The claim's columns, in schema.Columns.List order.
@@ -290,7 +291,8 @@ func (b *batch) add(ev *event.Event, seq int64, err error) {
 		now := time.Now().UnixNano()
 		b.bad = append(b.bad, capture.DeadEvent{Event: ev, Err: "bad row: " + err.Error(), Class: "permanent",
 			Attempts: 1, FirstFailed: now, LastFailed: now})
-		b.s.log.Error("bad outbox row, moved to the dead-letter table", "seq", seq, "message_id", ev.ID, "err", err)
+		b.s.log.Error("bad outbox row, moved to the dead-letter table", "seq", seq, "message_id", rowtext.Value(ev.ID),
+			"err", rowtext.Error(err.Error()))
 		return
 	}
 	b.events = append(b.events, ev)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/internal/rowtext"
 	"github.com/outboxrelay/relay/internal/schema"
 )
 
@@ -163,7 +164,7 @@ type failures struct {
 }
 
 func (f *failures) add(d capture.DeadEvent) {
-	f.errs, f.classes = append(f.errs, d.Err), append(f.classes, d.Class)
+	f.errs, f.classes = append(f.errs, rowtext.Error(d.Err)), append(f.classes, d.Class)
 	f.attempts = append(f.attempts, int32(d.Attempts))
 	f.first, f.last = append(f.first, time.Unix(0, d.FirstFailed)), append(f.last, time.Unix(0, d.LastFailed))
 }

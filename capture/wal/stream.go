@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/internal/rowtext"
 	"github.com/outboxrelay/relay/internal/wait"
 )
 
@@ -388,7 +389,7 @@ func (st *stream) logBad(r *badRow) {
 		id = *r.vals[fID]
 	}
 	st.log.Error("bad outbox row, moved to the dead-letter table when archived",
-		"message_id", id, "lsn", st.dec.commit.String(), "err", r.err)
+		"message_id", rowtext.Value(id), "lsn", st.dec.commit.String(), "err", rowtext.Error(r.err))
 }
 
 // waitTaken waits until Next takes the full open batch, sending status

@@ -16,6 +16,7 @@ import (
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/redact"
+	"github.com/outboxrelay/relay/internal/rowtext"
 )
 
 // UsageError is a problem with the command line or the config that is found
@@ -34,16 +35,27 @@ func IsUsage(err error) bool {
 }
 
 // NewLogger returns the logger log.format and log.level ask for, writing to
-// w. Every attribute goes through redact.Attr, so no line carries a
-// credential.
+// w. Every attribute goes through logAttr, so no line carries a credential,
+// a control character or an unbounded value.
 func NewLogger(cfg config.Log, w io.Writer) *slog.Logger {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(cfg.Level))
-	opts := &slog.HandlerOptions{Level: lvl, ReplaceAttr: redact.Attr}
+	opts := &slog.HandlerOptions{Level: lvl, ReplaceAttr: logAttr}
 	if cfg.Format == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// logAttr passes a through redact.Attr, which also turns errors into
+// strings, then escapes and cuts string values with rowtext.Error: an error
+// may quote row values of any size and bytes.
+func logAttr(groups []string, a slog.Attr) slog.Attr {
+	a = redact.Attr(groups, a)
+	if a.Value.Kind() == slog.KindString {
+		a.Value = slog.StringValue(rowtext.Error(a.Value.String()))
+	}
+	return a
 }
 
 // connBudget is how relay run uses postgres.max_conns: the capture mode's

@@ -4,13 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/rowtext"
 	"github.com/outboxrelay/relay/internal/schema"
 )
 
@@ -72,6 +72,9 @@ func DLQ(ctx context.Context, cfg *config.Config, action DLQAction, f schema.Dea
 	return nil
 }
 
+// printDeadLetters prints dls as a table. Row values and errors are shown
+// with rowtext.Clean: control characters (terminal escape sequences,
+// newlines, tabs) and invalid UTF-8 escaped, long values cut.
 func printDeadLetters(w io.Writer, dls []schema.DeadLetter) {
 	if len(dls) == 0 {
 		fmt.Fprintln(w, "no dead letters")
@@ -80,17 +83,9 @@ func printDeadLetters(w io.Writer, dls []schema.DeadLetter) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tAGGREGATE\tEVENT_TYPE\tATTEMPTS\tCLASS\tLAST_FAILED\tERROR")
 	for _, d := range dls {
-		fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%d\t%s\t%s\t%s\n", d.ID, d.AggregateType, d.AggregateID, d.EventType,
-			d.Attempts, d.ErrorClass, d.LastFailed.UTC().Format(time.RFC3339), oneLine(d.Error, 80))
+		fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%d\t%s\t%s\t%s\n", rowtext.Value(d.ID), rowtext.Value(d.AggregateType),
+			rowtext.Value(d.AggregateID), rowtext.Value(d.EventType), d.Attempts, rowtext.Value(d.ErrorClass),
+			d.LastFailed.UTC().Format(time.RFC3339), rowtext.Clean(d.Error, 80))
 	}
 	tw.Flush()
-}
-
-// oneLine flattens s to one line of at most n runes.
-func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if r := []rune(s); len(r) > n {
-		return string(r[:n-1]) + "…"
-	}
-	return s
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outboxrelay/relay/internal/redact"
+	"github.com/outboxrelay/relay/internal/rowtext"
 )
 
 // handler serves /healthz (the process is alive), /readyz (capture works
@@ -35,7 +36,8 @@ func (r *Relay) handler() http.Handler {
 			var b strings.Builder
 			fmt.Fprintf(&b, "%d destination(s) broken; their events are held, none is dead-lettered\n", st.Broken.Load())
 			for _, d := range r.pipeline.Destinations() {
-				fmt.Fprintf(&b, "destination %s broken since %s: %s\n", d.Name, d.Since.UTC().Format(time.RFC3339), redact.String(d.Err))
+				fmt.Fprintf(&b, "destination %s broken since %s: %s\n", rowtext.Value(d.Name), d.Since.UTC().Format(time.RFC3339),
+					rowtext.Error(redact.String(d.Err)))
 			}
 			http.Error(w, strings.TrimSuffix(b.String(), "\n"), http.StatusServiceUnavailable)
 			return

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/internal/buildinfo"
+	"github.com/outboxrelay/relay/internal/rowtext"
 	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/pipeline"
 )
@@ -138,9 +139,11 @@ func safeFraction(s wal.SlotState) float64 {
 	return float64(max(s.SafeWALSize, 0)) / float64(s.KeepSize)
 }
 
-// destinationCollector exposes the broken destinations, at most 32 of
-// them (the longest broken), one series each: a working destination has
-// none, which bounds the label values.
+// destinationCollector exposes the broken destinations, at most
+// pipeline.MaxLabelValues of them (the longest broken), one series each: a
+// working destination has none, which bounds the label values. A name is
+// escaped and cut with rowtext.Label; two names that become one label are
+// one series.
 type destinationCollector struct {
 	list          func() []pipeline.DestinationStatus
 	ready, broken *prometheus.Desc
@@ -150,9 +153,9 @@ func newDestinationCollector(list func() []pipeline.DestinationStatus) *destinat
 	return &destinationCollector{
 		list: list,
 		ready: prometheus.NewDesc("relay_destination_ready",
-			"0 for a destination whose breaker is open (at most 32 series; a working destination has none).", []string{"destination"}, nil),
+			"0 for a destination whose breaker is open (at most 32 series, names escaped and cut to 64 bytes; a working destination has none).", []string{"destination"}, nil),
 		broken: prometheus.NewDesc("relay_destination_broken_seconds",
-			"How long a broken destination has failed (at most 32 series; a working destination has none).", []string{"destination"}, nil),
+			"How long a broken destination has failed (at most 32 series, names escaped and cut to 64 bytes; a working destination has none).", []string{"destination"}, nil),
 	}
 }
 
@@ -163,9 +166,15 @@ func (c *destinationCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *destinationCollector) Collect(ch chan<- prometheus.Metric) {
 	now := time.Now()
+	seen := map[string]bool{}
 	for _, d := range c.list() {
-		ch <- prometheus.MustNewConstMetric(c.ready, prometheus.GaugeValue, 0, d.Name)
-		ch <- prometheus.MustNewConstMetric(c.broken, prometheus.GaugeValue, now.Sub(d.Since).Seconds(), d.Name)
+		name := rowtext.Label(d.Name)
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		ch <- prometheus.MustNewConstMetric(c.ready, prometheus.GaugeValue, 0, name)
+		ch <- prometheus.MustNewConstMetric(c.broken, prometheus.GaugeValue, now.Sub(d.Since).Seconds(), name)
 	}
 }
 

@@ -241,9 +241,22 @@ func (r *Relay) listen() error {
 	return nil
 }
 
+// The HTTP listener's timeouts. A client has httpReadHeaderTimeout to send
+// a request's headers and httpReadTimeout for the whole request; a response
+// must be written within httpWriteTimeout, which leaves room for pprof's
+// default 30-second CPU profile; a keep-alive connection idle for
+// httpIdleTimeout is closed.
+const (
+	httpReadHeaderTimeout = 5 * time.Second
+	httpReadTimeout       = 10 * time.Second
+	httpWriteTimeout      = time.Minute
+	httpIdleTimeout       = 30 * time.Second
+)
+
 // serveHTTP serves /healthz, /readyz and /metrics until ctx is cancelled.
 func (r *Relay) serveHTTP(ctx context.Context) error {
-	srv := &http.Server{Handler: r.handler(), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: r.handler(), ReadHeaderTimeout: httpReadHeaderTimeout, ReadTimeout: httpReadTimeout,
+		WriteTimeout: httpWriteTimeout, IdleTimeout: httpIdleTimeout}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(r.ln) }()
 	select {

@@ -151,9 +151,11 @@ func (p *Postgres) Bin() string { return p.bin }
 func (p *Postgres) Dir() string { return p.dir }
 
 // CreateDatabase creates database name (quoted as an identifier) and returns
-// its DSN.
-func (p *Postgres) CreateDatabase(ctx context.Context, name string) (string, error) {
-	err := p.exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+// its DSN. with is appended to the CREATE DATABASE statement as it is, for
+// example "ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE
+// template0"; empty by default.
+func (p *Postgres) CreateDatabase(ctx context.Context, name string, with ...string) (string, error) {
+	err := p.exec(ctx, strings.Join(append([]string{"CREATE DATABASE", pgx.Identifier{name}.Sanitize()}, with...), " "))
 	if err != nil {
 		return "", fmt.Errorf("embedded: create database %q: %w", name, err)
 	}

@@ -9,12 +9,12 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/internal/rowtext"
 )
 
 // Querier is what the package needs of a pgx connection, pool or
@@ -50,17 +50,6 @@ func (t Table) sibling(suffix string) string {
 // maxName is PostgreSQL's identifier limit in bytes.
 const maxName = 63
 
-// truncate cuts s to at most n bytes, at a character boundary.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
-}
-
 // derived returns the name of an object derived from name, name+suffix.
 // When that exceeds maxName, name is cut short and followed by a hash of
 // all of it, so the suffix survives and the objects of two tables, or two
@@ -72,7 +61,7 @@ func derived(name, suffix string) string {
 	h := fnv.New32a()
 	h.Write([]byte(name))
 	tag := fmt.Sprintf("_%08x", h.Sum32())
-	return truncate(name, maxName-len(tag)-len(suffix)) + tag + suffix
+	return rowtext.Prefix(name, maxName-len(tag)-len(suffix)) + tag + suffix
 }
 
 // Columns are the outbox's column names after the config's remapping.

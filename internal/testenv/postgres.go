@@ -59,8 +59,10 @@ var (
 // safe to call from parallel tests. The test package's TestMain should call
 // Main, which stops the shared cluster when the tests end (without it, the
 // cluster's watchdog stops it after the test binary exits). If the cluster
-// cannot start, NewDB fails the test with the reason.
-func NewDB(t testing.TB) string {
+// cannot start, NewDB fails the test with the reason. with is appended to
+// the CREATE DATABASE statement (see Postgres.CreateDatabase), for example to
+// make a SQL_ASCII database.
+func NewDB(t testing.TB, with ...string) string {
 	t.Helper()
 	pg, err := sharedPostgres()
 	if err != nil {
@@ -69,7 +71,7 @@ func NewDB(t testing.TB) string {
 	name := dbName(t.Name())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dsn, err := pg.CreateDatabase(ctx, name)
+	dsn, err := pg.CreateDatabase(ctx, name, with...)
 	if err != nil {
 		t.Fatalf("testenv.NewDB: %v", err)
 	}

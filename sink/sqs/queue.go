@@ -13,6 +13,7 @@ import (
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/destname"
+	"github.com/outboxrelay/relay/internal/rowtext"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -81,7 +82,7 @@ func (s *Sink) lookup(ctx context.Context, name string) (queueRef, error) {
 		return queueRef{}, fmt.Errorf("GetQueueUrl %s: %w", name, s.classify(ctx, err))
 	}
 	ref := queueRef{name: name, url: aws.ToString(out.QueueUrl), fifo: strings.HasSuffix(name, fifoSuffix)}
-	s.opts.Logger.Debug("resolved sqs queue", "queue", name, "url", ref.url)
+	s.opts.Logger.Debug("resolved sqs queue", "queue", rowtext.Value(name), "url", rowtext.Value(ref.url))
 	return ref, nil
 }
 

@@ -1,0 +1,121 @@
+// Package rowtext makes text that comes from outbox rows, or that may quote
+// them (error messages, a receiver's answer), safe to show: in log lines,
+// metric labels, span attributes, the dead-letter table's error column and
+// the terminal. Such text may hold any bytes at any length: invalid UTF-8,
+// control characters (terminal escape sequences, newlines), megabytes. It is
+// a leaf package; its functions are safe for concurrent use.
+package rowtext
+
+import (
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// The bounds of row text, in bytes of the original text, by where it is
+// shown.
+const (
+	// LabelBytes bounds a metric label value.
+	LabelBytes = 64
+	// ValueBytes bounds a row value in a log line, a span attribute, an HTTP
+	// status page or the terminal.
+	ValueBytes = 256
+	// ErrorBytes bounds an error message, which may quote row values, in a
+	// log line or the dead-letter table.
+	ErrorBytes = 2048
+)
+
+// Label returns s as a metric label value: Clean(s, LabelBytes).
+func Label(s string) string { return Clean(s, LabelBytes) }
+
+// Value returns s as a log attribute or span attribute shows it:
+// Clean(s, ValueBytes).
+func Value(s string) string { return Clean(s, ValueBytes) }
+
+// Error returns the error message s as a log line or the dead-letter table
+// holds it: Clean(s, ErrorBytes).
+func Error(s string) string { return Clean(s, ErrorBytes) }
+
+// Clean returns s cut to at most max bytes (see Cut), with every byte that is
+// not part of a graphic UTF-8 character escaped as Go writes it in a quoted
+// string: control characters (\n, \r, \t, \x1b, \x7f, \u009b), format
+// characters such as U+202E (\u202e) and invalid bytes (\xff). Backslashes
+// are kept as they are. The result is valid UTF-8 with no control
+// character, and at most 4*max bytes plus Cut's suffix. Text that needs
+// nothing is returned as it is, without allocating.
+func Clean(s string, max int) string {
+	s = Cut(s, max)
+	i := clean(s)
+	if i == len(s) {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 16)
+	b.WriteString(s[:i])
+	for i < len(s) {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			b.WriteString(`\x`)
+			b.WriteString(strconv.FormatUint(uint64(s[i])>>4, 16))
+			b.WriteString(strconv.FormatUint(uint64(s[i])&0xf, 16))
+		case unicode.IsGraphic(r):
+			b.WriteString(s[i : i+n])
+		default:
+			q := strconv.QuoteRune(r) // '\x1b', '\n', '\u202e'
+			b.WriteString(q[1 : len(q)-1])
+		}
+		i += n
+	}
+	return b.String()
+}
+
+// clean returns the length of the longest prefix of s that Clean keeps as
+// it is.
+func clean(s string) int {
+	i := 0
+	for i < len(s) {
+		if c := s[i]; c >= ' ' && c < utf8.RuneSelf && c != 0x7f {
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n == 1 || !unicode.IsGraphic(r) {
+			return i
+		}
+		i += n
+	}
+	return i
+}
+
+// Cut returns s when it is at most max bytes long, and otherwise Prefix(s,
+// max) followed by "...(N bytes)", N being s's length. The suffix is ASCII,
+// so the result converts to every database encoding s does.
+func Cut(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	return Prefix(s, max) + "...(" + strconv.Itoa(len(s)) + " bytes)"
+}
+
+// Prefix returns the longest prefix of s that is at most n bytes long and
+// does not end inside a UTF-8 character.
+func Prefix(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	if n <= 0 {
+		return ""
+	}
+	for i := n; i >= 0 && i > n-utf8.UTFMax; i-- {
+		if !utf8.RuneStart(s[i]) {
+			continue
+		}
+		if _, size := utf8.DecodeRuneInString(s[i:]); i < n && i+size > n {
+			return s[:i] // s[n] is inside the character at s[i]
+		}
+		break
+	}
+	return s[:n]
+}
