@@ -3,6 +3,7 @@ package tracing
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -10,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/internal/rowtext"
 	"github.com/outboxrelay/relay/sink"
 )
 
@@ -81,8 +83,7 @@ func (s *tracedSink) Publish(ctx context.Context, batch []*event.Event) error {
 		if ferr := sink.Failed(err, i); errors.Is(ferr, sink.ErrHeldBack) {
 			span.SetAttributes(AttrHeldBack.Bool(true))
 		} else if ferr != nil {
-			span.RecordError(ferr)
-			span.SetStatus(codes.Error, ferr.Error())
+			recordError(span, ferr)
 		} else {
 			s.t.published.Store(batch[i], span.SpanContext())
 		}
@@ -101,15 +102,26 @@ func (s *tracedSink) MaxPerAggregate() int {
 	return 1
 }
 
+// recordError records err on span as an exception event and an error
+// status, its message escaped and cut with rowtext.Error: it may quote row
+// values, and one string that is not UTF-8 makes the exporter drop every
+// span of its batch.
+func recordError(span trace.Span, err error) {
+	msg := rowtext.Error(err.Error())
+	span.AddEvent(semconv.ExceptionEventName, trace.WithAttributes(
+		semconv.ExceptionType(fmt.Sprintf("%T", err)), semconv.ExceptionMessage(msg)))
+	span.SetStatus(codes.Error, msg)
+}
+
 // start starts e's publish span and returns it with the event to send: e,
 // or a copy carrying the span's context when e has no traceparent.
 func (s *tracedSink) start(ctx context.Context, e *event.Event) (trace.Span, *event.Event) {
 	attrs := append(s.common[:len(s.common):len(s.common)],
-		semconv.MessagingDestinationName(s.DestinationOf(e)),
-		semconv.MessagingMessageID(e.ID),
-		AttrAggregateType.String(e.AggregateType),
-		AttrAggregateID.String(e.AggregateID),
-		AttrEventType.String(e.EventType))
+		semconv.MessagingDestinationName(rowtext.Value(s.DestinationOf(e))),
+		semconv.MessagingMessageID(rowtext.Value(e.ID)),
+		AttrAggregateType.String(rowtext.Value(e.AggregateType)),
+		AttrAggregateID.String(rowtext.Value(e.AggregateID)),
+		AttrEventType.String(rowtext.Value(e.EventType)))
 	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...)}
 	if parent := creationContext(e); parent.IsValid() {
 		ctx = trace.ContextWithRemoteSpanContext(ctx, parent)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -40,7 +41,7 @@ func (f *fakeSink) Publish(_ context.Context, batch []*event.Event) error {
 	failed := false
 	for i, e := range batch {
 		if f.fail[e.ID] {
-			be.Errs[i], failed = errors.New("rejected"), true
+			be.Errs[i], failed = errors.New("rejected "+e.AggregateType), true
 		}
 	}
 	if failed {
@@ -251,6 +252,53 @@ func TestStartExports(t *testing.T) {
 			if s.Transport != c.transport || s.Resource["service.name"] != "relay" || s.Resource["service.version"] != "v9.9.9" ||
 				s.Attrs["messaging.system"] != "aws_sqs" {
 				t.Errorf("%s: span %+v", c.transport, s)
+			}
+		}
+	}
+}
+
+// TestRowBytesExport: spans of events whose aggregate_type, aggregate_id and
+// event_type hold invalid UTF-8, control characters or 100 KB, one of them
+// failing with an error quoting them, are exported beside a plain event's
+// span, over gRPC and HTTP, with the values escaped and cut.
+func TestRowBytesExport(t *testing.T) {
+	rcv := testenv.StartOTLP(t)
+	long := strings.Repeat("x", 100000)
+	for _, c := range []struct{ endpoint, transport string }{{rcv.GRPCAddr, "grpc"}, {rcv.HTTPURL, "http"}} {
+		ctx := context.Background()
+		tr, err := Start(ctx, c.endpoint, "v9.9.9", testLogger(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		plain, bad, failing := "plain-"+c.transport, "bad-"+c.transport, "failing-"+c.transport
+		snk := &fakeSink{fail: map[string]bool{failing: true}}
+		err = tr.Sink(snk, "nats", "outbox.{aggregate_type}").Publish(ctx, []*event.Event{
+			{ID: plain, AggregateType: "order"},
+			{ID: bad, AggregateType: "bad\xff\xfe", AggregateID: long, EventType: "\x1b]0;title\x07"},
+			{ID: failing, AggregateType: "\xc3(" + long},
+		})
+		if err == nil {
+			t.Fatal("the failing event did not fail")
+		}
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err = tr.Shutdown(sctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: shutdown: %v", c.transport, err)
+		}
+		spans := rcv.Wait(t, 30*time.Second, "three spans", func(spans []testenv.Span) bool {
+			n := 0
+			for _, s := range spans {
+				if id := s.Attrs["messaging.message.id"]; id == plain || id == bad || id == failing {
+					n++
+				}
+			}
+			return n == 3
+		})
+		for _, s := range spans {
+			if s.Attrs["messaging.message.id"] == bad && (s.Attrs["outbox.aggregate_type"] != `bad\xff\xfe` ||
+				s.Attrs["outbox.event_type"] != `\x1b]0;title\a` || len(s.Attrs["outbox.aggregate_id"]) > 300) {
+				t.Errorf("%s: span %+v", c.transport, s.Attrs)
 			}
 		}
 	}
