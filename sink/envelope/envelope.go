@@ -87,8 +87,8 @@ func (c *CloudEvents) Source(e *event.Event) string {
 
 // Check fails, with a fault.Permanent error, when e cannot be a valid
 // CloudEvent: its event_type is empty, or the event_type or aggregate_id
-// has a character CloudEvents forbids in attribute values (U+0000-U+001F,
-// U+007F-U+009F).
+// is not UTF-8 or has a character CloudEvents forbids in attribute values
+// (U+0000-U+001F, U+007F-U+009F).
 func (c *CloudEvents) Check(e *event.Event) error {
 	switch {
 	case e.EventType == "":
@@ -97,6 +97,8 @@ func (c *CloudEvents) Check(e *event.Event) error {
 		return fault.AsPermanent(errors.New("event_type has a control character, which a CloudEvent type cannot hold"))
 	case strings.ContainsFunc(e.AggregateID, forbidden):
 		return fault.AsPermanent(errors.New("aggregate_id has a control character, which a CloudEvent subject cannot hold"))
+	case !utf8.ValidString(e.EventType) || !utf8.ValidString(e.AggregateID):
+		return fault.AsPermanent(errors.New("event_type or aggregate_id is not valid UTF-8, which CloudEvent attributes must be"))
 	}
 	return nil
 }

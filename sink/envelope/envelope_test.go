@@ -155,9 +155,11 @@ func TestCheckRejectsWhatCannotBeACloudEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, mutate := range map[string]func(*event.Event){
-		"empty type":      func(e *event.Event) { e.EventType = "" },
-		"control in type": func(e *event.Event) { e.EventType = "a\nb" },
-		"control in id":   func(e *event.Event) { e.AggregateID = "a\x00" },
+		"empty type":            func(e *event.Event) { e.EventType = "" },
+		"control in type":       func(e *event.Event) { e.EventType = "a\nb" },
+		"control in id":         func(e *event.Event) { e.AggregateID = "a\x00" },
+		"invalid UTF-8 in type": func(e *event.Event) { e.EventType = "bad\xff" },
+		"invalid UTF-8 in id":   func(e *event.Event) { e.AggregateID = "\xc3(" },
 	} {
 		e := testEvent()
 		mutate(e)
