@@ -91,211 +91,303 @@ func run1(ctx context.Context, opts Options, res *Results) error {
 		return err
 	}
 	defer e.close()
+	b := &bench{env: e, opts: opts, res: res, dbs: map[string]*database{}, rawDone: !opts.has("baselines")}
+	defer b.dropDatabases()
+	// The steady state runs before the drains: a wal slot that sat idle
+	// while the drains wrote gigabytes of WAL in other databases would have
+	// to decode through all of it first.
+	phases := []func(context.Context) error{b.setUp, b.commitRates, b.steadyState, b.natsDrains,
+		b.kafkaDrains, b.baselines, b.ratios, b.profiles, b.peakRSS, b.scaling}
+	for _, phase := range phases {
+		if err := phase(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
-	// One database per capture mode, each set up by `relay init`.
-	dbs := map[string]*database{}
-	var modes []string
-	for _, mode := range opts.Modes {
-		d, err := e.newDatabase(ctx, "bench_"+mode, mode)
+// bench is one run's state shared by its phases, which run in order on one
+// goroutine.
+type bench struct {
+	*env
+	opts Options
+	res  *Results
+	// dbs holds a database per capture mode, set up by `relay init`; modes
+	// lists the modes this build provides, in opts.Modes order.
+	dbs   map[string]*database
+	modes []string
+	// rawDone is set once the pgoutput baseline's slot exists (or no
+	// baselines are measured).
+	rawDone bool
+}
+
+// setUp creates a database per capture mode with `relay init`; a mode the
+// build rejects is recorded as unavailable.
+func (b *bench) setUp(ctx context.Context) error {
+	for _, mode := range b.opts.Modes {
+		d, err := b.newDatabase(ctx, "bench_"+mode, mode)
 		if err != nil {
 			return err
 		}
-		if err := e.initRelay(ctx, d); err != nil {
-			e.dropDatabase(d)
+		if err := b.initRelay(ctx, d); err != nil {
+			b.dropDatabase(d)
 			if errors.Is(err, errNotAvailable) {
-				res.Unavailable[mode] = err.Error()
-				opts.logf("%s mode: %v", mode, err)
+				b.res.Unavailable[mode] = err.Error()
+				b.opts.logf("%s mode: %v", mode, err)
 				continue
 			}
 			return err
 		}
-		dbs[mode] = d
-		modes = append(modes, mode)
-		defer e.dropDatabase(d)
+		b.dbs[mode] = d
+		b.modes = append(b.modes, mode)
 	}
-	if len(modes) > 0 {
-		res.Machine.Postgres = pgVersion(ctx, dbs[modes[0]].pool)
+	if len(b.modes) > 0 {
+		b.res.Machine.Postgres = pgVersion(ctx, b.dbs[b.modes[0]].pool)
 	}
-	opts.logf("ready: PostgreSQL %s, NATS at %s, modes %v", res.Machine.Postgres, e.nats.URL(), modes)
-
-	if opts.has("steady") && len(modes) > 0 {
-		d, err := e.newDatabase(ctx, "bench_commit", "poll")
-		if err != nil {
-			return err
-		}
-		if err := d.exec(ctx, plainOutboxDDL); err != nil {
-			return err
-		}
-		cr, err := commitRate(ctx, d, opts)
-		if err != nil {
-			e.dropDatabase(d)
-			return fmt.Errorf("commit rate: %w", err)
-		}
-		res.CommitRate = &cr
-		opts.logf("single-row commit rate: %.0f/s with %d writers (p50 %.2f ms, p99 %.2f ms)", cr.PerSecond, cr.Writers, cr.Latency.P50, cr.Latency.P99)
-		// The same with the trigger of capture.poll.notify, for what it
-		// costs the application.
-		if err := d.exec(ctx, notifyTriggerDDL); err != nil {
-			e.dropDatabase(d)
-			return err
-		}
-		n, err := measureCommitRate(ctx, d, cr.Writers, opts.Payload, opts.Aggregates, opts.CommitFor)
-		e.dropDatabase(d)
-		if err != nil {
-			return fmt.Errorf("commit rate: %w", err)
-		}
-		res.NotifyCommitRate = &n
-		opts.logf("single-row commit rate with a NOTIFY trigger (capture.poll.notify): %.0f/s with %d writers (p50 %.2f ms, p99 %.2f ms)", n.PerSecond, n.Writers, n.Latency.P50, n.Latency.P99)
-	}
-
-	// The steady state runs before the drains: a wal slot that sat idle
-	// while the drains wrote gigabytes of WAL in other databases would have
-	// to decode through all of it first.
-	if opts.has("steady") && res.CommitRate != nil {
-		for _, mode := range modes {
-			opts.logf("%s steady state: %v of %.0f commits/s, %s each", mode, steadyPercents, res.CommitRate.PerSecond, opts.Steady)
-			st, err := e.measureSteady(ctx, dbs[mode], res.CommitRate.PerSecond, res.CommitRate.Writers)
-			res.Steady = append(res.Steady, st...)
-			if err != nil {
-				return fmt.Errorf("%s steady state: %w", mode, err)
-			}
-		}
-	}
-
-	natsDrains := opts.has("drain") && slices.Contains(opts.Sinks, "nats")
-	// The pgoutput baseline decodes the WAL of the wal drain's backlog, with
-	// the relay's publication; without wal mode, the poll backlog's with a
-	// publication of its own.
-	rawDone := !opts.has("baselines")
-	if natsDrains {
-		for _, mode := range drainOrder(modes) {
-			d := dbs[mode]
-			var before func(context.Context) error
-			if !rawDone {
-				// A publication of its own, equal to the relay's (inserts on
-				// the outbox), so that the baseline does not depend on how
-				// the relay creates its own.
-				pub := "bench_raw"
-				if err := createRawSlot(ctx, d, pub, true); err != nil {
-					return err
-				}
-				rawDone = true
-				before = func(ctx context.Context) error {
-					b, err := e.pgoutputBaseline(ctx, d, pub, opts.Events)
-					if err == nil {
-						res.Baselines["pgoutput"] = b
-					}
-					return err
-				}
-			}
-			opts.logf("%s drain: inserting %d events over %d aggregates with the relay stopped", mode, opts.Events, opts.Aggregates)
-			note := ""
-			if mode == "wal" {
-				var slot bool
-				if err := d.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, d.slot()).Scan(&slot); err != nil {
-					return err
-				}
-				if !slot {
-					note = "`relay init` did not create the slot: the backlog predates it and may have been drained through the poll path"
-					opts.logf("wal: %s", note)
-				}
-			}
-			dr, err := e.measureDrain(ctx, d, opts.Relays, nil, before)
-			dr.Note = note
-			res.Drains = append(res.Drains, dr)
-			if err != nil {
-				return fmt.Errorf("%s drain: %w", mode, err)
-			}
-			if opts.Consumer {
-				opts.logf("%s drain with a consumer reading the stream", mode)
-				dr, err := e.consumerDrain(ctx, d)
-				res.Drains = append(res.Drains, dr)
-				if err != nil {
-					return fmt.Errorf("%s drain with a consumer: %w", mode, err)
-				}
-			}
-		}
-	}
-	if opts.has("drain") && slices.Contains(opts.Sinks, "kafka") {
-		for _, mode := range drainOrder(modes) {
-			if err := e.kafkaDrain(ctx, mode, res); err != nil {
-				return err
-			}
-		}
-	}
-	if opts.has("baselines") {
-		d, err := e.newDatabase(ctx, "bench_raw", "poll")
-		if err != nil {
-			return err
-		}
-		defer e.dropDatabase(d)
-		if err := e.initRelay(ctx, d); err != nil {
-			return err
-		}
-		if !rawDone {
-			if err := createRawSlot(ctx, d, "bench_raw", true); err != nil {
-				return err
-			}
-			if err := resetOutbox(ctx, d); err != nil {
-				return err
-			}
-			if err := insertBacklog(ctx, d, opts.Events, opts.Aggregates, opts.Payload); err != nil {
-				return err
-			}
-			b, err := e.pgoutputBaseline(ctx, d, "bench_raw", opts.Events)
-			if err != nil {
-				return err
-			}
-			res.Baselines["pgoutput"] = b
-		}
-		b, err := e.deleteBaseline(ctx, d)
-		if err != nil {
-			return err
-		}
-		res.Baselines["delete"] = b
-		if err := resetOutbox(ctx, d); err != nil {
-			return err
-		}
-	}
-	for i := range res.Drains {
-		setRatio(&res.Drains[i], res.Baselines)
-	}
-
-	if opts.ProfileDir != "" {
-		for _, mode := range modes {
-			dir := filepath.Join(opts.ProfileDir, mode)
-			start, err := e.selfRelay(dir)
-			if err != nil {
-				return err
-			}
-			opts.logf("profile: %s drain with the relay in-process (this binary with -as-relay), profiles to %s", mode, dir)
-			dr, err := e.measureDrain(ctx, dbs[mode], 1, start, nil)
-			dr.Note = joinNote(dr.Note, "profiled: CPU and allocation profiles in "+dir)
-			setRatio(&dr, res.Baselines)
-			res.Profiles = append(res.Profiles, dr)
-			if err != nil {
-				return fmt.Errorf("profile drain: %w", err)
-			}
-		}
-	}
-
-	if opts.RSSEvents > 0 {
-		rs, err := e.measureRSS(ctx, dbs, modes)
-		res.RSS = rs
-		if err != nil {
-			return err
-		}
-	}
-
-	if opts.has("scaling") {
-		sc, err := e.measureScaling(ctx, modes)
-		res.Scaling = append(res.Scaling, sc...)
-		if err != nil {
-			return err
-		}
-	}
-
+	b.opts.logf("ready: PostgreSQL %s, NATS at %s, modes %v", b.res.Machine.Postgres, b.nats.URL(), b.modes)
 	return nil
+}
+
+// dropDatabases drops the databases of setUp.
+func (b *bench) dropDatabases() {
+	for _, d := range b.dbs {
+		b.dropDatabase(d)
+	}
+}
+
+// commitRates measures the single-row commit rate on a plain outbox, then
+// with the trigger of capture.poll.notify, for what it costs the
+// application (steady phase).
+func (b *bench) commitRates(ctx context.Context) error {
+	if !b.opts.has("steady") || len(b.modes) == 0 {
+		return nil
+	}
+	d, err := b.newDatabase(ctx, "bench_commit", "poll")
+	if err != nil {
+		return err
+	}
+	defer b.dropDatabase(d)
+	if err := d.exec(ctx, plainOutboxDDL); err != nil {
+		return err
+	}
+	cr, err := commitRate(ctx, d, b.opts)
+	if err != nil {
+		return fmt.Errorf("commit rate: %w", err)
+	}
+	b.res.CommitRate = &cr
+	b.opts.logf("single-row commit rate: %.0f/s with %d writers (p50 %.2f ms, p99 %.2f ms)", cr.PerSecond, cr.Writers, cr.Latency.P50, cr.Latency.P99)
+	if err := d.exec(ctx, notifyTriggerDDL); err != nil {
+		return err
+	}
+	n, err := measureCommitRate(ctx, d, cr.Writers, b.opts.Payload, b.opts.Aggregates, b.opts.CommitFor)
+	if err != nil {
+		return fmt.Errorf("commit rate: %w", err)
+	}
+	b.res.NotifyCommitRate = &n
+	b.opts.logf("single-row commit rate with a NOTIFY trigger (capture.poll.notify): %.0f/s with %d writers (p50 %.2f ms, p99 %.2f ms)", n.PerSecond, n.Writers, n.Latency.P50, n.Latency.P99)
+	return nil
+}
+
+// steadyState measures each mode at the steady loads (steady phase).
+func (b *bench) steadyState(ctx context.Context) error {
+	if !b.opts.has("steady") || b.res.CommitRate == nil {
+		return nil
+	}
+	for _, mode := range b.modes {
+		b.opts.logf("%s steady state: %v of %.0f commits/s, %s each", mode, steadyPercents, b.res.CommitRate.PerSecond, b.opts.Steady)
+		st, err := b.measureSteady(ctx, b.dbs[mode], b.res.CommitRate.PerSecond, b.res.CommitRate.Writers)
+		b.res.Steady = append(b.res.Steady, st...)
+		if err != nil {
+			return fmt.Errorf("%s steady state: %w", mode, err)
+		}
+	}
+	return nil
+}
+
+// natsDrains drains a backlog per mode into NATS, and again while a
+// consumer reads the stream (opts.Consumer). The first also measures the
+// pgoutput baseline on its backlog's WAL (drain phase).
+func (b *bench) natsDrains(ctx context.Context) error {
+	if !b.opts.has("drain") || !slices.Contains(b.opts.Sinks, "nats") {
+		return nil
+	}
+	for _, mode := range drainOrder(b.modes) {
+		d := b.dbs[mode]
+		before, err := b.pgoutputBefore(ctx, d)
+		if err != nil {
+			return err
+		}
+		b.opts.logf("%s drain: inserting %d events over %d aggregates with the relay stopped", mode, b.opts.Events, b.opts.Aggregates)
+		note, err := slotNote(ctx, d)
+		if err != nil {
+			return err
+		}
+		dr, err := b.measureDrain(ctx, d, b.opts.Relays, nil, before)
+		dr.Note = note
+		b.res.Drains = append(b.res.Drains, dr)
+		if err != nil {
+			return fmt.Errorf("%s drain: %w", mode, err)
+		}
+		if b.opts.Consumer {
+			b.opts.logf("%s drain with a consumer reading the stream", mode)
+			dr, err := b.consumerDrain(ctx, d)
+			b.res.Drains = append(b.res.Drains, dr)
+			if err != nil {
+				return fmt.Errorf("%s drain with a consumer: %w", mode, err)
+			}
+		}
+	}
+	return nil
+}
+
+// pgoutputBefore returns what runs between a drain's insert and its relay's
+// start to measure the pgoutput baseline on that backlog's WAL, through a
+// publication of its own equal to the relay's (inserts on the outbox), so
+// that the baseline does not depend on how the relay creates its own; nil
+// once the baseline's slot exists.
+func (b *bench) pgoutputBefore(ctx context.Context, d *database) (func(context.Context) error, error) {
+	if b.rawDone {
+		return nil, nil
+	}
+	const pub = "bench_raw"
+	if err := createRawSlot(ctx, d, pub, true); err != nil {
+		return nil, err
+	}
+	b.rawDone = true
+	return func(ctx context.Context) error {
+		bl, err := b.pgoutputBaseline(ctx, d, pub, b.opts.Events)
+		if err == nil {
+			b.res.Baselines["pgoutput"] = bl
+		}
+		return err
+	}, nil
+}
+
+// slotNote returns a drain's note when relay init did not create wal mode's
+// slot in d, empty otherwise.
+func slotNote(ctx context.Context, d *database) (string, error) {
+	if d.mode != "wal" {
+		return "", nil
+	}
+	var slot bool
+	if err := d.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, d.slot()).Scan(&slot); err != nil {
+		return "", err
+	}
+	if slot {
+		return "", nil
+	}
+	return "`relay init` did not create the slot: the backlog predates it and may have been drained through the poll path", nil
+}
+
+// kafkaDrains drains a backlog per mode into kfake (drain phase).
+func (b *bench) kafkaDrains(ctx context.Context) error {
+	if !b.opts.has("drain") || !slices.Contains(b.opts.Sinks, "kafka") {
+		return nil
+	}
+	for _, mode := range drainOrder(b.modes) {
+		if err := b.kafkaDrain(ctx, mode, b.res); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// baselines measures the raw DELETE drain, and the pgoutput baseline when
+// no NATS drain measured it (baselines phase).
+func (b *bench) baselines(ctx context.Context) error {
+	if !b.opts.has("baselines") {
+		return nil
+	}
+	d, err := b.newDatabase(ctx, "bench_raw", "poll")
+	if err != nil {
+		return err
+	}
+	defer b.dropDatabase(d)
+	if err := b.initRelay(ctx, d); err != nil {
+		return err
+	}
+	if !b.rawDone {
+		if err := b.pgoutputAlone(ctx, d); err != nil {
+			return err
+		}
+	}
+	bl, err := b.deleteBaseline(ctx, d)
+	if err != nil {
+		return err
+	}
+	b.res.Baselines["delete"] = bl
+	return resetOutbox(ctx, d)
+}
+
+// pgoutputAlone measures the pgoutput baseline on a backlog of its own in d.
+func (b *bench) pgoutputAlone(ctx context.Context, d *database) error {
+	if err := createRawSlot(ctx, d, "bench_raw", true); err != nil {
+		return err
+	}
+	if err := resetOutbox(ctx, d); err != nil {
+		return err
+	}
+	if err := insertBacklog(ctx, d, b.opts.Events, b.opts.Aggregates, b.opts.Payload); err != nil {
+		return err
+	}
+	bl, err := b.pgoutputBaseline(ctx, d, "bench_raw", b.opts.Events)
+	if err != nil {
+		return err
+	}
+	b.res.Baselines["pgoutput"] = bl
+	return nil
+}
+
+// ratios sets every drain's ratio to its baseline.
+func (b *bench) ratios(context.Context) error {
+	for i := range b.res.Drains {
+		setRatio(&b.res.Drains[i], b.res.Baselines)
+	}
+	return nil
+}
+
+// profiles drains once more per mode with this binary as a profiling relay
+// (-cpuprofile).
+func (b *bench) profiles(ctx context.Context) error {
+	if b.opts.ProfileDir == "" {
+		return nil
+	}
+	for _, mode := range b.modes {
+		dir := filepath.Join(b.opts.ProfileDir, mode)
+		start, err := b.selfRelay(dir)
+		if err != nil {
+			return err
+		}
+		b.opts.logf("profile: %s drain with the relay in-process (this binary with -as-relay), profiles to %s", mode, dir)
+		dr, err := b.measureDrain(ctx, b.dbs[mode], 1, start, nil)
+		dr.Note = joinNote(dr.Note, "profiled: CPU and allocation profiles in "+dir)
+		setRatio(&dr, b.res.Baselines)
+		b.res.Profiles = append(b.res.Profiles, dr)
+		if err != nil {
+			return fmt.Errorf("profile drain: %w", err)
+		}
+	}
+	return nil
+}
+
+// peakRSS drains large backlogs for the relay's peak RSS (-rss).
+func (b *bench) peakRSS(ctx context.Context) error {
+	if b.opts.RSSEvents == 0 {
+		return nil
+	}
+	rs, err := b.measureRSS(ctx, b.dbs, b.modes)
+	b.res.RSS = rs
+	return err
+}
+
+// scaling measures the scaling curves (scaling phase).
+func (b *bench) scaling(ctx context.Context) error {
+	if !b.opts.has("scaling") {
+		return nil
+	}
+	sc, err := b.measureScaling(ctx, b.modes)
+	b.res.Scaling = append(b.res.Scaling, sc...)
+	return err
 }
 
 // plainOutboxDDL is the outbox of docs/reference.md with poll's index and no

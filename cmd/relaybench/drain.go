@@ -80,54 +80,14 @@ type relayStarter func(d *database, tag string) (*relayProc, error)
 // backlog's WAL then).
 func (e *env) measureDrain(ctx context.Context, d *database, relays int, start relayStarter,
 	before func(context.Context) error) (DrainResult, error) {
-	o := e.opts
 	res := DrainResult{Mode: d.mode, Sink: d.sink, Relays: relays, Available: true}
-	if err := resetOutbox(ctx, d); err != nil {
-		return res, err
-	}
-	if d.mode == "wal" {
-		// The relay's slot may sit behind WAL other databases wrote since it
-		// last ran (earlier drains); nothing in it concerns this outbox,
-		// which is empty. Move the slot past it so the drain decodes only
-		// its own backlog.
-		t := time.Now()
-		var ok bool
-		err := d.pool.QueryRow(ctx, `SELECT count(pg_replication_slot_advance(slot_name, pg_current_wal_lsn())) > 0
-			FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, d.slot()).Scan(&ok)
-		if err != nil {
-			return res, fmt.Errorf("advance slot %s: %w", d.slot(), err)
-		}
-		if el := time.Since(t); el > time.Second {
-			o.logf("%s: moved slot %s past other databases' WAL in %.1fs", d.mode, d.slot(), el.Seconds())
-		}
-	}
-	var before0 uint64
-	if d.sink == "kafka" {
-		var err error
-		if before0, err = e.kafkaRecords(ctx); err != nil {
-			return res, err
-		}
-	} else {
-		e.deleteStream(ctx)
-	}
-	t0 := time.Now()
-	if err := insertBacklog(ctx, d, o.Events, o.Aggregates, o.Payload); err != nil {
-		return res, err
-	}
-	res.Insert = newRate(int64(o.Events), time.Since(t0))
-	o.logf("%s: inserted %d events in %.1fs (%.0f/s)", d.mode, o.Events, res.Insert.Seconds, res.Insert.PerSecond)
-	if before != nil {
-		if err := before(ctx); err != nil {
-			return res, err
-		}
-	}
-	if err := prepareBacklog(ctx, d); err != nil {
+	sinkBefore, err := e.prepareDrain(ctx, d, &res, before)
+	if err != nil {
 		return res, err
 	}
 	if start == nil {
 		start = e.startRelay
 	}
-
 	cpu0 := sampleCPU()
 	procs := make([]*relayProc, 0, relays)
 	defer func() {
@@ -142,98 +102,185 @@ func (e *env) measureDrain(ctx context.Context, d *database, relays int, start r
 		}
 		procs = append(procs, p)
 	}
+	archived, err := e.waitDrained(ctx, d, procs, cpu0, &res)
+	if err != nil {
+		return res, err
+	}
+	if err := relayFigures(procs, archived, cpu0, &res); err != nil {
+		return res, err
+	}
+	for _, p := range procs {
+		if err := p.stop(); err != nil {
+			e.opts.logf("%s: %v", d.mode, err)
+		}
+	}
+	procs = nil
+	return res, e.checkDrained(ctx, d, sinkBefore, archived, &res)
+}
+
+// prepareDrain empties d's outbox, moves wal mode's idle slot past other
+// databases' WAL, inserts the backlog, runs before and readies the backlog
+// as a production table would be. It returns the sink's message count
+// before the drain (Kafka: records in the topics; NATS: the stream is
+// deleted, so 0).
+func (e *env) prepareDrain(ctx context.Context, d *database, res *DrainResult, before func(context.Context) error) (uint64, error) {
+	o := e.opts
+	if err := resetOutbox(ctx, d); err != nil {
+		return 0, err
+	}
+	if err := e.advanceIdleSlot(ctx, d); err != nil {
+		return 0, err
+	}
+	var sinkBefore uint64
+	if d.sink == "kafka" {
+		var err error
+		if sinkBefore, err = e.kafkaRecords(ctx); err != nil {
+			return 0, err
+		}
+	} else {
+		e.deleteStream(ctx)
+	}
+	t0 := time.Now()
+	if err := insertBacklog(ctx, d, o.Events, o.Aggregates, o.Payload); err != nil {
+		return 0, err
+	}
+	res.Insert = newRate(int64(o.Events), time.Since(t0))
+	o.logf("%s: inserted %d events in %.1fs (%.0f/s)", d.mode, o.Events, res.Insert.Seconds, res.Insert.PerSecond)
+	if before != nil {
+		if err := before(ctx); err != nil {
+			return 0, err
+		}
+	}
+	return sinkBefore, prepareBacklog(ctx, d)
+}
+
+// advanceIdleSlot moves the relay's slot in wal mode past WAL other
+// databases wrote since it last ran (earlier drains): nothing in it concerns
+// this outbox, which is empty, so the drain decodes only its own backlog.
+func (e *env) advanceIdleSlot(ctx context.Context, d *database) error {
+	if d.mode != "wal" {
+		return nil
+	}
+	t := time.Now()
+	var ok bool
+	err := d.pool.QueryRow(ctx, `SELECT count(pg_replication_slot_advance(slot_name, pg_current_wal_lsn())) > 0
+		FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, d.slot()).Scan(&ok)
+	if err != nil {
+		return fmt.Errorf("advance slot %s: %w", d.slot(), err)
+	}
+	if el := time.Since(t); el > time.Second {
+		e.opts.logf("%s: moved slot %s past other databases' WAL in %.1fs", d.mode, d.slot(), el.Seconds())
+	}
+	return nil
+}
+
+// waitDrained polls the relays' metrics every 100 ms until they archived
+// the backlog or the drain timed out, recording progress once a second and
+// the drain's rate in res. It returns the events archived.
+func (e *env) waitDrained(ctx context.Context, d *database, procs []*relayProc, cpu0 cpuSample, res *DrainResult) (int64, error) {
 	began := procs[0].started
-	want := int64(o.Events)
-	deadline := began.Add(drainTimeout(o.Events))
+	want := int64(e.opts.Events)
+	deadline := began.Add(drainTimeout(e.opts.Events))
 	nextProgress := began.Add(time.Second)
-	var archived, published int64
-	var done time.Time
 	for {
 		if err := ctx.Err(); err != nil {
-			return res, err
+			return 0, err
 		}
 		now := time.Now()
-		archived, published = 0, 0
-		for _, p := range procs {
-			if err := p.exited(); err != nil {
-				res.Log = tail(p.logPath, 30)
-				return res, err
-			}
-			m, err := p.metrics()
-			if err != nil {
-				continue // not listening yet
-			}
-			archived += int64(m["relay_events_archived_total"])
-			published += int64(m["relay_events_published_total"])
+		archived, published, err := drainCounts(procs, res)
+		if err != nil {
+			return 0, err
 		}
+		res.Published = published
 		if archived > 0 && res.FirstPublishSecs == 0 {
 			res.FirstPublishSecs = now.Sub(began).Seconds()
 		}
 		if !now.Before(nextProgress) {
-			var relayCPU float64
-			for _, p := range procs {
-				ps, _ := readProcStats(p.cmd.Process.Pid)
-				relayCPU += ps.CPUSeconds
-			}
-			u := cpuBetween(cpu0, sampleCPU(), relayCPU)
-			res.Progress = append(res.Progress, progressPoint{Seconds: now.Sub(began).Seconds(), Archived: archived,
-				Relay: relayCPU, Postgres: u.PostgresSeconds, Bench: u.BenchSeconds, Other: u.OtherSeconds})
+			res.Progress = append(res.Progress, progressAt(now.Sub(began), archived, procs, cpu0))
 			nextProgress = nextProgress.Add(time.Second)
 		}
-		if archived >= want {
-			done = now
-			res.Complete = true
-			break
-		}
-		if now.After(deadline) {
-			done = now
-			o.logf("%s: drain timed out after %s with %d of %d archived", d.mode, now.Sub(began).Round(time.Second), archived, want)
-			break
+		if archived >= want || now.After(deadline) {
+			res.Complete = archived >= want
+			if !res.Complete {
+				e.opts.logf("%s: drain timed out after %s with %d of %d archived", d.mode, now.Sub(began).Round(time.Second), archived, want)
+			}
+			res.Drain = newRate(archived, now.Sub(began))
+			return archived, nil
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	res.Drain = newRate(archived, done.Sub(began))
-	res.Published = published
+}
+
+// drainCounts sums the relays' archived and published events; a relay that
+// exited fails the drain with its log's tail in res.
+func drainCounts(procs []*relayProc, res *DrainResult) (archived, published int64, err error) {
+	for _, p := range procs {
+		if err := p.exited(); err != nil {
+			res.Log = tail(p.logPath, 30)
+			return 0, 0, err
+		}
+		m, err := p.metrics()
+		if err != nil {
+			continue // not listening yet
+		}
+		archived += int64(m["relay_events_archived_total"])
+		published += int64(m["relay_events_published_total"])
+	}
+	return archived, published, nil
+}
+
+// progressAt is the drain's progress point at elapsed: archived events and
+// the CPU seconds of the relays, Postgres, the bench and others since cpu0.
+func progressAt(elapsed time.Duration, archived int64, procs []*relayProc, cpu0 cpuSample) progressPoint {
+	var relayCPU float64
+	for _, p := range procs {
+		ps, _ := readProcStats(p.cmd.Process.Pid)
+		relayCPU += ps.CPUSeconds
+	}
+	u := cpuBetween(cpu0, sampleCPU(), relayCPU)
+	return progressPoint{Seconds: elapsed.Seconds(), Archived: archived,
+		Relay: relayCPU, Postgres: u.PostgresSeconds, Bench: u.BenchSeconds, Other: u.OtherSeconds}
+}
+
+// relayFigures records the relays' allocations, peak RSS and CPU, and the
+// machine's CPU split since cpu0, in res.
+func relayFigures(procs []*relayProc, archived int64, cpu0 cpuSample, res *DrainResult) error {
 	for _, p := range procs {
 		if m, err := p.metrics(); err == nil {
 			res.Mallocs += m["go_memstats_mallocs_total"]
 		}
-	}
-	if archived > 0 {
-		res.AllocsPerEvent = res.Mallocs / float64(archived)
-	}
-	for _, p := range procs {
 		ps, err := readProcStats(p.cmd.Process.Pid)
 		if err != nil {
-			return res, err
+			return err
 		}
 		res.PeakRSSMB = max(res.PeakRSSMB, float64(ps.PeakRSSBytes)/(1<<20))
 		res.CPUSeconds += ps.CPUSeconds
 	}
 	res.CPU = cpuBetween(cpu0, sampleCPU(), res.CPUSeconds)
 	if archived > 0 {
+		res.AllocsPerEvent = res.Mallocs / float64(archived)
 		res.CPUPer100k = res.CPUSeconds * 100_000 / float64(archived)
 	}
-	for _, p := range procs {
-		if err := p.stop(); err != nil {
-			o.logf("%s: %v", d.mode, err)
-		}
-	}
-	procs = nil
+	return nil
+}
+
+// checkDrained checks, after the relays stopped, that a complete drain left
+// the outbox empty and the sink holding every event, and logs the drain.
+func (e *env) checkDrained(ctx context.Context, d *database, sinkBefore uint64, archived int64, res *DrainResult) error {
 	if err := d.pool.QueryRow(ctx, "SELECT NOT EXISTS (SELECT 1 FROM outbox)").Scan(&res.OutboxEmpty); err != nil {
-		return res, err
+		return err
 	}
 	if n, err := e.sinkCount(ctx, d); err == nil {
-		res.StreamMessages = n - before0
+		res.StreamMessages = n - sinkBefore
 	}
-	o.logf("%s → %s: drained %d events in %.1fs: %.0f events/s, peak RSS %.0f MB, relay CPU %.1fs (%.2fs per 100k), machine busy %.0f%%, the sink holds %d",
+	e.opts.logf("%s → %s: drained %d events in %.1fs: %.0f events/s, peak RSS %.0f MB, relay CPU %.1fs (%.2fs per 100k), machine busy %.0f%%, the sink holds %d",
 		d.mode, d.sink, archived, res.Drain.Seconds, res.Drain.PerSecond, res.PeakRSSMB, res.CPUSeconds, res.CPUPer100k,
 		res.CPU.MachineBusyPercent, res.StreamMessages)
-	if res.Complete && (!res.OutboxEmpty || res.StreamMessages < uint64(want)) {
-		return res, fmt.Errorf("%s drain: archived %d events but outbox empty=%v and the sink holds %d",
+	if res.Complete && (!res.OutboxEmpty || res.StreamMessages < uint64(e.opts.Events)) {
+		return fmt.Errorf("%s drain: archived %d events but outbox empty=%v and the sink holds %d",
 			d.mode, archived, res.OutboxEmpty, res.StreamMessages)
 	}
-	return res, nil
+	return nil
 }
 
 // BaselineResult is one of the database's own limits.

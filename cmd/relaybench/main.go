@@ -97,17 +97,68 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// parseFlags parses the command line into Options; a usage error is
+// printed to stderr.
 func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs := flag.NewFlagSet("relaybench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	o := Options{Args: append([]string{"relaybench"}, args...)}
+	lists := defineFlags(fs, &o)
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "relaybench: unexpected arguments %q\n", fs.Args())
+		return o, fmt.Errorf("usage")
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	o.applyQuick(set)
+	if *lists.rss && o.RSSEvents == 0 {
+		o.RSSEvents = rssEventsDefault
+	}
+	o.Modes = splitList(*lists.modes)
+	o.Phases = splitList(*lists.phases)
+	o.Sinks = splitList(*lists.sinks)
+	for _, c := range []struct {
+		flag, what string
+		got, known []string
+	}{{"sinks", "sink", o.Sinks, []string{"nats", "kafka"}},
+		{"modes", "mode", o.Modes, []string{"poll", "wal"}},
+		{"phases", "phase", o.Phases, []string{"drain", "baselines", "steady", "scaling"}}} {
+		for _, v := range c.got {
+			if !slices.Contains(c.known, v) {
+				fmt.Fprintf(stderr, "relaybench: -%s: unknown %s %q (%s)\n", c.flag, c.what, v, strings.Join(c.known, ", "))
+				return o, fmt.Errorf("usage")
+			}
+		}
+	}
+	if o.Events <= 0 || o.Aggregates <= 0 || o.Payload < 40 || o.Writers < 0 || o.Relays <= 0 {
+		fmt.Fprintln(stderr, "relaybench: -events, -aggregates and -relays must be positive, -writers not negative, -payload at least 40")
+		return o, fmt.Errorf("usage")
+	}
+	return o, nil
+}
+
+// listFlags are the flags parseFlags turns into Options after parsing.
+type listFlags struct {
+	modes, sinks, phases *string
+	rss                  *bool
+}
+
+// defineFlags defines every flag of fs into o, and returns those parsed
+// further.
+func defineFlags(fs *flag.FlagSet, o *Options) listFlags {
 	fs.IntVar(&o.Events, "events", 1_000_000, "events in each backlog drain")
 	fs.IntVar(&o.Aggregates, "aggregates", 10_000, "distinct aggregate_ids")
 	fs.IntVar(&o.Payload, "payload", 200, "payload size in bytes (a JSON object padded to this size)")
 	fs.StringVar(&o.Out, "out", "results.json", "JSON file for every figure; empty: none")
-	modes := fs.String("modes", "poll,wal", "capture modes to measure, comma separated (wal is reported as not available when this build rejects it)")
-	sinks := fs.String("sinks", "nats,kafka", "sinks of the backlog drains, comma separated: nats (embedded JetStream), kafka (kfake, franz-go's in-process fake broker); steady state uses nats")
-	phases := fs.String("phases", "drain,baselines,steady", "what to measure, comma separated: drain, baselines, steady, scaling (payload size, aggregates and poll relays curves; not in the default run)")
+	l := listFlags{
+		modes:  fs.String("modes", "poll,wal", "capture modes to measure, comma separated (wal is reported as not available when this build rejects it)"),
+		sinks:  fs.String("sinks", "nats,kafka", "sinks of the backlog drains, comma separated: nats (embedded JetStream), kafka (kfake, franz-go's in-process fake broker); steady state uses nats"),
+		phases: fs.String("phases", "drain,baselines,steady", "what to measure, comma separated: drain, baselines, steady, scaling (payload size, aggregates and poll relays curves; not in the default run)"),
+		rss:    fs.Bool("rss", false, "also drain 1,000,000 events per mode into NATS for the relay's peak RSS (takes minutes)"),
+	}
 	fs.DurationVar(&o.Steady, "steady", 15*time.Second, "length of each steady-state rate (25, 50, 100 % of the commit rate)")
 	fs.DurationVar(&o.CommitFor, "commit-for", 3*time.Second, "length of the single-row commit-rate measurement")
 	fs.IntVar(&o.Writers, "writers", 0, "concurrent single-row writers; 0: measure the commit rate with 4, 8, 16 and 32 and use the best")
@@ -121,58 +172,25 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.StringVar(&o.ProfileDir, "cpuprofile", "", "also drain a backlog in each mode with a profiling relay (this binary re-executed as the relay) and write DIR/<mode>/cpu.pprof and allocs.pprof")
 	fs.StringVar(&o.RelayBin, "relay", "", "prebuilt relay binary (default: go build ./cmd/relay)")
 	fs.IntVar(&o.RelayProcs, "relay-gomaxprocs", 0, "GOMAXPROCS of the relay processes (default: Go's, the CPU count)")
-	rss := fs.Bool("rss", false, "also drain 1,000,000 events per mode into NATS for the relay's peak RSS (takes minutes)")
 	fs.IntVar(&o.RSSEvents, "rss-events", 0, "events of each -rss drain (default 1,000,000; setting it implies -rss)")
 	fs.BoolVar(&o.Consumer, "consumer", true, "also drain each mode into NATS while a consumer reads the stream (the CPU and allocations table has a row for each)")
-	if err := fs.Parse(args); err != nil {
-		return o, err
+	return l
+}
+
+// applyQuick shortens what -quick shortens, unless set names the flag.
+func (o *Options) applyQuick(set map[string]bool) {
+	if !o.Quick {
+		return
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "relaybench: unexpected arguments %q\n", fs.Args())
-		return o, fmt.Errorf("usage")
+	if !set["events"] {
+		o.Events = 100_000
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if o.Quick {
-		if !set["events"] {
-			o.Events = 100_000
-		}
-		if !set["steady"] {
-			o.Steady = 4 * time.Second
-		}
-		if !set["commit-for"] {
-			o.CommitFor = time.Second
-		}
+	if !set["steady"] {
+		o.Steady = 4 * time.Second
 	}
-	if *rss && o.RSSEvents == 0 {
-		o.RSSEvents = rssEventsDefault
+	if !set["commit-for"] {
+		o.CommitFor = time.Second
 	}
-	o.Modes = splitList(*modes)
-	o.Phases = splitList(*phases)
-	o.Sinks = splitList(*sinks)
-	for _, k := range o.Sinks {
-		if k != "nats" && k != "kafka" {
-			fmt.Fprintf(stderr, "relaybench: -sinks: unknown sink %q (nats, kafka)\n", k)
-			return o, fmt.Errorf("usage")
-		}
-	}
-	for _, m := range o.Modes {
-		if m != "poll" && m != "wal" {
-			fmt.Fprintf(stderr, "relaybench: -modes: unknown mode %q (poll, wal)\n", m)
-			return o, fmt.Errorf("usage")
-		}
-	}
-	for _, p := range o.Phases {
-		if p != "drain" && p != "baselines" && p != "steady" && p != "scaling" {
-			fmt.Fprintf(stderr, "relaybench: -phases: unknown phase %q (drain, baselines, steady, scaling)\n", p)
-			return o, fmt.Errorf("usage")
-		}
-	}
-	if o.Events <= 0 || o.Aggregates <= 0 || o.Payload < 40 || o.Writers < 0 || o.Relays <= 0 {
-		fmt.Fprintln(stderr, "relaybench: -events, -aggregates and -relays must be positive, -writers not negative, -payload at least 40")
-		return o, fmt.Errorf("usage")
-	}
-	return o, nil
 }
 
 func splitList(s string) []string {

@@ -14,6 +14,21 @@ import (
 // printTable prints the results as one table with three parts: drains
 // and baselines, steady state, targets.
 func printTable(w io.Writer, r *Results) {
+	printHeader(w, r)
+	printDrains(w, r)
+	printCPUTable(w, r)
+	printSteady(w, r)
+	printLatency(w, r)
+	printRSS(w, r)
+	printScaling(w, r)
+	printTargets(w, r)
+	if r.Error != "" {
+		fmt.Fprintf(w, "\nINCOMPLETE: %s\n", firstLine(r.Error))
+	}
+}
+
+// printHeader prints the run's settings, machine and background load.
+func printHeader(w io.Writer, r *Results) {
 	s := r.Settings
 	fmt.Fprintf(w, "\nrelaybench: %s events, %s aggregates, %d-byte payloads; %d CPUs (%s), %d MB; PostgreSQL %s; wall time %s\n",
 		thousands(int64(s.Events)), thousands(int64(s.Aggregates)), s.PayloadBytes, r.Machine.CPUs, r.Machine.CPUModel,
@@ -21,6 +36,11 @@ func printTable(w io.Writer, r *Results) {
 	fmt.Fprintf(w, "command: %s\n", r.Command)
 	fmt.Fprintf(w, "background load before the run: %.0f%% busy; \"other CPU\" is CPU time of processes that are neither Postgres, the relay nor this bench (which runs NATS)\n\n",
 		r.Background.MachineBusyPercent)
+}
+
+// printDrains prints the drains, the baselines and the single-row commit
+// rates.
+func printDrains(w io.Writer, r *Results) {
 	t := newTable(w, "BACKLOG DRAIN", "events/s", "seconds", "ratio", "peak RSS MB", "relay CPU s", "CPU s/100k",
 		"postgres CPU s", "bench+NATS CPU s", "other CPU s", "machine busy")
 	for _, d := range r.Drains {
@@ -51,53 +71,63 @@ func printTable(w io.Writer, r *Results) {
 		}
 	}
 	t.flush()
-	printCPUTable(w, r)
-	if len(r.Steady) > 0 {
-		t := newTable(w, "STEADY STATE", "offered/s", "committed/s", "send→ack p50", "p95", "p99", "p99.9", "max ms",
-			"send→receipt p99", "commit→ack p50", "p99", "lag mid", "lag end", "bounded", "relay CPU %", "other CPU %")
-		for _, st := range r.Steady {
-			committed := f0(st.AchievedRate)
-			if st.Saturated {
-				committed += " (saturated)"
-			}
-			t.row(st.label(), f0(st.TargetRate), committed,
-				f1(st.SendToAck.P50), f1(st.SendToAck.P95), f1(st.SendToAck.P99), f1(st.SendToAck.P999), f1(st.SendToAck.Max),
-				f1(st.SendToReceipt.P99), f1(st.CommitToAck.P50), f1(st.CommitToAck.P99), f0(st.LagMiddle), f0(st.LagEnd), yesNo(st.Bounded),
-				f0(100*st.RelayCPU/max(st.CPU.Seconds, 1e-9)), f0(100*st.CPU.OtherSeconds/max(st.CPU.Seconds, 1e-9)))
-		}
-		for _, mode := range sortedKeys(r.Unavailable) {
-			if !strings.Contains(mode, "+") {
-				t.row(mode, "not available yet")
-			}
-		}
-		t.flush()
+}
+
+// printSteady prints the steady-state rates.
+func printSteady(w io.Writer, r *Results) {
+	if len(r.Steady) == 0 {
+		return
 	}
-	printLatency(w, r)
-	printRSS(w, r)
-	if len(r.Scaling) > 0 {
-		t := newTable(w, "SCALING (drain into NATS)", "events", "payload B", "aggregates", "relays", "events/s", "payload MB/s",
-			"peak RSS MB", "CPU s/100k", "other CPU s")
-		for _, p := range r.Scaling {
-			name := fmt.Sprintf("%s %s=%d", p.Mode, p.Curve, p.Value)
-			if !p.Complete {
-				name += " (INCOMPLETE)"
-			}
-			t.row(name, fmt.Sprint(p.Events), fmt.Sprint(p.Payload), fmt.Sprint(p.Aggregates), fmt.Sprint(p.Relays),
-				f0(p.PerSecond), f1(p.MBPerSec), f0(p.PeakRSSMB), f2(p.CPUPer100k), f1(p.CPU.OtherSeconds))
+	t := newTable(w, "STEADY STATE", "offered/s", "committed/s", "send→ack p50", "p95", "p99", "p99.9", "max ms",
+		"send→receipt p99", "commit→ack p50", "p99", "lag mid", "lag end", "bounded", "relay CPU %", "other CPU %")
+	for _, st := range r.Steady {
+		committed := f0(st.AchievedRate)
+		if st.Saturated {
+			committed += " (saturated)"
 		}
-		t.flush()
+		t.row(st.label(), f0(st.TargetRate), committed,
+			f1(st.SendToAck.P50), f1(st.SendToAck.P95), f1(st.SendToAck.P99), f1(st.SendToAck.P999), f1(st.SendToAck.Max),
+			f1(st.SendToReceipt.P99), f1(st.CommitToAck.P50), f1(st.CommitToAck.P99), f0(st.LagMiddle), f0(st.LagEnd), yesNo(st.Bounded),
+			f0(100*st.RelayCPU/max(st.CPU.Seconds, 1e-9)), f0(100*st.CPU.OtherSeconds/max(st.CPU.Seconds, 1e-9)))
 	}
-	if len(r.Targets) > 0 {
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "TARGET\tgoal\tmeasured\tstatus")
-		for _, t := range r.Targets {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.Name, t.Goal, t.Measured, t.Status)
+	for _, mode := range sortedKeys(r.Unavailable) {
+		if !strings.Contains(mode, "+") {
+			t.row(mode, "not available yet")
 		}
-		tw.Flush()
 	}
-	if r.Error != "" {
-		fmt.Fprintf(w, "\nINCOMPLETE: %s\n", firstLine(r.Error))
+	t.flush()
+}
+
+// printScaling prints the scaling curves' points.
+func printScaling(w io.Writer, r *Results) {
+	if len(r.Scaling) == 0 {
+		return
 	}
+	t := newTable(w, "SCALING (drain into NATS)", "events", "payload B", "aggregates", "relays", "events/s", "payload MB/s",
+		"peak RSS MB", "CPU s/100k", "other CPU s")
+	for _, p := range r.Scaling {
+		name := fmt.Sprintf("%s %s=%d", p.Mode, p.Curve, p.Value)
+		if !p.Complete {
+			name += " (INCOMPLETE)"
+		}
+		t.row(name, fmt.Sprint(p.Events), fmt.Sprint(p.Payload), fmt.Sprint(p.Aggregates), fmt.Sprint(p.Relays),
+			f0(p.PerSecond), f1(p.MBPerSec), f0(p.PeakRSSMB), f2(p.CPUPer100k), f1(p.CPU.OtherSeconds))
+	}
+	t.flush()
+}
+
+// printTargets prints each target, its goal, the figure and whether it was
+// met.
+func printTargets(w io.Writer, r *Results) {
+	if len(r.Targets) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "TARGET\tgoal\tmeasured\tstatus")
+	for _, t := range r.Targets {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.Name, t.Goal, t.Measured, t.Status)
+	}
+	tw.Flush()
 }
 
 // table is a right-aligned text table whose rows all have the header's

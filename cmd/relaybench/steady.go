@@ -262,25 +262,63 @@ func (r *receiver) stop() { r.cc.Stop() }
 // runSchedule offers single-row transactions at rate for dur from writers
 // connections, open loop, and records what the receiver sees.
 func (e *env) runSchedule(ctx context.Context, d *database, r *receiver, relay *relayProc, mode string, pct int, rate float64, dur time.Duration, writers int) (SteadyResult, error) {
-	o := e.opts
-	n := int(rate * dur.Seconds())
-	s := &schedule{tag: rand.Uint32() &^ 0xf0000000, n: n, period: 1e9 / rate,
-		commitAt: make([]atomic.Int64, n), dropped: make([]atomic.Bool, n), ackAt: make([]atomic.Int64, n), recvAt: make([]atomic.Int64, n),
-		readAt: make([]atomic.Int64, n)}
+	s := newSchedule(rate, dur)
 	r.cur.Store(s)
-	res := SteadyResult{Mode: mode, Percent: pct, TargetRate: rate, Seconds: dur.Seconds(), Scheduled: n}
-
+	res := SteadyResult{Mode: mode, Percent: pct, TargetRate: rate, Seconds: dur.Seconds(), Scheduled: s.n}
 	ps0, _ := readProcStats(relay.cmd.Process.Pid)
 	cpu0 := sampleCPU()
-	jobs := make(chan int, n)
-	errs := make(chan error, writers)
-	var wg sync.WaitGroup
 	s.start = time.Now().Add(20 * time.Millisecond)
 	end := s.start.Add(dur)
 	// Writers stop a grace period after the schedule's end: what the
 	// database could not commit by then is dropped (and counted), so that a
 	// saturated database does not stretch the phase without bound.
 	cutoff := end.Add(min(2*time.Second, dur/4))
+	jobs := make(chan int, s.n)
+	wait := e.startWriters(ctx, d, s, jobs, writers, cutoff)
+	go s.dispatch(ctx, jobs)
+	committedAtEnd := s.sampleLag(end, &res)
+	res.ProducerBehind = s.sent.Load() - committedAtEnd
+	res.AchievedRate = float64(committedAtEnd) / time.Since(s.start).Seconds()
+	if err := wait(); err != nil {
+		return res, err
+	}
+	schedEnd := time.Now()
+	res.Dropped = s.drops.Load()
+	res.Saturated = res.Dropped > 0 || res.AchievedRate < 0.95*rate
+	if err := s.waitCaughtUp(r, relay, max(10*time.Second, dur)); err != nil {
+		return res, err
+	}
+	s.receipts(schedEnd, &res)
+	ps1, _ := readProcStats(relay.cmd.Process.Pid)
+	res.RelayCPU = ps1.CPUSeconds - ps0.CPUSeconds
+	res.CPU = cpuBetween(cpu0, sampleCPU(), res.RelayCPU)
+	res.RelayRSSMB = float64(ps1.RSSBytes) / (1 << 20)
+	res.Committed, res.Received, res.Duplicates = s.commits.Load(), s.received.Load(), s.dups.Load()
+	s.latencies(cutoff, &res)
+	res.LagMiddle, res.LagEnd, res.LagMax = lagStats(res.Samples, dur.Seconds())
+	res.Bounded = res.LagEnd <= 1.5*res.LagMiddle+rate/4
+	e.logSchedule(res, rate, dur, cutoff.Sub(end))
+	if res.Received < res.Committed {
+		return res, fmt.Errorf("%s: received %d of %d committed events %s after the schedule ended; relay log tail:\n%s",
+			res.label(), res.Received, res.Committed, time.Since(schedEnd).Round(time.Second), tail(relay.logPath, 20))
+	}
+	return res, nil
+}
+
+// newSchedule returns the schedule of rate events per second for dur.
+func newSchedule(rate float64, dur time.Duration) *schedule {
+	n := int(rate * dur.Seconds())
+	return &schedule{tag: rand.Uint32() &^ 0xf0000000, n: n, period: 1e9 / rate,
+		commitAt: make([]atomic.Int64, n), dropped: make([]atomic.Bool, n), ackAt: make([]atomic.Int64, n),
+		recvAt: make([]atomic.Int64, n), readAt: make([]atomic.Int64, n)}
+}
+
+// startWriters starts writers goroutines committing the events of jobs into
+// d; an event still queued after cutoff is dropped. The returned wait
+// waits for them and returns the first writer's error.
+func (e *env) startWriters(ctx context.Context, d *database, s *schedule, jobs <-chan int, writers int, cutoff time.Time) (wait func() error) {
+	errs := make(chan error, writers)
+	var wg sync.WaitGroup
 	for w := range writers {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), uint64(s.tag)))
@@ -290,7 +328,7 @@ func (e *env) runSchedule(ctx context.Context, d *database, r *receiver, relay *
 					s.drops.Add(1)
 					continue
 				}
-				if err := insertEvent(ctx, d, rng, s.tag, i, o.Aggregates, o.Payload); err != nil {
+				if err := insertEvent(ctx, d, rng, s.tag, i, e.opts.Aggregates, e.opts.Payload); err != nil {
 					errs <- err
 					return
 				}
@@ -299,89 +337,99 @@ func (e *env) runSchedule(ctx context.Context, d *database, r *receiver, relay *
 			}
 		})
 	}
-	// The dispatcher hands out every event that is due; the writers'
-	// queueing shows up in the latencies because they are measured from the
-	// due time.
-	go func() {
-		defer close(jobs)
-		for i := 0; i < n; {
-			now := time.Now()
-			for ; i < n && !s.due(i).After(now); i++ {
-				jobs <- i
-				s.sent.Add(1)
-			}
-			if i < n {
-				wait := time.Until(s.due(i))
-				if ctx.Err() != nil {
-					return
-				}
-				time.Sleep(max(wait, 0))
-			}
+	return func() error {
+		wg.Wait()
+		select {
+		case err := <-errs:
+			return err
+		default:
+			return nil
 		}
-	}()
+	}
+}
+
+// dispatch hands every event that is due to jobs and closes it at the end;
+// the writers' queueing shows up in the latencies because they are measured
+// from the due time.
+func (s *schedule) dispatch(ctx context.Context, jobs chan<- int) {
+	defer close(jobs)
+	for i := 0; i < s.n; {
+		now := time.Now()
+		for ; i < s.n && !s.due(i).After(now); i++ {
+			jobs <- i
+			s.sent.Add(1)
+		}
+		if i < s.n {
+			wait := time.Until(s.due(i))
+			if ctx.Err() != nil {
+				return
+			}
+			time.Sleep(max(wait, 0))
+		}
+	}
+}
+
+// sampleLag records a lag sample in res every 100 ms until end and returns
+// the events committed by then.
+func (s *schedule) sampleLag(end time.Time, res *SteadyResult) int64 {
 	tick := time.NewTicker(100 * time.Millisecond)
-	var committedAtEnd int64
+	defer tick.Stop()
 	for now := range tick.C {
 		res.Samples = append(res.Samples, lagSample{Seconds: now.Sub(s.start).Seconds(),
 			Scheduled: s.sent.Load(), Committed: s.commits.Load(), Received: s.received.Load()})
 		if now.After(end) {
-			committedAtEnd = s.commits.Load()
 			break
 		}
 	}
-	tick.Stop()
-	res.ProducerBehind = s.sent.Load() - committedAtEnd
-	res.AchievedRate = float64(committedAtEnd) / time.Since(s.start).Seconds()
-	wg.Wait()
-	schedEnd := time.Now()
-	select {
-	case err := <-errs:
-		return res, err
-	default:
-	}
-	res.Dropped = s.drops.Load()
-	res.Saturated = res.Dropped > 0 || res.AchievedRate < 0.95*rate
-	// Wait for the relay to catch up with what was committed.
-	catchDeadline := time.Now().Add(max(10*time.Second, dur))
-	for (s.received.Load() < s.commits.Load() || r.reader != nil && s.reads.Load() < s.commits.Load()) && time.Now().Before(catchDeadline) {
+	return s.commits.Load()
+}
+
+// waitCaughtUp waits up to limit for the relay (and the pgoutput reader,
+// when there is one) to receive what was committed; it fails when either
+// failed.
+func (s *schedule) waitCaughtUp(r *receiver, relay *relayProc, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for (s.received.Load() < s.commits.Load() || r.reader != nil && s.reads.Load() < s.commits.Load()) && time.Now().Before(deadline) {
 		if err := relay.exited(); err != nil {
-			return res, err
+			return err
 		}
 		if r.reader != nil {
 			if err := r.reader.failed(); err != nil {
-				return res, err
+				return err
 			}
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	// The last receipt, not the moment this loop noticed it.
+	return nil
+}
+
+// receipts records in res the first receipt and how long after schedEnd the
+// last one came (the last receipt, not the moment the wait noticed it).
+func (s *schedule) receipts(schedEnd time.Time, res *SteadyResult) {
 	var last int64
-	for i := range n {
-		last = max(last, s.recvAt[i].Load())
+	for i := range s.n {
+		v := s.recvAt[i].Load()
+		last = max(last, v)
+		if v > 0 && (res.firstReceipt == 0 || v < res.firstReceipt) {
+			res.firstReceipt = v
+		}
 	}
 	if last > 0 {
 		res.CatchUpSecs = max(0, time.Unix(0, last).Sub(schedEnd).Seconds())
 	}
 	res.start = s.start
-	for i := range n {
-		if v := s.recvAt[i].Load(); v > 0 && (res.firstReceipt == 0 || v < res.firstReceipt) {
-			res.firstReceipt = v
-		}
-	}
-	ps1, _ := readProcStats(relay.cmd.Process.Pid)
-	res.RelayCPU = ps1.CPUSeconds - ps0.CPUSeconds
-	res.CPU = cpuBetween(cpu0, sampleCPU(), res.RelayCPU)
-	res.RelayRSSMB = float64(ps1.RSSBytes) / (1 << 20)
-	res.Committed, res.Received, res.Duplicates = s.commits.Load(), s.received.Load(), s.dups.Load()
+}
 
+// latencies records in res the percentiles from the send time and from the
+// commit to the broker's ack and to receipt. An event dropped at cutoff
+// counts at its wait until then, which keeps the percentiles honest lower
+// bounds instead of hiding the slowest events.
+func (s *schedule) latencies(cutoff time.Time, res *SteadyResult) {
 	var sendAck, sendRecv, commitAck, commitRecv, sendCommit histogram
-	for i := range n {
+	for i := range s.n {
 		due := s.due(i).UnixNano()
 		c, a, rv := s.commitAt[i].Load(), s.ackAt[i].Load(), s.recvAt[i].Load()
 		if s.dropped[i].Load() {
-			// Never committed: its latency is at least the wait until the
-			// writers gave up, which keeps the percentiles honest lower
-			// bounds instead of hiding the slowest events.
 			wait := time.Duration(cutoff.UnixNano() - due)
 			sendCommit.record(wait)
 			sendAck.record(wait)
@@ -407,20 +455,19 @@ func (e *env) runSchedule(ctx context.Context, d *database, r *receiver, relay *
 	res.SendToAck, res.SendToReceipt = sendAck.summary(), sendRecv.summary()
 	res.CommitToAck, res.CommitToRecv, res.SendToCommit = commitAck.summary(), commitRecv.summary(), sendCommit.summary()
 	res.Decoder = decoderLatency(s)
-	res.LagMiddle, res.LagEnd, res.LagMax = lagStats(res.Samples, dur.Seconds())
-	res.Bounded = res.LagEnd <= 1.5*res.LagMiddle+rate/4
+}
+
+// logSchedule logs one rate's figures, and its drops when the writers gave
+// up grace after the schedule's end.
+func (e *env) logSchedule(res SteadyResult, rate float64, dur, grace time.Duration) {
+	o := e.opts
 	o.logf("%s (%.0f/s for %s): committed %d (%.0f/s), received %d, p50/p99/max send→ack %.1f/%.1f/%.1f ms, commit→receipt p50/p99 %.1f/%.1f ms (pgoutput reader %.1f/%.1f ms), lag middle %.0f end %.0f, caught up %.2fs after",
 		res.label(), rate, dur, res.Committed, res.AchievedRate, res.Received, res.SendToAck.P50, res.SendToAck.P99, res.SendToAck.Max,
 		res.CommitToRecv.P50, res.CommitToRecv.P99, res.Decoder.P50, res.Decoder.P99, res.LagMiddle, res.LagEnd, res.CatchUpSecs)
 	if res.Dropped > 0 {
 		o.logf("%s: the database committed %.0f of %.0f offered events/s; %d events not committed %s after the schedule ended were dropped (counted in the latencies at their wait so far)",
-			res.label(), res.AchievedRate, rate, res.Dropped, cutoff.Sub(end))
+			res.label(), res.AchievedRate, rate, res.Dropped, grace)
 	}
-	if res.Received < res.Committed {
-		return res, fmt.Errorf("%s: received %d of %d committed events %s after the schedule ended; relay log tail:\n%s",
-			res.label(), res.Received, res.Committed, time.Since(schedEnd).Round(time.Second), tail(relay.logPath, 20))
-	}
-	return res, nil
 }
 
 // lagStats returns the mean lag over 40–60 % and 90–100 % of a run of secs
