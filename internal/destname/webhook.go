@@ -9,6 +9,10 @@ import (
 	"github.com/outboxrelay/relay/sink/template"
 )
 
+// MaxWebhookURL is the longest URL the webhook sink requests, in bytes:
+// common servers and proxies refuse a request line over 8 KiB.
+const MaxWebhookURL = 8000
+
 // WebhookURL fails, saying what is wrong, unless the webhook URL template
 // raw (whose placeholders were already checked) is an absolute http or
 // https URL with placeholders only in its path and query and no fragment.

@@ -18,6 +18,7 @@ import (
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
 	whsig "github.com/outboxrelay/relay/helpers/webhook"
+	"github.com/outboxrelay/relay/internal/destname"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/envelope"
@@ -58,11 +59,14 @@ const (
 // event, for connection, DNS and TLS failures, the per-request timeout,
 // ctx ending, Close, a redirect (3xx, not followed: the URL is wrong),
 // 401, 403, 404, 405, 407, 408, 410 and 429, and every 5xx but 500: these
-// are fault.Unavailable, never counted as attempts. 400, 413 and 422 are
-// fault.Permanent and 500 and the other 4xx transient, all marked
-// fault.AsSuspect: they count against the event only while other events to
-// the same URL succeed. A row header whose name HTTP cannot carry, and with
-// an envelope an event that cannot be a CloudEvent, is permanent. After a 429 or 503 with a Retry-After header the sink sends
+// are fault.Unavailable, never counted as attempts. 400, 413, 414, 422
+// and 431 are fault.Permanent and 500 and the other 4xx transient, all
+// marked fault.AsSuspect: they count against the event only while other
+// events to the same URL succeed. A URL over destname.MaxWebhookURL bytes,
+// a row header whose name HTTP cannot carry, and with an envelope an event
+// that cannot be a CloudEvent, are permanent. Row headers the sink.HTTPRules
+// filter drops (the relay's header names, hop-by-hop and framing headers)
+// are not sent. After a 429 or 503 with a Retry-After header the sink sends
 // no request to that URL until that time has passed (at most
 // MaxRetryAfter): they fail at once as fault.Unavailable, while other URLs
 // go on. The error's RetryAfter method returns the delay. Publish is safe for
@@ -113,6 +117,9 @@ func (s *Sink) release() { <-s.sem }
 // post sends one event and returns its classified error.
 func (s *Sink) post(ctx context.Context, e *event.Event) error {
 	target := s.target(e)
+	if len(target) > destname.MaxWebhookURL {
+		return s.wrap(e, "an invalid URL", fault.AsPermanent(fmt.Errorf("the URL is %d bytes, over the %d the relay sends (servers refuse longer request lines)", len(target), destname.MaxWebhookURL)))
+	}
 	h, err := s.header(e)
 	if err != nil {
 		return s.wrap(e, target, fault.AsPermanent(err))
@@ -186,13 +193,13 @@ func (s *Sink) wrap(e *event.Event, target string, err error) error {
 // header returns the request headers of e: its Headers map (names in
 // canonical form), then the static headers, then the contract headers, each
 // overriding the ones before it, and with an envelope the CloudEvents
-// headers in place of any other Ce- header. Row headers the contract sets or
-// that HTTP reserves for the connection are left out.
+// headers in place of any other Ce- header. Row headers s.rows drops are
+// left out.
 func (s *Sink) header(e *event.Event) (http.Header, error) {
 	h := make(http.Header, len(e.Headers)+len(s.headers)+8)
 	for k, v := range e.Headers {
 		ck := textproto.CanonicalMIMEHeaderKey(k)
-		if reserved[ck] || s.headers[ck] != nil {
+		if !s.rows.Forward(k) || s.headers[ck] != nil {
 			continue
 		}
 		if !validHeaderName(k) {
@@ -368,7 +375,8 @@ func (e *StatusError) RetryAfter() time.Duration { return e.Delay }
 // (see Publish).
 func classifyStatus(e *StatusError) error {
 	switch c := e.StatusCode; {
-	case c == http.StatusBadRequest, c == http.StatusRequestEntityTooLarge, c == http.StatusUnprocessableEntity:
+	case c == http.StatusBadRequest, c == http.StatusRequestEntityTooLarge, c == http.StatusRequestURITooLong,
+		c == http.StatusUnprocessableEntity, c == http.StatusRequestHeaderFieldsTooLarge:
 		return fault.AsSuspect(fault.AsPermanent(e))
 	case c >= 300 && c < 400, receiverDown[c], c > 500:
 		return fault.AsUnavailable(e)

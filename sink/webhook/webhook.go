@@ -86,6 +86,10 @@ type Options struct {
 	// Envelope, when set, adds the CloudEvents attributes to every request
 	// as Ce- headers (binary content mode). Default nil: no envelope.
 	Envelope *envelope.CloudEvents
+	// HeaderDrops counts and logs the row headers the sink does not
+	// forward (see sink.HeaderFilter). Default: counters of the sink's
+	// own, logging to Logger.
+	HeaderDrops *sink.HeaderDrops
 }
 
 // Sink POSTs events to a webhook receiver. It implements sink.Sink; its
@@ -95,6 +99,7 @@ type Sink struct {
 	url     *urlTemplate
 	timeout time.Duration
 	headers http.Header           // static headers from sink.webhook.headers
+	rows    *sink.HeaderFilter    // which row headers are sent
 	secret  []byte                // nil: requests are not signed
 	env     *envelope.CloudEvents // nil: no envelope
 	health  string                // sink.webhook.health_url; empty: none
@@ -154,11 +159,16 @@ func New(cfg Config, opts Options) (*Sink, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	drops := opts.HeaderDrops
+	if drops == nil {
+		drops = sink.NewHeaderDrops(log)
+	}
 	s := &Sink{
 		log:     log,
 		url:     tmpl,
 		timeout: timeout,
 		headers: headers,
+		rows:    sink.NewHeaderFilter(sink.HTTPRules, envelope.HTTP.ReservedPrefix(opts.Envelope), drops),
 		sem:     make(chan struct{}, n),
 		health:  cfg.HealthURL,
 		env:     opts.Envelope,

@@ -295,7 +295,7 @@ func TestStatusClasses(t *testing.T) {
 	want := map[int]string{
 		200: "ok", 201: "ok", 202: "ok", 204: "ok",
 		301: "unavailable", 302: "unavailable", 303: "unavailable", 307: "unavailable", 308: "unavailable",
-		400: "suspect-permanent", 413: "suspect-permanent", 422: "suspect-permanent",
+		400: "suspect-permanent", 413: "suspect-permanent", 414: "suspect-permanent", 422: "suspect-permanent", 431: "suspect-permanent",
 		409: "suspect-transient", 415: "suspect-transient", 500: "suspect-transient",
 		401: "unavailable", 403: "unavailable", 404: "unavailable", 405: "unavailable", 407: "unavailable",
 		408: "unavailable", 410: "unavailable", 429: "unavailable",

@@ -1,0 +1,68 @@
+package webhook
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/sink/sinktest"
+)
+
+// TestRowControlAndReservedHeaders: row headers named like a header the
+// relay sets on any sink (in any case), hop-by-hop and framing headers are
+// dropped and counted; the others arrive.
+func TestRowControlAndReservedHeaders(t *testing.T) {
+	rc := newReceiver(t, nil)
+	drops := sink.NewHeaderDrops(nil)
+	s, err := New(Config{URL: rc.URL + "/in"}, Options{Logger: slog.New(slog.DiscardHandler), HeaderDrops: drops})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	e := testEvent(1, "a1")
+	e.Headers = map[string]string{"Nats-Msg-Id": "evil", "user-agent": "evil", "MESSAGE_ID": "evil", "webhook-id": "evil",
+		"Transfer-Encoding": "chunked", "connection": "close", "Proxy-Authorization": "Basic ZXZpbA==", "Keep-Alive": "timeout=1",
+		"TE": "trailers", "Upgrade": "h2c", "x-ok": "1"}
+	if err := s.Publish(context.Background(), []*event.Event{e}); err != nil {
+		t.Fatal(err)
+	}
+	reqs := rc.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("%d requests, want 1", len(reqs))
+	}
+	h := reqs[0].Header
+	for k, v := range h {
+		if slices.Contains(v, "evil") || k == "Nats-Msg-Id" || k == "Proxy-Authorization" || k == "Upgrade" || k == "Te" {
+			t.Errorf("the row header %s: %v was sent", k, v)
+		}
+	}
+	if h.Get("X-Ok") != "1" || !strings.HasPrefix(h.Get("User-Agent"), "outbox-relay") {
+		t.Errorf("headers %v: want X-Ok and the relay's User-Agent", h)
+	}
+	if r, c := drops.Count(sink.DropReserved), drops.Count(sink.DropControl); r != 4 || c != 6 {
+		t.Errorf("dropped %d reserved and %d control headers, want 4 and 6", r, c)
+	}
+}
+
+// TestLongURLDeadLettered: a rendered URL longer than servers take fails
+// alone as permanent; its neighbour is delivered.
+func TestLongURLDeadLettered(t *testing.T) {
+	rc := newReceiver(t, nil)
+	s := newSink(t, Config{URL: rc.URL + "/in/{aggregate_id}"})
+	batch := testEvents(2)
+	batch[0].AggregateID = strings.Repeat("a", 9000)
+	err := s.Publish(context.Background(), batch)
+	if got, want := sinktest.Classes(err, 2), []string{"permanent", "ok"}; !slices.Equal(got, want) {
+		t.Fatalf("classes %v, want %v (err %v)", got, want, err)
+	}
+	if msg := sink.Failed(err, 0).Error(); !strings.Contains(msg, "8000") || len(msg) > 600 {
+		t.Errorf("the error does not name the URL rule in a short message: %.300s", msg)
+	}
+	if n := len(rc.requests()); n != 1 {
+		t.Errorf("%d requests, want 1", n)
+	}
+}
