@@ -16,6 +16,7 @@ import (
 	"github.com/outboxrelay/relay/internal/rowtext"
 	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/pipeline"
+	"github.com/outboxrelay/relay/sink"
 )
 
 // partitioned is implemented by sources that share work in partitions.
@@ -85,6 +86,17 @@ func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backl
 	if p, ok := src.(partitioned); ok {
 		gauge("partitions_held", "Poll partitions this relay leases.", func() float64 { h, _ := p.Partitions(); return float64(h) })
 		gauge("partitions_total", "Poll partitions of the outbox.", func() float64 { _, t := p.Partitions(); return float64(t) })
+	}
+}
+
+// registerHeaderDrops exposes relay_row_headers_dropped_total, one series
+// per reason, labelled with the sink type.
+func registerHeaderDrops(reg prometheus.Registerer, drops *sink.HeaderDrops, sinkType string) {
+	for _, reason := range sink.DropReasons {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Name: "row_headers_dropped_total",
+			Help:        "Row headers not forwarded, by reason: reserved (named like a header the relay sets, in any case), control (one the broker or HTTP would act on).",
+			ConstLabels: prometheus.Labels{"sink": sinkType, "reason": reason}},
+			func() float64 { return float64(drops.Count(reason)) }))
 	}
 }
 

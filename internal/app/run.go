@@ -113,6 +113,7 @@ func (r *Relay) open(ctx context.Context) error {
 	registerStats(r.reg, r.pipeline.Stats(), src, r.backlog, r.capturing)
 	registerTables(r.reg, cfg.Capture.Mode, r.dlq)
 	r.reg.MustRegister(newDestinationCollector(r.pipeline.Destinations))
+	registerHeaderDrops(r.reg, snk.drops, cfg.Sink.Type)
 	return nil
 }
 

@@ -34,6 +34,8 @@ type brokerSink struct {
 	prepare func(ctx context.Context) (string, error)
 	// check verifies the broker is reachable and set up; errors carry the fix.
 	check func(ctx context.Context) error
+	// drops counts the row headers the sink does not forward.
+	drops *sink.HeaderDrops
 }
 
 // MaxPerAggregate implements sink.Ordered for the pipeline: the wrapped
@@ -53,9 +55,21 @@ func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window 
 	if err != nil {
 		return nil, err
 	}
-	switch c := cfg.Sink; c.Type {
+	drops := sink.NewHeaderDrops(log)
+	snk, err := openBroker(ctx, cfg.Sink, log, window, env, drops)
+	if err != nil {
+		return nil, err
+	}
+	snk.drops = drops
+	return snk, nil
+}
+
+// openBroker connects the sink c.Type selects, counting the row headers it
+// drops in drops.
+func openBroker(ctx context.Context, c config.Sink, log *slog.Logger, window int, env *envelope.CloudEvents, drops *sink.HeaderDrops) (*brokerSink, error) {
+	switch c.Type {
 	case "nats":
-		s, err := natssink.New(ctx, natsConfig(c.NATS), natssink.Options{Logger: log, Envelope: env})
+		s, err := natssink.New(ctx, natsConfig(c.NATS), natssink.Options{Logger: log, Envelope: env, HeaderDrops: drops})
 		if err != nil {
 			return nil, err
 		}
@@ -64,14 +78,14 @@ func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window 
 				return "nats: stream " + c.NATS.Stream + " ready", s.EnsureStream(ctx)
 			}}, nil
 	case "kafka":
-		s, err := kafkasink.New(ctx, kafkaConfig(c.Kafka), kafkasink.Options{Logger: log, MaxBufferedRecords: window, Envelope: env})
+		s, err := kafkasink.New(ctx, kafkaConfig(c.Kafka), kafkasink.Options{Logger: log, MaxBufferedRecords: window, Envelope: env, HeaderDrops: drops})
 		if err != nil {
 			return nil, err
 		}
 		return &brokerSink{routedSink: s, name: "kafka " + strings.Join(c.Kafka.Brokers, ","), check: s.Check,
 			prepare: func(ctx context.Context) (string, error) { return kafkaTopics(ctx, s, c.Kafka.Topic) }}, nil
 	case "sqs":
-		s, err := sqssink.New(ctx, sqsConfig(c.SQS), sqssink.Options{Logger: log, Envelope: env})
+		s, err := sqssink.New(ctx, sqsConfig(c.SQS), sqssink.Options{Logger: log, Envelope: env, HeaderDrops: drops})
 		if err != nil {
 			return nil, err
 		}
@@ -80,14 +94,14 @@ func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window 
 				return "sqs: the relay creates no queues; create " + s.Destination() + " if missing", nil
 			}}, nil
 	case "webhook":
-		s, err := webhook.New(webhookConfig(c.Webhook), webhook.Options{Logger: log, Envelope: env})
+		s, err := webhook.New(webhookConfig(c.Webhook), webhook.Options{Logger: log, Envelope: env, HeaderDrops: drops})
 		if err != nil {
 			return nil, err
 		}
 		return &brokerSink{routedSink: s, name: "webhook " + s.URL(), check: s.Check,
 			prepare: func(context.Context) (string, error) { return "webhook: nothing to create", nil }}, nil
 	}
-	return nil, &UsageError{Err: fmt.Errorf("sink.type %q is not supported", cfg.Sink.Type)}
+	return nil, &UsageError{Err: fmt.Errorf("sink.type %q is not supported", c.Type)}
 }
 
 // cloudEvents returns the envelope sink.envelope selects: nil for none.
