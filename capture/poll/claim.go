@@ -20,7 +20,7 @@ import (
 
 // queries are the source's SQL, built once with quoted identifiers.
 type queries struct {
-	lastSeq, writers, lockWork, claim, claimAll, archive, archiveRange, deadLetter, dropDead string
+	lastSeq, writers, lockWork, claim, claimAll, skipped, skippedAll, archive, archiveRange, deadLetter, dropDead string
 }
 
 func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
@@ -31,6 +31,7 @@ func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
 		parked = fmt.Sprintf("AND NOT EXISTS (SELECT 1 FROM %s d WHERE %s = %s)",
 			l.DeadLetter.Ident(), c.Key("d"), c.Key("o"))
 	}
+	partitionFilter := fmt.Sprintf("AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[])", c.Key("o"))
 	sel := strings.Replace(c.Quoted("o"), "o."+schema.Q(c.ID), "o."+schema.Q(c.ID)+"::text", 1)
 	if c.OrderBy != "" {
 		sel += "::text" // the order column comes last
@@ -43,6 +44,21 @@ func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
 			ORDER BY %s LIMIT $3 FOR UPDATE SKIP LOCKED`,
 			sel, t, seq, seq, filter, seq, skip, l.Unpublished(archiveMode, "o"), parked, seq)
 	}
+	// skippedSQL returns the statement that follows claimSQL(filter, skip)
+	// in its transaction, with the same parameters: the rows among the
+	// claim's first $3 candidates that it did not lock because another
+	// transaction held a lock on them (their xmax is not this
+	// transaction's id), with their ordering key and the greatest seq of
+	// those candidates.
+	skippedSQL := func(filter string, skip int) string {
+		return fmt.Sprintf(`SELECT seq, k, top FROM (
+			SELECT c.*, max(c.seq) OVER () AS top FROM (
+				SELECT %s AS seq, %s AS k, o.xmax FROM %s o
+				WHERE %s > $1 AND %s <= least($2, current_setting('relay.safe')::bigint) %s AND NOT %s = ANY($%d::bigint[]) %s %s
+				ORDER BY %s LIMIT $3) c) w
+			WHERE w.xmax::text IS DISTINCT FROM (pg_current_xact_id_if_assigned()::text::bigint %% 4294967296)::text`,
+			"o."+seq, c.Key("o"), t, seq, seq, filter, seq, skip, l.Unpublished(archiveMode, "o"), parked, seq)
+	}
 	return queries{
 		lastSeq: `SELECT coalesce(pg_sequence_last_value($1::regclass), 0)`,
 		writers: `SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') FROM pg_locks
@@ -50,8 +66,10 @@ func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
 			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			AND pid IS DISTINCT FROM pg_backend_pid()`,
 		lockWork:     `SELECT pg_advisory_xact_lock_shared($1, p) FROM unnest($2::int[]) AS p`,
-		claim:        claimSQL(fmt.Sprintf("AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[])", c.Key("o")), 6),
+		claim:        claimSQL(partitionFilter, 6),
 		claimAll:     claimSQL("", 4),
+		skipped:      skippedSQL(partitionFilter, 6),
+		skippedAll:   skippedSQL("", 4),
 		archive:      l.ArchiveByKey(archiveMode, c.Seq, "bigint"),
 		archiveRange: l.ArchiveByKeyRange(archiveMode, c.Seq, "bigint"),
 		dropDead:     fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::bigint[])`, t, seq),
@@ -65,13 +83,14 @@ func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
 
 // claimOf returns the claim of the rows of partitions parts, of n, with
 // seq above cursor and at most bound and the transaction's safe seq, and
-// not in skip, at most limit of them, and its arguments. When parts holds
-// every partition the claim does not compute each row's partition.
-func (q queries) claimOf(parts []int32, n int, cursor, bound int64, limit int, skip []int64) (string, []any) {
+// not in skip, at most limit of them, the statement reading the rows it
+// skipped (see skippedSQL), and their arguments. When parts holds every
+// partition the claim does not compute each row's partition.
+func (q queries) claimOf(parts []int32, n int, cursor, bound int64, limit int, skip []int64) (claim, skipped string, args []any) {
 	if coversAll(parts, n) {
-		return q.claimAll, []any{cursor, bound, limit, skip}
+		return q.claimAll, q.skippedAll, []any{cursor, bound, limit, skip}
 	}
-	return q.claim, []any{cursor, bound, limit, n, parts, skip}
+	return q.claim, q.skipped, []any{cursor, bound, limit, n, parts, skip}
 }
 
 // archiveOf returns the statement archiving the rows of seqs, not empty,
@@ -171,7 +190,7 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 	if s.opts.MaxSeq > 0 {
 		bound = s.opts.MaxSeq
 	}
-	sql, args := s.sql.claimOf(s.lease.owned, s.opts.Partitions, s.cursor, bound, s.opts.BatchSize, s.flight.above(s.cursor))
+	sql, skippedSQL, args := s.sql.claimOf(s.lease.owned, s.opts.Partitions, s.cursor, bound, s.opts.BatchSize, s.flight.above(s.cursor))
 	br.Queue(sql, args...).
 		Query(func(rows pgx.Rows) error {
 			for rows.Next() {
@@ -181,6 +200,15 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 			}
 			return rows.Err()
 		})
+	var skipped []skippedRow
+	br.Queue(skippedSQL, args...).Query(func(rows pgx.Rows) error {
+		var r skippedRow
+		_, err := pgx.ForEachRow(rows, []any{&r.seq, &r.key, &r.top}, func() error {
+			skipped = append(skipped, r)
+			return nil
+		})
+		return err
+	})
 	br.Queue("COMMIT")
 	br.Queue(s.sql.lastSeq, s.info.SeqSequence).QueryRow(func(row pgx.Row) error { return row.Scan(&r.tailH) })
 	br.Queue(s.sql.writers, s.opts.Layout.Outbox.Ident()).QueryRow(func(row pgx.Row) error { return row.Scan(&r.tailL) })
@@ -193,6 +221,8 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 			"leased", r.leased, "owned", len(s.lease.owned))
 		s.disconnect(ctx)
 	}
+	least := b.holdBack(skipped)
+	s.skipped = least > 0
 	n := len(b.seqs)
 	s.idle = n < s.opts.BatchSize
 	s.blocked = s.marks.held()
@@ -203,8 +233,58 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 	}
 	s.quiet, s.heldSince = 0, time.Time{}
 	s.cursor = b.last
+	if s.skipped {
+		s.cursor = least - 1 // come back for the skipped rows
+	}
 	s.flight.add(b.seqs, b.payloadBytes())
 	return b, nil
+}
+
+// skippedRow is a row among a claim's candidates that another transaction
+// had locked (an application's UPDATE, a foreign key check's FOR KEY SHARE),
+// so the claim's SKIP LOCKED passed it; top is the greatest seq of the
+// candidates.
+type skippedRow struct {
+	seq, top int64
+	key      *string
+}
+
+// holdBack drops from the batch what it must not hand over when the claim
+// skipped rows: the events of each skipped row's ordering key newer than
+// it, which would otherwise be published before it, and every row above
+// the candidates' greatest seq, where skipped rows are not known. The rows
+// dropped stay in the outbox and are claimed again. holdBack returns the
+// least skipped seq, 0 when none was skipped.
+func (b *batch) holdBack(skipped []skippedRow) int64 {
+	if len(skipped) == 0 {
+		return 0
+	}
+	top, least := skipped[0].top, skipped[0].seq
+	first := make(map[string]int64, len(skipped))
+	for _, r := range skipped {
+		least = min(least, r.seq)
+		if r.key == nil {
+			continue // a row without a key is dead-lettered, it holds nothing back
+		}
+		if f, ok := first[*r.key]; !ok || r.seq < f {
+			first[*r.key] = r.seq
+		}
+	}
+	dropped := make(map[int64]bool)
+	b.events = slices.DeleteFunc(b.events, func(ev *event.Event) bool {
+		seq := int64(ev.Position)
+		f, held := first[ev.Key()]
+		drop := seq > top || held && seq > f
+		dropped[seq] = drop
+		return drop
+	})
+	b.bad = slices.DeleteFunc(b.bad, func(d capture.DeadEvent) bool {
+		drop := int64(d.Event.Position) > top
+		dropped[int64(d.Event.Position)] = drop
+		return drop
+	})
+	b.seqs = slices.DeleteFunc(b.seqs, func(seq int64) bool { return dropped[seq] })
+	return least
 }
 
 // readings are what one claim's round trip read besides the rows: the

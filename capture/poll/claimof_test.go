@@ -29,15 +29,17 @@ func TestClaimOfPartitions(t *testing.T) {
 		{[]int32{0, 1, 2, 3, 3}, false},
 		{nil, true},
 	} {
-		sql, args := q.claimOf(tc.parts, 4, 10, 20, 500, []int64{})
-		if got := strings.Contains(sql, "hashtext"); got != tc.filtered {
-			t.Errorf("parts %v of 4: filtered %v, want %v", tc.parts, got, tc.filtered)
-		}
-		if !strings.Contains(sql, "relay.safe") {
-			t.Errorf("parts %v: the claim is not bounded by the safe seq: %s", tc.parts, sql)
-		}
-		if n := strings.Count(sql, "$"); n != len(args) {
-			t.Errorf("parts %v: %d parameters, %d arguments", tc.parts, n, len(args))
+		claim, skipped, args := q.claimOf(tc.parts, 4, 10, 20, 500, []int64{})
+		for _, sql := range []string{claim, skipped} {
+			if got := strings.Contains(sql, "hashtext"); got != tc.filtered {
+				t.Errorf("parts %v of 4: filtered %v, want %v", tc.parts, got, tc.filtered)
+			}
+			if !strings.Contains(sql, "relay.safe") {
+				t.Errorf("parts %v: the claim is not bounded by the safe seq: %s", tc.parts, sql)
+			}
+			if n := strings.Count(sql, "$"); n != len(args) {
+				t.Errorf("parts %v: %d parameters, %d arguments", tc.parts, n, len(args))
+			}
 		}
 	}
 }

@@ -131,6 +131,9 @@ type Source struct {
 	from      int64 // the cursor the last claim started from
 	// claimedTo is the safe seq that bounded the last claim.
 	claimedTo int64
+	// skipped is set when the last claim skipped rows another transaction
+	// had locked: they are still to be claimed.
+	skipped bool
 }
 
 // ErrDrained is returned by Next, with Options.MaxSeq set, when a claim
@@ -231,7 +234,7 @@ func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
 // flight a claim from the cursor is enough: the caller waits for them to
 // settle and asks again, and then the claim looks from the start.
 func (s *Source) drained() bool {
-	return (s.from == 0 || !s.flight.empty()) && len(s.lease.owned) == s.opts.Partitions && s.claimedTo >= s.opts.MaxSeq
+	return (s.from == 0 || !s.flight.empty()) && !s.skipped && len(s.lease.owned) == s.opts.Partitions && s.claimedTo >= s.opts.MaxSeq
 }
 
 // Close releases the lease connection, which gives up every partition.
