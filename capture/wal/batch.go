@@ -25,6 +25,11 @@ type batch struct {
 	st     *stream
 	events []*event.Event
 	seqs   []int64 // parallel to events, for the dead-letter table
+	// stored holds the ids as the outbox rows store them, of the events
+	// whose stored id is not the canonical text of their ID; nil when none.
+	// The archive and dead-letter statements match and copy the id as
+	// stored.
+	stored map[*event.Event]string
 	bad    []*badRow
 	// ack is the end LSN of the last transaction whose commit was received
 	// after this batch's first row and before the next batch's, or 0. Once
@@ -66,11 +71,11 @@ func (b *batch) Abandon(context.Context) {}
 func (b *batch) archive(ctx context.Context, o capture.Outcome) error {
 	published := make([]string, len(o.Published))
 	for i, ev := range o.Published {
-		published[i] = ev.ID
+		published[i] = b.storedID(ev)
 	}
 	dead := make([]string, 0, len(o.Dead)+len(b.bad))
 	for _, d := range o.Dead {
-		dead = append(dead, d.Event.ID)
+		dead = append(dead, b.storedID(d.Event))
 	}
 	for _, r := range b.bad {
 		if r.vals[fID] != nil {
@@ -219,6 +224,14 @@ func (b *batch) deadArgs(dead []capture.DeadEvent, bad []*badRow) []any {
 	return append(args, f.args()...)
 }
 
+// storedID returns ev's id as its outbox row stores it.
+func (b *batch) storedID(ev *event.Event) string {
+	if id, ok := b.stored[ev]; ok {
+		return id
+	}
+	return ev.ID
+}
+
 // seqIndex maps the dead events to their seq values.
 func (b *batch) seqIndex(dead []capture.DeadEvent) map[*event.Event]int64 {
 	if len(dead) == 0 {
@@ -236,7 +249,7 @@ func (b *batch) seqIndex(dead []capture.DeadEvent) map[*event.Event]int64 {
 func (b *batch) values(ev *event.Event, seq int64) [numFields]*string {
 	str := func(s string) *string { return &s }
 	var v [numFields]*string
-	v[fID], v[fAggregateType], v[fAggregateID], v[fEventType] = &ev.ID, &ev.AggregateType, &ev.AggregateID, &ev.EventType
+	v[fID], v[fAggregateType], v[fAggregateID], v[fEventType] = str(b.storedID(ev)), &ev.AggregateType, &ev.AggregateID, &ev.EventType
 	if ev.ContentType == event.ContentTypeBinary {
 		v[fPayload] = str(`\x` + hex.EncodeToString(ev.Payload))
 	} else {

@@ -68,7 +68,11 @@ type decoded struct {
 	kind kind
 	ev   *event.Event
 	seq  int64
-	bad  *badRow
+	// stored is the row's id as the table stores it when that is not the
+	// canonical text of ev.ID (a text column holding an upper-case or
+	// braced UUID); "" otherwise.
+	stored string
+	bad    *badRow
 	end  pglogrepl.LSN
 	xid  uint32 // the row's transaction
 }
@@ -207,7 +211,11 @@ func (d *decoder) insert(body []byte) (decoded, error) {
 	if err != nil {
 		return decoded{kind: kindRow, bad: d.badRow(err), xid: d.xid}, nil
 	}
-	return decoded{kind: kindRow, ev: ev, seq: seq, xid: d.xid}, nil
+	var stored string
+	if id := d.vals[fID]; !canonicalUUID(id) {
+		stored = string(id)
+	}
+	return decoded{kind: kindRow, ev: ev, seq: seq, stored: stored, xid: d.xid}, nil
 }
 
 // readTuple points d.vals at the mapped columns of a TupleData; NULL

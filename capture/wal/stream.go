@@ -171,6 +171,12 @@ func (st *stream) add(d decoded) bool {
 		b.bytes += len(d.ev.Payload)
 		b.events = append(b.events, d.ev)
 		b.seqs = append(b.seqs, d.seq)
+		if d.stored != "" {
+			if b.stored == nil {
+				b.stored = make(map[*event.Event]string)
+			}
+			b.stored[d.ev] = d.stored
+		}
 	} else {
 		b.bad = append(b.bad, d.bad)
 	}

@@ -1,0 +1,74 @@
+package wal_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxrelay/relay/capture"
+)
+
+// TestTextIDsArchivedAsStored uses a text id column holding UUIDs as an
+// application may write them: upper-case, braced, or both. The events carry
+// the canonical id, and the rows must still be archived (the archive
+// statement matches the id as stored) and dead-lettered with the id as
+// stored, on both archive paths: a batch with only published events, and
+// one with a dead event.
+func TestTextIDsArchivedAsStored(t *testing.T) {
+	pool := setup(t, layout)
+	mustExec(t, pool, `ALTER TABLE outbox ALTER COLUMN id TYPE text`)
+	mustExec(t, pool, `CREATE TABLE outbox_dead_letter (LIKE outbox)`)
+	mustExec(t, pool, `ALTER TABLE outbox_dead_letter ADD dead_lettered_at timestamptz NOT NULL DEFAULT now(),
+		ADD error text, ADD error_class text, ADD attempts int, ADD first_failed_at timestamptz, ADD last_failed_at timestamptz`)
+	src := newStreaming(t, options(t, pool, layout, 10))
+	ctx := context.Background()
+	write := func(stored string) string {
+		t.Helper()
+		mustExec(t, pool, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, 't', 'a', 'e', '{}')`, stored)
+		return strings.ToLower(strings.Trim(stored, "{}"))
+	}
+	upper := strings.ToUpper(uuid.NewString())
+	braced := "{" + uuid.NewString() + "}"
+	both := "{" + strings.ToUpper(uuid.NewString()) + "}"
+	want := []string{write(upper), write(braced)}
+	bs := collect(t, src, 2, 10*time.Second)
+	if got := ids(events(bs)); !slices.Equal(got, want) {
+		t.Fatalf("event ids %v, want the canonical %v", got, want)
+	}
+	for _, b := range bs {
+		complete(t, b)
+	}
+	if n := count(t, pool, "outbox"); n != 0 {
+		t.Fatalf("%d rows left in the outbox after publishing the only rows", n)
+	}
+	dead, kept := write(both), write(strings.ToUpper(uuid.NewString()))
+	bs = collect(t, src, 2, 10*time.Second)
+	if got := ids(events(bs)); !slices.Equal(got, []string{dead, kept}) {
+		t.Fatalf("event ids %v, want [%s %s]", got, dead, kept)
+	}
+	now := time.Now().UnixNano()
+	for _, b := range bs {
+		var o capture.Outcome
+		for _, ev := range b.Events() {
+			if ev.ID == dead {
+				o.Dead = append(o.Dead, capture.DeadEvent{Event: ev, Err: "too big", Class: "permanent", Attempts: 1, FirstFailed: now, LastFailed: now})
+			} else {
+				o.Published = append(o.Published, ev)
+			}
+		}
+		if err := b.Complete(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := count(t, pool, "outbox"); n != 0 {
+		t.Fatalf("%d rows left in the outbox after publishing one and dead-lettering the other", n)
+	}
+	var id string
+	if err := pool.QueryRow(ctx, `SELECT id FROM outbox_dead_letter`).Scan(&id); err != nil || id != both {
+		t.Fatalf("dead letter id %q (%v), want %q as stored", id, err, both)
+	}
+}
