@@ -33,8 +33,6 @@ func TestLastingDatabaseFailure(t *testing.T) {
 				"GRANT SELECT ON ALL TABLES IN SCHEMA public TO " + role,
 				"GRANT SELECT ON ALL SEQUENCES IN SCHEMA public TO " + role,
 				"GRANT INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO " + role,
-				// relay run still issues CREATE … IF NOT EXISTS for these.
-				"GRANT CREATE ON SCHEMA public TO " + role,
 				"ALTER TABLE outbox_dead_letter OWNER TO " + role,
 				"ALTER TABLE IF EXISTS outbox_relay_drain OWNER TO " + role,
 				"REVOKE " + tc.missing + " ON outbox FROM " + role,
