@@ -127,7 +127,7 @@ func (b *batch) copyDead(ctx context.Context, tx pgx.Tx, dead []capture.DeadEven
 	ids := make([]string, 0, len(dead)+len(b.bad))
 	var f failures
 	for _, d := range dead {
-		ids = append(ids, d.Event.ID)
+		ids = append(ids, b.storedID(d.Event))
 		f.add(d)
 	}
 	for _, r := range b.bad {
@@ -147,7 +147,7 @@ func (b *batch) copyDead(ctx context.Context, tx pgx.Tx, dead []capture.DeadEven
 	}
 	var goneDead []capture.DeadEvent
 	for _, d := range dead {
-		if !in[d.Event.ID] {
+		if !in[b.storedID(d.Event)] {
 			goneDead = append(goneDead, d)
 		}
 	}
