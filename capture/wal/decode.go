@@ -73,8 +73,8 @@ type decoded struct {
 	// braced UUID); "" otherwise.
 	stored string
 	bad    *badRow
-	end  pglogrepl.LSN
-	xid  uint32 // the row's transaction
+	end    pglogrepl.LSN
+	xid    uint32 // the row's transaction
 }
 
 // badRow is an outbox insert that cannot become an event; it goes to the
