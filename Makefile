@@ -3,12 +3,15 @@ GO ?= go
 .PHONY: test deps demo build vet bench
 
 # test installs missing test dependencies, then runs every test: the relay
-# module's and those of the nested helpers module (./... stops at its go.mod),
-# the second also when the first failed; it fails if either did.
+# module's and those of the nested modules helpers and deploy/helm (./...
+# stops at their go.mod), each also when an earlier one failed; it fails if
+# any did. deploy/helm requires the relay's module through a replace, so
+# -mod=mod lets it follow the relay's go.mod as that changes.
 test: deps
 	status=0; \
 	$(GO) test -count=1 -timeout 15m ./... || status=1; \
-	cd helpers && $(GO) test -count=1 -timeout 5m ./... || status=1; \
+	(cd helpers && $(GO) test -count=1 -timeout 5m ./...) || status=1; \
+	(cd deploy/helm && $(GO) test -mod=mod -count=1 -timeout 5m ./...) || status=1; \
 	exit $$status
 
 deps:
@@ -31,4 +34,5 @@ build:
 vet:
 	$(GO) vet ./...
 	cd helpers && $(GO) vet ./...
+	cd deploy/helm && $(GO) vet -mod=mod ./...
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

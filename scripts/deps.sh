@@ -95,3 +95,17 @@ for v in $PG_EMBEDDED_VERSIONS; do
   (cd "$pkg" && node scripts/hydrate-symlinks.js)
   "$pkg/native/bin/postgres" --version
 done
+
+# The helm CLI for the chart's tests (deploy/helm, a module of its own),
+# built from source with go install into $RELAY_TEST_CACHE/bin-helm-VERSION
+# (keep HELM_VERSION in step with HelmVersion in deploy/helm/chart_test.go).
+# The first build takes several minutes; later runs find it there.
+HELM_VERSION=v3.22.0
+HELM_BIN="$RELAY_TEST_CACHE/bin-helm-$HELM_VERSION"
+if [ -x "$HELM_BIN/helm" ]; then
+  echo "deps: helm $HELM_VERSION present in $HELM_BIN"
+else
+  echo "deps: building helm $HELM_VERSION into $HELM_BIN"
+  mkdir -p "$HELM_BIN"
+  (cd "$RELAY_TEST_CACHE" && GOBIN="$HELM_BIN" GOFLAGS=-mod=mod go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION")
+fi

@@ -1,0 +1,358 @@
+package helm_test
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/yaml"
+
+	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/embedded"
+)
+
+// HelmVersion is the helm CLI scripts/deps.sh installs (go install
+// helm.sh/helm/v3/cmd/helm@HelmVersion) into helmDir of the test cache.
+const HelmVersion = "v3.22.0"
+
+// chart is the chart's directory.
+const chart = "relay"
+
+// peakRSS is the relay's measured peak RSS of a 1,000,000-event drain
+// (docs/benchmarks.md, docs/operations.md): the default memory request
+// must cover it.
+var peakRSS = resource.MustParse("95M")
+
+// helm returns the path of the helm CLI, failing the test when
+// scripts/deps.sh has not installed it.
+func helm(t *testing.T) string {
+	t.Helper()
+	cache, err := embedded.CacheDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(cache, "bin-helm-"+HelmVersion, "helm")
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("helm %s is not installed in %s: run scripts/deps.sh (%v)", HelmVersion, filepath.Dir(bin), err)
+	}
+	return bin
+}
+
+// runHelm runs helm with args and returns its stdout, or its stderr as the
+// error.
+func runHelm(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(helm(t), args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("helm %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return stdout.String(), nil
+}
+
+// valuesFiles are the chart's example values files, and "" for the
+// defaults.
+func valuesFiles(t *testing.T) []string {
+	files, err := filepath.Glob(filepath.Join(chart, "examples", "*.yaml"))
+	if err != nil || len(files) < 3 {
+		t.Fatalf("examples: %v %v", files, err)
+	}
+	return append([]string{""}, files...)
+}
+
+// rendered is what one `helm template` produced, decoded strictly.
+type rendered struct {
+	deployment *appsv1.Deployment
+	configMap  *corev1.ConfigMap
+	secret     *corev1.Secret
+	service    *corev1.Service
+	account    *corev1.ServiceAccount
+	pdb        *policyv1.PodDisruptionBudget
+	monitor    *monitoringv1.ServiceMonitor
+	rule       *monitoringv1.PrometheusRule
+}
+
+// render runs helm template with the values file (none for "") and
+// decodes every object into its Kubernetes API type, failing on unknown
+// fields, unknown kinds and duplicates.
+func render(t *testing.T, values string, set ...string) *rendered {
+	t.Helper()
+	args := []string{"template", "orders", chart, "--namespace", "outbox"}
+	if values != "" {
+		args = append(args, "--values", values)
+	}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	out, err := runHelm(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rendered{}
+	for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(out, -1) {
+		if strings.TrimSpace(stripComments(doc)) == "" {
+			continue
+		}
+		var head struct{ APIVersion, Kind string }
+		if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
+			t.Fatalf("%s: %v\n%s", values, err, doc)
+		}
+		var target any
+		switch head.APIVersion + " " + head.Kind {
+		case "apps/v1 Deployment":
+			target = once(t, &r.deployment)
+		case "v1 ConfigMap":
+			target = once(t, &r.configMap)
+		case "v1 Secret":
+			target = once(t, &r.secret)
+		case "v1 Service":
+			target = once(t, &r.service)
+		case "v1 ServiceAccount":
+			target = once(t, &r.account)
+		case "policy/v1 PodDisruptionBudget":
+			target = once(t, &r.pdb)
+		case "monitoring.coreos.com/v1 ServiceMonitor":
+			target = once(t, &r.monitor)
+		case "monitoring.coreos.com/v1 PrometheusRule":
+			target = once(t, &r.rule)
+		default:
+			t.Fatalf("%s: unexpected object %s %s", values, head.APIVersion, head.Kind)
+		}
+		if err := yaml.UnmarshalStrict([]byte(doc), target); err != nil {
+			t.Fatalf("%s: %s %s does not decode strictly: %v\n%s", values, head.APIVersion, head.Kind, err, doc)
+		}
+	}
+	return r
+}
+
+// once allocates *p and returns it, failing when the kind was seen before.
+func once[T any](t *testing.T, p **T) *T {
+	t.Helper()
+	if *p != nil {
+		t.Fatalf("two objects of type %T", *p)
+	}
+	*p = new(T)
+	return *p
+}
+
+func stripComments(doc string) string {
+	var out []string
+	for _, l := range strings.Split(doc, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "#") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func TestLint(t *testing.T) {
+	for _, v := range valuesFiles(t) {
+		args := []string{"lint", "--strict", chart}
+		if v != "" {
+			args = append(args, "--values", v)
+		}
+		if out, err := runHelm(t, args...); err != nil {
+			t.Errorf("%v\n%s", err, out)
+		}
+	}
+}
+
+// TestRender renders the defaults and every example, decodes each object
+// strictly into the Kubernetes API types and checks it against the relay:
+// the rendered config loads with the relay's own loader (with the Secret's
+// environment), listens on the container port the probes and the Service
+// use, and drains within terminationGracePeriodSeconds; the pod runs
+// non-root on a read-only filesystem with a memory request above the
+// measured peak RSS; the PodDisruptionBudget and Service select the pods.
+func TestRender(t *testing.T) {
+	for _, v := range valuesFiles(t) {
+		name := "defaults"
+		if v != "" {
+			name = filepath.Base(v)
+		}
+		t.Run(name, func(t *testing.T) {
+			r := render(t, v)
+			if r.deployment == nil || r.configMap == nil || r.service == nil {
+				t.Fatal("no Deployment, ConfigMap or Service")
+			}
+			checkPod(t, r)
+			checkConfig(t, r)
+			checkSelectors(t, r)
+		})
+	}
+}
+
+func checkPod(t *testing.T, r *rendered) {
+	d := r.deployment
+	if d.Spec.Replicas == nil || *d.Spec.Replicas < 2 {
+		t.Errorf("replicas %v: want at least 2 (wal: one streams, one stands by; poll: they share partitions)", d.Spec.Replicas)
+	}
+	pod := d.Spec.Template.Spec
+	if len(pod.Containers) != 1 {
+		t.Fatalf("%d containers", len(pod.Containers))
+	}
+	c := pod.Containers[0]
+	if !slices.Equal(c.Args, []string{"run", "--config", "/etc/relay/relay.yaml"}) {
+		t.Errorf("args %q", c.Args)
+	}
+	if len(c.Ports) != 1 || c.Ports[0].Name != "http" {
+		t.Fatalf("ports %+v: want one named http", c.Ports)
+	}
+	for probe, want := range map[*corev1.Probe]string{c.LivenessProbe: "/healthz", c.ReadinessProbe: "/readyz"} {
+		if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != want || probe.HTTPGet.Port.String() != "http" {
+			t.Errorf("probe %+v: want httpGet %s on port http", probe, want)
+		}
+	}
+	psc, sc := pod.SecurityContext, c.SecurityContext
+	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.RunAsUser == nil || *psc.RunAsUser == 0 {
+		t.Errorf("pod security context %+v: want non-root", psc)
+	}
+	if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.AllowPrivilegeEscalation == nil ||
+		*sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("container security context %+v: want a read-only root, no privilege escalation, no capabilities", sc)
+	}
+	if mem, ok := c.Resources.Requests[corev1.ResourceMemory]; !ok || mem.Cmp(peakRSS) < 0 {
+		t.Errorf("memory request %v: below the measured peak RSS %v", mem.String(), peakRSS.String())
+	}
+	if lim, ok := c.Resources.Limits[corev1.ResourceMemory]; ok && lim.Cmp(c.Resources.Requests[corev1.ResourceMemory]) < 0 {
+		t.Errorf("memory limit %v below the request", lim.String())
+	}
+	if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].MountPath != "/etc/relay" || !c.VolumeMounts[0].ReadOnly ||
+		len(pod.Volumes) != 1 || pod.Volumes[0].ConfigMap == nil || pod.Volumes[0].ConfigMap.Name != r.configMap.Name {
+		t.Errorf("the config mount: %+v %+v", c.VolumeMounts, pod.Volumes)
+	}
+}
+
+// checkConfig loads the ConfigMap's relay.yaml with the relay's loader, in
+// the environment the pod gets from the Secret (a referenced Secret the
+// chart does not make gets placeholder values), and compares it with the
+// pod.
+func checkConfig(t *testing.T, r *rendered) {
+	text, ok := r.configMap.Data["relay.yaml"]
+	if !ok || len(r.configMap.Data) != 1 {
+		t.Fatalf("ConfigMap data keys %v: want relay.yaml only", r.configMap.Data)
+	}
+	c := r.deployment.Spec.Template.Spec.Containers[0]
+	env := map[string]string{}
+	for _, from := range c.EnvFrom {
+		switch {
+		case from.SecretRef == nil:
+			t.Errorf("envFrom %+v: want a Secret", from)
+		case r.secret != nil && from.SecretRef.Name == r.secret.Name:
+			for k, v := range r.secret.StringData {
+				env[k] = v
+			}
+		case r.secret != nil:
+			t.Errorf("envFrom names Secret %s, the chart made %s", from.SecretRef.Name, r.secret.Name)
+		default: // an existing Secret: its keys are what the config refers to
+			for _, m := range regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`).FindAllStringSubmatch(text, -1) {
+				env[m[1]] = "from-existing-secret"
+			}
+		}
+	}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	path := filepath.Join(t.TempDir(), "relay.yaml")
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatalf("the rendered config does not load: %v\n%s", err, text)
+	}
+	if strings.Contains(cfg.Postgres.URL, "${") {
+		t.Errorf("postgres.url not expanded: %s", cfg.Postgres.URL)
+	}
+	if want := "0.0.0.0:" + strconv.Itoa(int(c.Ports[0].ContainerPort)); cfg.HTTP.Listen != want {
+		t.Errorf("http.listen %q, want %q: the probes and the Service use port %d", cfg.HTTP.Listen, want, c.Ports[0].ContainerPort)
+	}
+	grace := r.deployment.Spec.Template.Spec.TerminationGracePeriodSeconds
+	if grace == nil || time.Duration(*grace)*time.Second <= cfg.ShutdownTimeout.D() {
+		t.Errorf("terminationGracePeriodSeconds %v is not above shutdown_timeout %s", grace, cfg.ShutdownTimeout.D())
+	}
+}
+
+func checkSelectors(t *testing.T, r *rendered) {
+	pods := labels.Set(r.deployment.Spec.Template.Labels)
+	if !labels.SelectorFromSet(r.deployment.Spec.Selector.MatchLabels).Matches(pods) {
+		t.Error("the Deployment's selector does not match its pods")
+	}
+	if !labels.SelectorFromSet(r.service.Spec.Selector).Matches(pods) || r.service.Spec.Ports[0].TargetPort.String() != "http" {
+		t.Errorf("the Service does not reach the pods' http port: %+v", r.service.Spec)
+	}
+	if r.pdb == nil || !labels.SelectorFromSet(r.pdb.Spec.Selector.MatchLabels).Matches(pods) ||
+		r.pdb.Spec.MinAvailable == nil || r.pdb.Spec.MinAvailable.IntValue() >= int(*r.deployment.Spec.Replicas) {
+		t.Errorf("PodDisruptionBudget %+v: want one selecting the pods that lets one be evicted", r.pdb)
+	}
+	if m := r.monitor; m != nil {
+		if !labels.SelectorFromSet(m.Spec.Selector.MatchLabels).Matches(labels.Set(r.service.Labels)) ||
+			len(m.Spec.Endpoints) != 1 || m.Spec.Endpoints[0].Port != "http" || m.Spec.Endpoints[0].Path != "/metrics" ||
+			r.service.Labels[m.Spec.JobLabel] != "relay" {
+			t.Errorf("ServiceMonitor %+v: want /metrics on the Service's http port as job relay", m.Spec)
+		}
+	}
+	if r.rule != nil {
+		checkRules(t, r.rule)
+	}
+}
+
+// checkRules compares the PrometheusRule's groups with deploy/alerts.yaml.
+func checkRules(t *testing.T, rule *monitoringv1.PrometheusRule) {
+	data, err := os.ReadFile(filepath.Join("..", "alerts.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want monitoringv1.PrometheusRuleSpec
+	if err := yaml.UnmarshalStrict(data, &want); err != nil {
+		t.Fatalf("deploy/alerts.yaml: %v", err)
+	}
+	if len(want.Groups) == 0 || !reflect.DeepEqual(rule.Spec, want) {
+		t.Errorf("the PrometheusRule's groups differ from deploy/alerts.yaml")
+	}
+}
+
+// TestValuesRejected renders values the schema refuses: the keys the chart
+// sets itself, an unknown key, a wrong type.
+func TestValuesRejected(t *testing.T) {
+	for _, set := range []string{"config.http.listen=127.0.0.1:9090", "config.shutdown_timeout=20s", "replicas=2",
+		"replicaCount=two", "config.capture.mode=stream", "service.port=0"} {
+		if out, err := runHelm(t, "template", "orders", chart, "--set", set); err == nil || !strings.Contains(err.Error(), "schema") {
+			t.Errorf("--set %s: want a schema error, got %v\n%s", set, err, out)
+		}
+	}
+}
+
+// TestRulesOneSource checks that the chart's files/alerts.yaml is
+// deploy/alerts.yaml itself (a symbolic link), not a copy.
+func TestRulesOneSource(t *testing.T) {
+	target, err := os.Readlink(filepath.Join(chart, "files", "alerts.yaml"))
+	if err != nil || filepath.Clean(filepath.Join(chart, "files", target)) != filepath.Join("..", "alerts.yaml") {
+		t.Fatalf("relay/files/alerts.yaml should link to deploy/alerts.yaml: %q %v", target, err)
+	}
+	r := render(t, "", "prometheusRule.enabled=true")
+	if r.rule == nil {
+		t.Fatal("no PrometheusRule")
+	}
+	checkRules(t, r.rule)
+}
