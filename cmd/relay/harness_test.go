@@ -468,7 +468,7 @@ func (s *stack) syncWire() {
 
 // waitPublishing waits until the relay delivered its first event, so that
 // faults injected afterwards hit a running relay, not its start-up (where a
-// database it cannot reach makes it exit 1).
+// database it cannot reach makes it wait, not ready).
 func (s *stack) waitPublishing() {
 	s.t.Helper()
 	waitFor(s.t, func() bool { s.syncWire(); return s.wire.Deliveries() > 0 })

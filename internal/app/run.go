@@ -31,8 +31,9 @@ type Relay struct {
 	guard    *dbGuard
 	source   any // the capture source, for its leader and partition state
 	backlog  *sampled
-	dlq      *sampled // rows in the dead-letter table
-	ln       net.Listener
+	dlq      *sampled     // rows in the dead-letter table
+	ln       net.Listener // http.listen, served by Run; nil with front or without http.listen
+	front    *front       // relay run's handler, serving from before Open; nil: Open listens itself
 	closers  []func()
 }
 
@@ -57,8 +58,10 @@ func Open(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Relay, er
 
 func (r *Relay) open(ctx context.Context) error {
 	cfg, log := r.cfg, r.log
-	if err := r.listen(); err != nil {
-		return err
+	if r.front == nil {
+		if err := r.listen(); err != nil {
+			return err
+		}
 	}
 	tracer, err := r.startTracing(ctx)
 	if err != nil {
@@ -164,13 +167,32 @@ func openSource(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, log
 	})
 }
 
-// RunConfig opens a relay from cfg and runs it until ctx is cancelled.
+// RunConfig opens a relay from cfg and runs it until ctx is cancelled. It
+// serves http.listen from the start: while Postgres or the broker cannot be
+// reached it waits, not ready, and tries again (see openWhenReachable).
 func RunConfig(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
-	r, err := Open(ctx, cfg, log)
+	f := newFront()
+	ln, err := listen(cfg)
 	if err != nil {
 		return err
 	}
+	if ln != nil {
+		sctx, stop := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- serve(sctx, ln, f) }()
+		defer func() {
+			stop()
+			if err := <-done; err != nil {
+				log.Error("http server", "err", err)
+			}
+		}()
+	}
+	r, err := openWhenReachable(ctx, cfg, log, f)
+	if r == nil {
+		return err
+	}
 	defer r.Close()
+	f.set(r.handler())
 	log.Info("relay running", "capture", cfg.Capture.Mode, "sink", cfg.Sink.Type,
 		"table", cfg.Outbox.Table, "postgres", redact.String(cfg.Postgres.URL))
 	if err := r.Run(ctx); err != nil {
@@ -230,16 +252,24 @@ func (r *Relay) pruneOnce(ctx context.Context, stmt string) (int64, error) {
 
 // listen opens http.listen, so a taken address fails before the relay runs.
 func (r *Relay) listen() error {
-	if r.cfg.HTTP.Listen == "" {
-		return nil
+	ln, err := listen(r.cfg)
+	if ln != nil {
+		r.ln = ln
+		r.closers = append(r.closers, func() { ln.Close() })
 	}
-	ln, err := net.Listen("tcp", r.cfg.HTTP.Listen)
+	return err
+}
+
+// listen opens cfg's http.listen; it returns nil without one.
+func listen(cfg *config.Config) (net.Listener, error) {
+	if cfg.HTTP.Listen == "" {
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
 	if err != nil {
-		return fmt.Errorf("http.listen %s: %w", r.cfg.HTTP.Listen, err)
+		return nil, fmt.Errorf("http.listen %s: %w", cfg.HTTP.Listen, err)
 	}
-	r.ln = ln
-	r.closers = append(r.closers, func() { ln.Close() })
-	return nil
+	return ln, nil
 }
 
 // The HTTP listener's timeouts. A client has httpReadHeaderTimeout to send
@@ -256,10 +286,16 @@ const (
 
 // serveHTTP serves /healthz, /readyz and /metrics until ctx is cancelled.
 func (r *Relay) serveHTTP(ctx context.Context) error {
-	srv := &http.Server{Handler: r.handler(), ReadHeaderTimeout: httpReadHeaderTimeout, ReadTimeout: httpReadTimeout,
+	return serve(ctx, r.ln, r.handler())
+}
+
+// serve serves h on ln until ctx is cancelled, then shuts down within 2s;
+// it closes ln.
+func serve(ctx context.Context, ln net.Listener, h http.Handler) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: httpReadHeaderTimeout, ReadTimeout: httpReadTimeout,
 		WriteTimeout: httpWriteTimeout, IdleTimeout: httpIdleTimeout}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(r.ln) }()
+	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("http server: %w", err)
