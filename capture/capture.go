@@ -5,6 +5,7 @@ package capture
 
 import (
 	"context"
+	"errors"
 
 	"github.com/outboxrelay/relay/event"
 )
@@ -53,3 +54,8 @@ type DeadEvent struct {
 	// FirstFailed and LastFailed are Unix nanoseconds.
 	FirstFailed, LastFailed int64
 }
+
+// ErrArchive marks a Next error that says the source stopped because a
+// batch's archive failed (wal mode ends its stream then): the failure is
+// the archive's, which the batch's Complete also returned.
+var ErrArchive = errors.New("archive failed")

@@ -215,15 +215,25 @@ type completer struct {
 	log *slog.Logger
 	st  *Stats
 	gen *atomic.Uint64 // Pipeline.completed
+	// failing is set while archives fail, so a run of failures is logged
+	// once.
+	failing atomic.Bool
 }
 
 func (c *completer) complete(bs *batchState) {
 	c.wg.Go(func() {
 		defer func() { bs.archive.gen.Store(c.gen.Add(1)) }()
 		if err := bs.batch.Complete(c.ctx, bs.outcome); err != nil {
-			c.log.Warn("archive failed; the batch's events will be captured and published again with the same message_id",
+			lvl := c.log.Debug
+			if !c.failing.Swap(true) {
+				lvl = c.log.Warn
+			}
+			lvl("archive failed; the batch's events will be captured and published again with the same message_id",
 				"err", err, "events", len(bs.batch.Events()))
 			return
+		}
+		if c.failing.Swap(false) {
+			c.log.Info("archiving works again")
 		}
 		c.st.Archived.Add(int64(len(bs.outcome.Published)))
 	})

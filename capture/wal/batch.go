@@ -57,7 +57,7 @@ func (b *batch) Events() []*event.Event { return b.events }
 // captured again.
 func (b *batch) Complete(ctx context.Context, o capture.Outcome) error {
 	if err := b.archive(ctx, o); err != nil {
-		b.st.fail(fmt.Errorf("archive failed: %w", err))
+		b.st.fail(fmt.Errorf("%w: %w", capture.ErrArchive, err))
 		return err
 	}
 	b.st.archived(b)

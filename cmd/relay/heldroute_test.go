@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -79,4 +80,64 @@ func TestRetryAfterPausesOneURL(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	t.Logf("%d events of 19 URLs delivered in %v while one URL was paused for 60s", events-paused, time.Since(start).Round(time.Millisecond))
+}
+
+// TestArchiveFailureBacksOff: a trigger on the outbox raises on DELETE, so
+// every archive fails with an error that is not one of the lasting classes
+// (a missing grant or table). The relay must not republish the events in a
+// loop: it backs off (retry.initial doubling to retry.max), reports not
+// ready (/readyz 503, relay_capture_ready 0), logs the failure once, and
+// archives everything once the trigger is dropped. Both capture modes.
+func TestArchiveFailureBacksOff(t *testing.T) {
+	for _, mode := range []string{"poll", "wal"} {
+		t.Run(mode, func(t *testing.T) {
+			addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+			s := newStack(t, stackOptions{Mode: mode, Extra: "retry:\n  initial: 100ms\n  max: 1s\nhttp:\n  listen: " + addr + "\n"})
+			ctx := context.Background()
+			for _, stmt := range []string{
+				`CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'archiving refused by a trigger'; END$$`,
+				`CREATE TRIGGER refuse_delete BEFORE DELETE ON outbox FOR EACH ROW EXECUTE FUNCTION refuse_delete()`,
+			} {
+				if _, err := s.pool.Exec(ctx, stmt); err != nil {
+					t.Fatalf("%s: %v", stmt, err)
+				}
+			}
+			const events = 10
+			s.produce(ctx, events, 2, 1)
+			relay := s.start()
+			waitFor(t, func() bool { return s.wire.Deliveries() >= events })
+			waitFor(t, func() bool {
+				return readyz(addr) == http.StatusServiceUnavailable && strings.Contains(scrape(t, addr), "\nrelay_capture_ready 0\n")
+			})
+			// With backoff capped at 1s, 5 seconds hold a handful of
+			// republish rounds of the 10 events; a loop without backoff
+			// republishes them hundreds of times.
+			before := s.wire.Deliveries()
+			time.Sleep(5 * time.Second)
+			if n := s.wire.Deliveries() - before; n > 20*events {
+				t.Errorf("%d deliveries of %d events in 5s while every archive failed: republished in a loop", n, events)
+			}
+			if _, err := s.pool.Exec(ctx, `DROP TRIGGER refuse_delete ON outbox`); err != nil {
+				t.Fatal(err)
+			}
+			s.waitDrained(60 * time.Second)
+			waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
+			if code := relay.stop(t, 15*time.Second); code != 0 {
+				t.Fatalf("exit %d", code)
+			}
+			logs := relay.logs.String()
+			for _, line := range []string{"archiving fails", "archive failed; the batch's events"} {
+				if n := strings.Count(logs, line); n != 1 {
+					t.Errorf("%d log lines %q, want 1", n, line)
+				}
+			}
+			if strings.Contains(logs, "capture failed, retrying") {
+				t.Error("the failed archive was logged again as a capture failure")
+			}
+			if t.Failed() {
+				t.Logf("relay log:\n%s", logs)
+			}
+			t.Logf("%s: %d deliveries of %d events while archives failed and after", mode, s.wire.Deliveries(), events)
+		})
+	}
 }

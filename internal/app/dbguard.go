@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -16,16 +17,20 @@ import (
 	"github.com/outboxrelay/relay/internal/wait"
 )
 
-// dbGuard wraps the capture source to handle database failures that will
-// not pass by themselves (pgerr.Lasting: a missing grant, table or column),
-// whether a claim or a batch's archive or dead-letter insert failed. It logs
-// one line naming the object and the statement that fixes it, reports not
-// ready, lets at most one capture through per backoff (initial doubling to
-// max), so an archive that keeps failing does not republish the same
-// events in a loop, and after fatalAfter of failing makes Next return a
-// permanent error, which stops the relay with exit status 1. A successful
-// claim or archive ends the failure. Next is called from one goroutine;
-// batches complete on others.
+// dbGuard wraps the capture source to handle database failures that do
+// not pass by retrying at once: a failure that will not pass by itself
+// (pgerr.Lasting: a missing grant, table or column), whether a claim or a
+// batch's archive or dead-letter insert failed, and any other failed
+// archive (a trigger that raises, a constraint of the dead-letter table, a
+// row lock past the archive's timeout). It logs one line when such a
+// failure begins (for a lasting one naming the object and the statement
+// that fixes it), reports not ready, and lets at most one capture through
+// per backoff (initial doubling to max), so an archive that keeps failing
+// does not republish the same events in a loop. After fatalAfter of a
+// lasting failure Next returns a permanent error, which stops the relay
+// with exit status 1; other archive failures are retried as long as they
+// last. A successful claim ends a claim's failure, a successful archive any
+// failure. Next is called from one goroutine; batches complete on others.
 type dbGuard struct {
 	capture.Source
 	log          *slog.Logger
@@ -36,14 +41,16 @@ type dbGuard struct {
 	fatalAfter   time.Duration
 
 	mu       sync.Mutex
-	failure  error     // the lasting failure, nil when none
+	failure  error     // the failure in progress, nil when none
 	archive  bool      // failure came from an archive, which only an archive ends
 	since    time.Time // when failure began
+	lasting  time.Time // when its first lasting error came; zero: none yet
 	failures int       // failures since then, for the backoff
 }
 
-// Next waits out the backoff while a lasting failure persists, then
-// captures; it gives up with a permanent error after fatalAfter.
+// Next waits out the backoff while a failure persists, then captures; it
+// gives up with a permanent error once a lasting failure has lasted
+// fatalAfter.
 func (g *dbGuard) Next(ctx context.Context) (capture.Batch, error) {
 	for {
 		if err := g.hold(ctx); err != nil {
@@ -51,6 +58,8 @@ func (g *dbGuard) Next(ctx context.Context) (capture.Batch, error) {
 		}
 		b, err := g.Source.Next(ctx)
 		switch {
+		case err != nil && errors.Is(err, capture.ErrArchive):
+			g.fail(err, true) // the batch's Complete reports it too
 		case err != nil && pgerr.Lasting(err):
 			g.fail(err, false)
 		case err != nil:
@@ -63,38 +72,50 @@ func (g *dbGuard) Next(ctx context.Context) (capture.Batch, error) {
 }
 
 // hold sleeps the backoff of a persisting failure, or returns the
-// permanent error once fatalAfter has passed.
+// permanent error once a lasting one has lasted fatalAfter.
 func (g *dbGuard) hold(ctx context.Context) error {
 	g.mu.Lock()
-	err, since, n := g.failure, g.since, g.failures
+	err, lasting, n := g.failure, g.lasting, g.failures
 	g.mu.Unlock()
 	if err == nil {
 		return nil
 	}
-	left := g.fatalAfter - time.Since(since)
-	if left <= 0 {
-		return fault.AsPermanent(fmt.Errorf("database failure for %s (postgres.fatal_after); fix: %s: %w",
-			g.fatalAfter, g.fix(err), err))
+	delay := min(g.initial<<min(n-1, 20), g.max)
+	if !lasting.IsZero() {
+		left := g.fatalAfter - time.Since(lasting)
+		if left <= 0 {
+			return fault.AsPermanent(fmt.Errorf("database failure for %s (postgres.fatal_after); fix: %s: %w",
+				g.fatalAfter, g.fix(err), err))
+		}
+		delay = min(delay, left)
 	}
-	delay := g.initial << min(n-1, 20)
-	return wait.Sleep(ctx, min(delay, g.max, left))
+	return wait.Sleep(ctx, delay)
 }
 
-// fail records a lasting failure of a claim or, with archive, of an
-// archive, logging it when it begins.
+// fail records a failure of a claim or, with archive, of an archive,
+// logging it when it begins and when its first lasting error comes.
 func (g *dbGuard) fail(err error, archive bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	now := time.Now()
 	g.failures++
 	g.archive = g.archive || archive
-	if g.failure != nil {
-		g.failure = err
-		g.log.Debug("database failure persists", "err", err)
-		return
+	begins := g.failure == nil
+	if begins {
+		g.since = now
 	}
-	g.failure, g.since = err, time.Now()
-	g.log.Error("the database refuses the relay's statements; this will not pass by itself",
-		"err", err, "fix", g.fix(err), "exit_in", g.fatalAfter)
+	g.failure = err
+	switch {
+	case pgerr.Lasting(err) && g.lasting.IsZero():
+		g.lasting = now
+		g.log.Error("the database refuses the relay's statements; this will not pass by itself",
+			"err", err, "fix", g.fix(err), "exit_in", g.fatalAfter)
+	case begins:
+		g.log.Warn("archiving fails; the batch's events stay in the outbox and are published again with the same message_id, with backoff until an archive works",
+			"err", err)
+	default:
+		g.log.Debug("database failure persists", "err", err)
+	}
 }
 
 // recover ends a failure after a successful archive, or a claim failure
@@ -106,10 +127,10 @@ func (g *dbGuard) recover(archive bool) {
 		return
 	}
 	g.log.Info("database failure resolved", "after", time.Since(g.since).Round(time.Millisecond))
-	g.failure, g.archive, g.failures = nil, false, 0
+	g.failure, g.archive, g.lasting, g.failures = nil, false, time.Time{}, 0
 }
 
-// failing returns the lasting failure in progress, or nil.
+// failing returns the failure in progress, or nil.
 func (g *dbGuard) failing() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -164,8 +185,8 @@ func (g *dbGuard) tableGrant(name string) string {
 	return ""
 }
 
-// guardedBatch reports its archive's lasting failures and successes to the
-// guard.
+// guardedBatch reports its archive's failures and successes to the guard,
+// but not a failure because ctx ended (the relay stops).
 type guardedBatch struct {
 	capture.Batch
 	g *dbGuard
@@ -176,7 +197,7 @@ func (b *guardedBatch) Complete(ctx context.Context, o capture.Outcome) error {
 	switch {
 	case err == nil:
 		b.g.recover(true)
-	case pgerr.Lasting(err):
+	case ctx.Err() == nil:
 		b.g.fail(err, true)
 	}
 	return err
