@@ -264,7 +264,7 @@ func (b *batch) scanAll(rows pgx.Rows, contentType string) error {
 	var (
 		id, aggType, aggID, evType, order *string
 		payload, headers                  []byte
-		created                           *time.Time
+		created                           pgtype.Timestamptz // an infinite created_at is a zero time, as in scan
 		seq                               int64
 	)
 	dst := []any{&id, &aggType, &aggID, &evType, &payload, &headers, &created, &seq, &order}
@@ -275,7 +275,11 @@ func (b *batch) scanAll(rows pgx.Rows, contentType string) error {
 	if order != nil {
 		ev.OrderKey = *order
 	}
-	err := fill(ev, id, aggType, aggID, evType, headers, created)
+	var at *time.Time
+	if created.Valid {
+		at = &created.Time
+	}
+	err := fill(ev, id, aggType, aggID, evType, headers, at)
 	if err == nil && payload == nil {
 		err = fmt.Errorf("payload is NULL")
 	}
