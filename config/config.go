@@ -37,6 +37,19 @@ type Postgres struct {
 	// leases in poll mode; replication and the leader lock in wal mode).
 	// Default 8; at least 2.
 	MaxConns int `yaml:"max_conns"`
+	// AWSIAMAuth signs in to RDS or Aurora with IAM instead of a password.
+	AWSIAMAuth AWSIAMAuth `yaml:"aws_iam_auth"`
+}
+
+// AWSIAMAuth configures RDS/Aurora IAM database authentication: every
+// connection the relay opens gets a fresh token (valid 15 minutes) signed
+// with the AWS SDK's default credential chain (environment, shared files,
+// web identity, ECS and EC2 roles) for postgres.url's first host and port
+// and user.
+type AWSIAMAuth struct {
+	// Region is the database's AWS region. Setting it turns IAM
+	// authentication on; postgres.url must then carry no password.
+	Region string `yaml:"region"`
 }
 
 // Outbox names the outbox table and its columns.

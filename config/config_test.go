@@ -313,7 +313,7 @@ func TestLoadErrors(t *testing.T) {
 func TestErrorsAreJoined(t *testing.T) {
 	yaml := "postgres:\n  uri: x\ncapture:\n  mode: poll\n  poll:\n    interval: soon\n"
 	_, err := parse("config.yaml", []byte(yaml), env(nil))
-	want := "config.yaml:2: postgres.uri: unknown key (expected one of url, fatal_after, max_conns)\n" +
+	want := "config.yaml:2: postgres.uri: unknown key (expected one of url, fatal_after, max_conns, aws_iam_auth)\n" +
 		`config.yaml:6: capture.poll.interval: invalid duration "soon" (use Go durations like 250ms or 10s)`
 	if err == nil || err.Error() != want {
 		t.Errorf("decode errors: got\n%v\nwant\n%s", err, want)

@@ -75,6 +75,7 @@ func orDefault[T comparable](v *T, def T) {
 // already rejected while decoding, and zero ones replaced by defaults.
 func (l *loader) validate(c *Config) {
 	l.required("postgres.url", c.Postgres.URL, "")
+	l.checkIAMAuth(c.Postgres)
 	if c.Postgres.FatalAfter.D() < time.Second {
 		l.invalid("postgres.fatal_after", "must be at least 1s, got %s", c.Postgres.FatalAfter.D())
 	}
@@ -513,3 +514,33 @@ func orList(words []string) string {
 	}
 	return strings.Join(words[:len(words)-1], ", ") + " or " + words[len(words)-1]
 }
+
+// checkIAMAuth checks postgres.aws_iam_auth: a region made of letters,
+// digits and dashes, and no password in postgres.url beside it.
+func (l *loader) checkIAMAuth(p Postgres) {
+	region := p.AWSIAMAuth.Region
+	if region == "" {
+		return
+	}
+	if !awsRegion.MatchString(region) {
+		l.invalid("postgres.aws_iam_auth.region", "must be an AWS region such as eu-west-1, got %q", region)
+	}
+	if urlPassword(p.URL) {
+		l.invalid("postgres.aws_iam_auth.region", "IAM authentication signs a token for every connection: remove the password from postgres.url")
+	}
+}
+
+// urlPassword reports whether a libpq URL or key=value string names a
+// password.
+func urlPassword(s string) bool {
+	if u, err := url.Parse(s); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		_, set := u.User.Password()
+		return set || u.Query().Has("password")
+	}
+	return kvPassword.MatchString(s)
+}
+
+var kvPassword = regexp.MustCompile(`(^|\s)password\s*=`)
+
+// awsRegion matches an AWS region name.
+var awsRegion = regexp.MustCompile(`^[a-z]{2}(-[a-z]+)+-[0-9]+$`)

@@ -88,22 +88,40 @@ func (b connBudget) String() string {
 // can tell them apart in pg_stat_activity.
 const applicationName = "outbox-relay"
 
-// connect opens a pool to postgres.url and checks it answers. Errors name
-// the database with its password redacted.
-func connect(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
-	pcfg, err := pgxpool.ParseConfig(url)
+// pgConfig parses postgres.url into a pool config of at most maxConns
+// connections named applicationName that, with postgres.aws_iam_auth, sign
+// in with IAM tokens. Errors name the database with its password redacted.
+func pgConfig(ctx context.Context, pg config.Postgres, maxConns int32) (*pgxpool.Config, error) {
+	pcfg, err := pgxpool.ParseConfig(pg.URL)
 	if err != nil {
-		return nil, &UsageError{Err: fmt.Errorf("postgres.url %s: cannot parse", redact.String(url))}
+		return nil, &UsageError{Err: fmt.Errorf("postgres.url %s: cannot parse", redact.String(pg.URL))}
 	}
 	pcfg.MaxConns = maxConns
 	pcfg.ConnConfig.RuntimeParams["application_name"] = applicationName
+	if region := pg.AWSIAMAuth.Region; region != "" {
+		tokens, err := newTokenSource(ctx, region)
+		if err != nil {
+			return nil, err
+		}
+		useIAMAuth(&pcfg.ConnConfig.Config, tokens)
+	}
+	return pcfg, nil
+}
+
+// connect opens a pool to postgres.url and checks it answers. Errors name
+// the database with its password redacted.
+func connect(ctx context.Context, pg config.Postgres, maxConns int32) (*pgxpool.Pool, error) {
+	pcfg, err := pgConfig(ctx, pg, maxConns)
+	if err != nil {
+		return nil, err
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, fmt.Errorf("connect to postgres %s: %w", redact.String(url), err)
+		return nil, fmt.Errorf("connect to postgres %s: %w", redact.String(pg.URL), err)
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("connect to postgres %s: %w", redact.String(url), err)
+		return nil, fmt.Errorf("connect to postgres %s: %w", redact.String(pg.URL), err)
 	}
 	return pool, nil
 }

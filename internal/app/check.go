@@ -41,7 +41,7 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logge
 		fmt.Fprintf(w, "FAIL  %s: %v\n      fix: %s\n", what, err, fix)
 	}
 	l := layoutOf(cfg)
-	pool, err := connect(ctx, cfg.Postgres.URL, 2)
+	pool, err := connect(ctx, cfg.Postgres, 2)
 	report("postgres "+redact.String(cfg.Postgres.URL), err, "check postgres.url, that the server runs and accepts this user")
 	if err == nil {
 		report("postgres connections: relay run opens "+conns.String(), serverRoom(ctx, pool, conns.total),

@@ -28,7 +28,7 @@ const (
 // w. list prints at most limit rows as a table.
 func DLQ(ctx context.Context, cfg *config.Config, action DLQAction, f schema.DeadLetterFilter, limit int, w io.Writer) error {
 	l := layoutOf(cfg)
-	pool, err := connect(ctx, cfg.Postgres.URL, 2)
+	pool, err := connect(ctx, cfg.Postgres, 2)
 	if err != nil {
 		return err
 	}

@@ -53,7 +53,7 @@ func Init(ctx context.Context, cfg *config.Config, opts InitOptions, w io.Writer
 	if opts.DryRun {
 		return initDryRun(ctx, cfg, l, opts.Role, w)
 	}
-	pool, err := connect(ctx, cfg.Postgres.URL, 1)
+	pool, err := connect(ctx, cfg.Postgres, 1)
 	if err != nil {
 		return err
 	}
@@ -144,7 +144,11 @@ func initDryRun(ctx context.Context, cfg *config.Config, l schema.Layout, role s
 func existingSequence(ctx context.Context, cfg *config.Config, l schema.Layout) string {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, cfg.Postgres.URL)
+	pcfg, err := pgConfig(ctx, cfg.Postgres, 1)
+	if err != nil {
+		return ""
+	}
+	conn, err := pgx.ConnectConfig(ctx, pcfg.ConnConfig)
 	if err != nil {
 		return ""
 	}

@@ -72,7 +72,7 @@ func (r *Relay) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	pool, err := connect(ctx, cfg.Postgres.URL, int32(conns.pooled))
+	pool, err := connect(ctx, cfg.Postgres, int32(conns.pooled))
 	if err != nil {
 		return err
 	}

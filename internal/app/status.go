@@ -126,7 +126,7 @@ func Status(ctx context.Context, cfg *config.Config, opts StatusOptions, w io.Wr
 	}
 	rep := &statusReport{Mode: cfg.Capture.Mode, Problems: []string{}, Warnings: []string{}, Relays: []relayStatus{},
 		DeadLetters: []deadLetterStatus{}}
-	pool, err := connect(ctx, cfg.Postgres.URL, 1)
+	pool, err := connect(ctx, cfg.Postgres, 1)
 	if err != nil {
 		return err
 	}
