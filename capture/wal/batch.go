@@ -272,6 +272,7 @@ func (b *batch) values(ev *event.Event, seq int64) [numFields]*string {
 // queries are the archive statements, built once with quoted identifiers.
 type queries struct {
 	archive, dropDead, deadLetter, copyDead string
+	unarchived                              string // see unarchivedQuery
 }
 
 // buildQueries builds the archive statements for archive mode mode; values
@@ -291,8 +292,9 @@ func buildQueries(l schema.Layout, mode string, info schema.Info) queries {
 		sel = append(sel, fmt.Sprintf("d.c%d::%s", k, info.Types[c]))
 	}
 	return queries{
-		archive:  l.ArchiveByKey(mode, l.Cols.ID, idType),
-		dropDead: l.ArchiveByKey(schema.ArchiveDelete, l.Cols.ID, idType),
+		archive:    l.ArchiveByKey(mode, l.Cols.ID, idType),
+		dropDead:   l.ArchiveByKey(schema.ArchiveDelete, l.Cols.ID, idType),
+		unarchived: unarchivedQuery(l, mode, idType),
 		deadLetter: fmt.Sprintf(`INSERT INTO %s (%s, error, error_class, attempts, first_failed_at, last_failed_at)
 			SELECT %s, d.error, d.class, d.attempts, d.first_failed, d.last_failed
 			FROM unnest(%s, $%d::text[], $%d::text[], $%d::int[], $%d::timestamptz[], $%d::timestamptz[])

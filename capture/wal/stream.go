@@ -37,6 +37,7 @@ type stream struct {
 	err      error
 	stop     context.CancelCauseFunc // ends run, e.g. after a failed archive
 	sent     pglogrepl.LSN           // the position of the last status update; run's only
+	replayTo pglogrepl.LSN           // the server's WAL position when the stream started; see replay.go
 	deadline time.Time               // the socket's read deadline; run's only
 
 	mu              sync.Mutex
@@ -61,9 +62,10 @@ const maxUnarchivedBatches = 24
 // not yet archived, so large payloads do not hold hundreds of MB.
 const maxUnarchivedBytes = 24 << 20
 
-func newStream(src *Source, conn *pgconn.PgConn, start pglogrepl.LSN, every time.Duration) *stream {
+func newStream(src *Source, conn *pgconn.PgConn, start, replayTo pglogrepl.LSN, every time.Duration) *stream {
 	st := &stream{src: src, conn: conn, dec: newDecoder(src.opts.Layout), every: every, log: src.log,
-		ready: make(chan struct{}, 1), taken: make(chan struct{}, 1), done: make(chan struct{}), flushed: start}
+		ready: make(chan struct{}, 1), taken: make(chan struct{}, 1), done: make(chan struct{}), flushed: start,
+		replayTo: replayTo}
 	st.open = st.newBatch()
 	return st
 }
@@ -86,11 +88,23 @@ func (st *stream) newBatch() *batch {
 // after a pause goes at once; full batches never wait.
 const batchLinger = time.Millisecond
 
-// next returns the next batch of the stream, waiting for one. It fails
-// when the stream ended.
+// next returns the next batch of the stream, waiting for one, without the
+// replayed events an earlier run archived (see replay.go). It fails when
+// the stream ended; a failed look-up ends the stream.
 func (st *stream) next(ctx context.Context) (capture.Batch, error) {
 	for {
 		b, linger := st.take()
+		if b != nil && st.replayed(b) {
+			left, err := st.dropArchived(ctx, b)
+			if err != nil {
+				st.fail(err)
+				return nil, err
+			}
+			if !left {
+				st.archived(b)
+				continue
+			}
+		}
 		if b != nil {
 			return b, nil
 		}

@@ -188,29 +188,45 @@ func TestConfirmedNeverPassesUnarchived(t *testing.T) {
 }
 
 // TestRestartRedeliversUnconfirmedTail stops a source with some batches
-// unarchived: a new one streams exactly those again, with the same ids.
+// unarchived, one of them after an archived batch: a new one streams again,
+// with the same ids, exactly the unarchived events of the unconfirmed tail,
+// in every archive mode. The archived batch is replayed from the slot but
+// dropped, not delivered again.
 func TestRestartRedeliversUnconfirmedTail(t *testing.T) {
-	pool := setup(t, layout)
-	o := options(t, pool, layout, 2)
-	src := newStreaming(t, o)
-	var want []string
-	for i := range 10 {
-		want = append(want, insert(t, pool, "a", i))
-	}
-	bs := collect(t, src, 10, 10*time.Second)
-	tail := want[len(bs[0].Events())+len(bs[1].Events()):] // Events is empty once archived
-	complete(t, bs[0])
-	complete(t, bs[1])
-	complete(t, bs[3]) // archived, but after an unarchived batch
-	src.Close()
-	o.Logger = testLog(t)
-	again := newSource(t, o)
-	got := ids(events(collect(t, again, len(tail), 10*time.Second)))
-	if fmt.Sprint(got) != fmt.Sprint(tail) {
-		t.Fatalf("redelivered %v, want the unconfirmed tail %v", got, tail)
-	}
-	if b := next(t, again, 500*time.Millisecond); b != nil {
-		t.Fatalf("more redelivered: %v", ids(b.Events()))
+	for _, mode := range []string{schema.ArchiveDelete, schema.ArchiveMark, schema.ArchiveMove} {
+		t.Run(mode, func(t *testing.T) {
+			pool := setup(t, layout)
+			for _, stmt := range layout.ArchiveDDL(mode, nil) {
+				mustExec(t, pool, stmt)
+			}
+			o := options(t, pool, layout, 2)
+			o.ArchiveMode = mode
+			src := newStreaming(t, o)
+			var want []string
+			for i := range 10 {
+				want = append(want, insert(t, pool, "a", i))
+			}
+			bs := collect(t, src, 10, 10*time.Second)
+			head := len(bs[0].Events()) + len(bs[1].Events()) // Events is empty once archived
+			archived := ids(bs[3].Events())
+			tail := slices.DeleteFunc(slices.Clone(want[head:]), func(id string) bool { return slices.Contains(archived, id) })
+			complete(t, bs[0])
+			complete(t, bs[1])
+			complete(t, bs[3]) // archived, but after an unarchived batch
+			src.Close()
+			o.Logger = testLog(t)
+			again := newSource(t, o)
+			got := ids(events(collect(t, again, len(tail), 10*time.Second)))
+			if fmt.Sprint(got) != fmt.Sprint(tail) {
+				t.Fatalf("redelivered %v, want the unconfirmed tail without the archived batch %v: %v", got, archived, tail)
+			}
+			if b := next(t, again, 500*time.Millisecond); b != nil {
+				t.Fatalf("more redelivered: %v", ids(b.Events()))
+			}
+			if skipped, resent := again.Replayed(); skipped != int64(len(archived)) || resent != int64(len(tail)) {
+				t.Fatalf("Replayed() = %d skipped, %d resent; want %d, %d", skipped, resent, len(archived), len(tail))
+			}
+		})
 	}
 }
 

@@ -152,6 +152,8 @@ type Source struct {
 	// recreated counts slot recreations by reason; its counters are
 	// atomic.
 	recreated map[string]*atomic.Int64
+	// skipped and resent count replayed events, see Replayed.
+	skipped, resent atomic.Int64
 
 	drainedMu sync.Mutex
 	unsettled map[*drained]bool // drained batches not completed or abandoned
@@ -426,6 +428,10 @@ func (s *Source) openStream(ctx, term context.Context, start pglogrepl.LSN) (*st
 		return nil, permanentIfDenied(fmt.Errorf("open replication connection: %w", err))
 	}
 	every, err := statusEvery(ctx, conn, s.opts.StatusInterval)
+	var replayTo pglogrepl.LSN
+	if err == nil {
+		replayTo, err = currentLSN(ctx, s.opts.Pool)
+	}
 	if err == nil {
 		err = pglogrepl.StartReplication(ctx, conn, s.opts.Slot, start, pglogrepl.StartReplicationOptions{
 			PluginArgs: []string{"proto_version '1'", "publication_names " + quoteLiteral(schema.Q(s.opts.Publication))}})
@@ -437,7 +443,7 @@ func (s *Source) openStream(ctx, term context.Context, start pglogrepl.LSN) (*st
 		}
 		return nil, permanentIfDenied(fmt.Errorf("start replication from slot %s: %w", s.opts.Slot, err))
 	}
-	st := newStream(s, conn, start, every)
+	st := newStream(s, conn, start, replayTo, every)
 	sctx, stop := context.WithCancelCause(term)
 	st.stop = stop
 	s.cur.Store(st)
