@@ -217,6 +217,10 @@ type Kafka struct {
 	TLS TLS `yaml:"tls"`
 	// SASL configures authentication to the brokers.
 	SASL KafkaSASL `yaml:"sasl"`
+	// Transactional produces in Kafka transactions, so that consumers
+	// reading with isolation.level=read_committed see each event once,
+	// through crashes of the relay. Default false.
+	Transactional bool `yaml:"transactional"`
 }
 
 // TLS configures TLS to a broker (sink.kafka.tls, sink.nats.tls).

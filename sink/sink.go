@@ -106,3 +106,20 @@ const Broker = "(broker)"
 // ErrNoProbe is returned by Probe for a destination the sink cannot check
 // without publishing.
 var ErrNoProbe = errors.New("no probe for this destination")
+
+// Recorder is implemented by sinks that record in the broker, atomically
+// with what they publish, which events they published (Kafka with
+// transactions). A relay asks it which captured events an earlier run
+// already published, archives those without publishing them again, and
+// tells it which rows left the outbox.
+type Recorder interface {
+	// Recover fences earlier relays publishing for this one and reads
+	// what they recorded. It is called once by the relay about to
+	// publish, before its first Publish, and retries until ctx ends.
+	Recover(ctx context.Context) error
+	// Recorded reports, for each of ids, whether its event was published
+	// and its row not reported archived since.
+	Recorded(ids []string) []bool
+	// Archived reports that the rows of ids left the outbox.
+	Archived(ids []string)
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/pipeline"
+	"github.com/outboxrelay/relay/sink"
 )
 
 // Relay is a configured, connected relay ready to Run.
@@ -99,7 +100,7 @@ func (r *Relay) open(ctx context.Context) error {
 	batch, window := limitRate(snk, cfg.Sink.RateLimit, r.reg, log, batch)
 	r.backlog = newBacklogAge(layoutOf(cfg), cfg.Archive.Mode)
 	r.dlq = newDeadLetterCount(layoutOf(cfg))
-	r.guard = &dbGuard{Source: tracedSource(tracer, src, cfg), log: log, layout: layoutOf(cfg), cfg: cfg,
+	r.guard = &dbGuard{Source: tracedSource(tracer, recorded(src, snk, cfg), cfg), log: log, layout: layoutOf(cfg), cfg: cfg,
 		role: pool.Config().ConnConfig.User, initial: cfg.Retry.Initial.D(), max: cfg.Retry.Max.D(),
 		fatalAfter: cfg.Postgres.FatalAfter.D()}
 	r.pipeline = pipeline.New(r.guard, tracedSink(tracer, snk, cfg.Sink), pipeline.Options{
@@ -150,6 +151,15 @@ func (r *Relay) Close() {
 	for i := len(r.closers) - 1; i >= 0; i-- {
 		r.closers[i]()
 	}
+}
+
+// recorded wraps src in a recordedSource when the sink records what it
+// published (sink.kafka.transactional).
+func recorded(src capture.Source, snk *brokerSink, cfg *config.Config) capture.Source {
+	if r, ok := snk.routedSink.(sink.Recorder); ok && cfg.Sink.Type == "kafka" && cfg.Sink.Kafka.Transactional {
+		return &recordedSource{Source: src, rec: r}
+	}
+	return src
 }
 
 // openSource builds the capture source capture.mode selects.

@@ -56,7 +56,7 @@ func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window 
 		return nil, err
 	}
 	drops := sink.NewHeaderDrops(log)
-	snk, err := openBroker(ctx, cfg.Sink, log, window, env, drops)
+	snk, err := openBroker(ctx, cfg.Sink, log, window, env, drops, transactionalID(cfg))
 	if err != nil {
 		return nil, err
 	}
@@ -65,8 +65,8 @@ func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window 
 }
 
 // openBroker connects the sink c.Type selects, counting the row headers it
-// drops in drops.
-func openBroker(ctx context.Context, c config.Sink, log *slog.Logger, window int, env *envelope.CloudEvents, drops *sink.HeaderDrops) (*brokerSink, error) {
+// drops in drops; txnID is Kafka's transactional id (transactionalID).
+func openBroker(ctx context.Context, c config.Sink, log *slog.Logger, window int, env *envelope.CloudEvents, drops *sink.HeaderDrops, txnID string) (*brokerSink, error) {
 	switch c.Type {
 	case "nats":
 		s, err := natssink.New(ctx, natsConfig(c.NATS), natssink.Options{Logger: log, Envelope: env, HeaderDrops: drops})
@@ -78,7 +78,9 @@ func openBroker(ctx context.Context, c config.Sink, log *slog.Logger, window int
 				return "nats: stream " + c.NATS.Stream + " ready", s.EnsureStream(ctx)
 			}}, nil
 	case "kafka":
-		s, err := kafkasink.New(ctx, kafkaConfig(c.Kafka), kafkasink.Options{Logger: log, MaxBufferedRecords: window, Envelope: env, HeaderDrops: drops})
+		kc := kafkaConfig(c.Kafka)
+		kc.TransactionalID = txnID
+		s, err := kafkasink.New(ctx, kc, kafkasink.Options{Logger: log, MaxBufferedRecords: window, Envelope: env, HeaderDrops: drops})
 		if err != nil {
 			return nil, err
 		}
@@ -138,8 +140,25 @@ func kafkaConfig(c config.Kafka) kafkasink.Config {
 			Enabled: c.TLS.Enabled, CAFile: c.TLS.CAFile, CertFile: c.TLS.CertFile, KeyFile: c.TLS.KeyFile,
 			InsecureSkipVerify: c.TLS.InsecureSkipVerify,
 		},
-		SASL: kafkasink.SASL{Mechanism: c.SASL.Mechanism, Username: c.SASL.Username, Password: c.SASL.Password},
+		SASL:          kafkasink.SASL{Mechanism: c.SASL.Mechanism, Username: c.SASL.Username, Password: c.SASL.Password},
+		Transactional: c.Transactional,
 	}
+}
+
+// transactionalID is the Kafka transactional id of a relay with
+// sink.kafka.transactional: the client id (default outbox-relay), then
+// the replication slot in wal mode, where one relay of the slot publishes,
+// or the outbox table in poll mode. It stays the same across restarts, so
+// a restarted relay fences the process it replaces.
+func transactionalID(cfg *config.Config) string {
+	id := cfg.Sink.Kafka.ClientID
+	if id == "" {
+		id = "outbox-relay"
+	}
+	if cfg.Capture.Mode == "wal" {
+		return id + "." + cfg.Capture.WAL.Slot
+	}
+	return id + "." + cfg.Outbox.Table
 }
 
 // sqsConfig maps sink.sqs to the SQS sink's settings.

@@ -58,6 +58,14 @@ type Config struct {
 	TLS TLS
 	// SASL configures authentication to the brokers. Default off.
 	SASL SASL
+	// Transactional produces in Kafka transactions under TransactionalID
+	// and records progress in ProgressTopic, so that read_committed
+	// consumers see each event once (see txn.go). Default false.
+	Transactional bool
+	// TransactionalID is the transactional id: one per relay that
+	// publishes, stable across restarts, so that a restarted relay fences
+	// its predecessor. Required when Transactional.
+	TransactionalID string
 }
 
 // TLS configures TLS to the brokers.
@@ -183,6 +191,8 @@ type Sink struct {
 
 	lastErr atomic.Pointer[brokerErr] // the last failed connection attempt
 
+	txn *txns // nil unless cfg.Transactional
+
 	closeOnce sync.Once
 	closed    chan struct{}
 }
@@ -220,6 +230,12 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 		topics: make(map[string]*topicState),
 		closed: make(chan struct{}),
 	}
+	if cfg.Transactional {
+		if cfg.TransactionalID == "" {
+			return nil, errors.New("sink.kafka: transactions need a transactional id")
+		}
+		s.txn = newTxns(s)
+	}
 	kopts, err := s.clientOptions()
 	if err != nil {
 		return nil, err
@@ -239,15 +255,11 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 
 // clientOptions translates the config and options to franz-go's.
 func (s *Sink) clientOptions() ([]kgo.Opt, error) {
-	clientID := s.cfg.ClientID
-	if clientID == "" {
-		clientID = defaultClientID
+	kopts, err := s.connOptions()
+	if err != nil {
+		return nil, err
 	}
-	kopts := []kgo.Opt{
-		kgo.SeedBrokers(s.cfg.Brokers...),
-		kgo.ClientID(clientID),
-		kgo.DialTimeout(connectTimeout),
-		kgo.WithLogger(newLogger(s.opts.Logger)),
+	kopts = append(kopts,
 		kgo.WithHooks(connectHook{s}),
 		// Idempotent writes are franz-go's default; they are spelled out
 		// by never passing DisableIdempotentWrite or
@@ -257,6 +269,25 @@ func (s *Sink) clientOptions() ([]kgo.Opt, error) {
 		kgo.MaxBufferedRecords(s.opts.MaxBufferedRecords),
 		kgo.ProduceRequestTimeout(s.opts.ProduceRequestTimeout),
 		kgo.ProducerBatchMaxBytesFn(s.maxMessageBytes),
+	)
+	if s.cfg.Transactional {
+		kopts = append(kopts, kgo.TransactionalID(s.cfg.TransactionalID))
+	}
+	return kopts, nil
+}
+
+// connOptions are the options of every client of the sink: brokers,
+// client id, TLS and SASL.
+func (s *Sink) connOptions() ([]kgo.Opt, error) {
+	clientID := s.cfg.ClientID
+	if clientID == "" {
+		clientID = defaultClientID
+	}
+	kopts := []kgo.Opt{
+		kgo.SeedBrokers(s.cfg.Brokers...),
+		kgo.ClientID(clientID),
+		kgo.DialTimeout(connectTimeout),
+		kgo.WithLogger(newLogger(s.opts.Logger)),
 	}
 	tc, err := tlsConfig(s.cfg.TLS)
 	if err != nil {

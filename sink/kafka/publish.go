@@ -32,6 +32,7 @@ import (
 // (see docs/design.md, Kafka). Errors are classified by classify.
 // Publish is safe for concurrent use.
 func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, s.opts.AckTimeout)
 	// Cancelling fails the records of this batch that were not sent yet
 	// when Publish gives up, and with them the records queued behind them
@@ -67,6 +68,10 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	keys := make([]string, len(batch))
 	seen := make(map[string]bool) // keys with an earlier event in batch
 	held := make(map[string]bool) // keys whose later events are held back
+	t, err := s.enterTxn()
+	if err != nil {
+		return err
+	}
 	for i, e := range batch {
 		r := record(e, topics[i], s.rows)
 		if env := s.opts.Envelope; env != nil {
@@ -94,20 +99,43 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 			continue
 		}
 		pending++
-		s.cl.Produce(ctx, r, func(_ *kgo.Record, err error) { results <- result{i, err} })
+		if t == nil {
+			s.cl.Produce(ctx, r, func(_ *kgo.Record, err error) { results <- result{i, err} })
+			continue
+		}
+		t.add()
+		s.cl.Produce(ctx, r, func(_ *kgo.Record, err error) { t.ack(e.ID, err); results <- result{i, err} })
+	}
+	if t != nil {
+		s.txn.leave()
 	}
 
 	settled := make([]bool, len(batch))
 	var waitErr error
+	// In a transaction every record is waited for: one given up on could
+	// still be appended and committed, and then be published again.
+	timeout := ctx.Done()
+	if t != nil {
+		timeout = nil
+	}
 	for pending > 0 && waitErr == nil {
 		select {
 		case r := <-results:
 			pending--
 			settled[r.i], errs[r.i] = true, r.err
-		case <-ctx.Done():
+		case <-timeout:
 			waitErr = s.explain(ctx.Err())
 		case <-s.closed:
 			waitErr = errClosed
+		}
+	}
+	if t != nil && slices.Contains(settled, true) {
+		if err := t.wait(parent); err != nil {
+			for i := range batch {
+				if settled[i] && errs[i] == nil {
+					errs[i] = err
+				}
+			}
 		}
 	}
 
@@ -142,6 +170,20 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 		return &sink.BatchError{Errs: errs}
 	}
 	return nil
+}
+
+// enterTxn returns the open transaction, which the caller must leave, or
+// nil when the sink is not transactional.
+func (s *Sink) enterTxn() (*txn, error) {
+	if s.txn == nil {
+		return nil, nil
+	}
+	select {
+	case <-s.txn.started:
+	default:
+		return nil, fault.AsUnavailable(errors.New("kafka transactions not recovered yet"))
+	}
+	return s.txn.enter(), nil
 }
 
 // MaxPerAggregate implements sink.Ordered: within a partition, the
