@@ -31,7 +31,7 @@ import (
 
 // newCluster starts an in-process Kafka cluster of one broker that does
 // not auto-create topics; it is closed when the test ends.
-func newCluster(t *testing.T, opts ...kfake.Opt) *kfake.Cluster {
+func newCluster(t testing.TB, opts ...kfake.Opt) *kfake.Cluster {
 	t.Helper()
 	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1), kfake.DefaultNumPartitions(4)}, opts...)...)
 	if err != nil {

@@ -153,7 +153,13 @@ func (s *Sink) metadata(ctx context.Context, topic string) (int16, error) {
 // create creates topic; another relay creating it first is no error.
 func (s *Sink) create(ctx context.Context, topic string) (bool, error) {
 	partitions, replication := s.creation()
-	resp, err := s.adm.CreateTopic(ctx, partitions, replication, nil, topic)
+	return s.createWith(ctx, topic, partitions, replication, nil)
+}
+
+// createWith creates topic with partitions, replication and configs;
+// another relay creating it first is no error.
+func (s *Sink) createWith(ctx context.Context, topic string, partitions int32, replication int16, configs map[string]*string) (bool, error) {
+	resp, err := s.adm.CreateTopic(ctx, partitions, replication, configs, topic)
 	switch {
 	case errors.Is(err, kerr.TopicAlreadyExists):
 		return false, nil

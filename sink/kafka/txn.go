@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxrelay/relay/fault"
@@ -221,26 +220,12 @@ func (x *txns) recover(ctx context.Context) error {
 	return nil
 }
 
-// EnsureProgressTopic creates the progress topic when it is missing and
-// reports whether it did.
+// EnsureProgressTopic creates the progress topic, compacted with one
+// partition, when it is missing, and reports whether it did.
 func (s *Sink) EnsureProgressTopic(ctx context.Context) (bool, error) {
-	v := "compact"
-	resp, err := s.adm.CreateTopic(ctx, 1, s.creationReplicas(), map[string]*string{"cleanup.policy": &v}, ProgressTopic)
-	switch {
-	case errors.Is(err, kerr.TopicAlreadyExists):
-		return false, nil
-	case err != nil && resp.Topic == "":
-		return false, s.requestError("create topic "+ProgressTopic, err)
-	case err != nil:
-		return false, s.createError(ProgressTopic, err, resp.ErrMessage)
-	}
-	return true, nil
-}
-
-// creationReplicas returns the replication factor of new topics.
-func (s *Sink) creationReplicas() int16 {
-	_, r := s.creation()
-	return r
+	compact := "compact"
+	_, replication := s.creation()
+	return s.createWith(ctx, ProgressTopic, 1, replication, map[string]*string{"cleanup.policy": &compact})
 }
 
 // read commits a marker and calls fn for every progress record of this
