@@ -120,7 +120,7 @@ func TestKafkaErrors(t *testing.T) {
 			"must not be empty (use ${VAR} to read it from the environment)"},
 		{"sasl unknown key", brokers + "    sasl:\n      user: u\n", 10, "sink.kafka.sasl.user", "unknown key (expected one of mechanism, username, password)"},
 		{"unknown kafka key", brokers + "    acks: 1\n", 9, "sink.kafka.acks",
-			"unknown key (expected one of brokers, topic, client_id, partitions, replication_factor, tls, sasl)"},
+			"unknown key (expected one of brokers, topic, client_id, partitions, replication_factor, tls, sasl, transactional)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -78,9 +78,7 @@ func openBroker(ctx context.Context, c config.Sink, log *slog.Logger, window int
 				return "nats: stream " + c.NATS.Stream + " ready", s.EnsureStream(ctx)
 			}}, nil
 	case "kafka":
-		kc := kafkaConfig(c.Kafka)
-		kc.TransactionalID = txnID
-		s, err := kafkasink.New(ctx, kc, kafkasink.Options{Logger: log, MaxBufferedRecords: window, Envelope: env, HeaderDrops: drops})
+		s, err := kafkasink.New(ctx, kafkaConfig(c.Kafka, txnID), kafkasink.Options{Logger: log, MaxBufferedRecords: window, Envelope: env, HeaderDrops: drops})
 		if err != nil {
 			return nil, err
 		}
@@ -131,8 +129,9 @@ func natsConfig(c config.NATS) natssink.Config {
 	}
 }
 
-// kafkaConfig maps sink.kafka to the Kafka sink's settings.
-func kafkaConfig(c config.Kafka) kafkasink.Config {
+// kafkaConfig maps sink.kafka to the Kafka sink's settings, with txnID as
+// the transactional id (see transactionalID).
+func kafkaConfig(c config.Kafka, txnID string) kafkasink.Config {
 	return kafkasink.Config{
 		Brokers: c.Brokers, Topic: c.Topic, ClientID: c.ClientID,
 		Partitions: c.Partitions, ReplicationFactor: c.ReplicationFactor,
@@ -141,7 +140,7 @@ func kafkaConfig(c config.Kafka) kafkasink.Config {
 			InsecureSkipVerify: c.TLS.InsecureSkipVerify,
 		},
 		SASL:          kafkasink.SASL{Mechanism: c.SASL.Mechanism, Username: c.SASL.Username, Password: c.SASL.Password},
-		Transactional: c.Transactional,
+		Transactional: c.Transactional, TransactionalID: txnID,
 	}
 }
 

@@ -24,7 +24,7 @@ func TestSinkConfigsMapEveryKey(t *testing.T) {
 	s.NATS.Storage = "memory"
 	for name, got := range map[string]any{
 		"nats":    natsConfig(s.NATS),
-		"kafka":   kafkaConfig(s.Kafka),
+		"kafka":   kafkaConfig(s.Kafka, "outbox-relay.x"),
 		"sqs":     sqsConfig(s.SQS),
 		"webhook": webhookConfig(s.Webhook),
 	} {
