@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -397,8 +398,8 @@ func (x *txns) end(t *txn) error {
 		return fault.AsUnavailable(errors.New("no record of the transaction was appended"))
 	}
 	slot := int(t.seq % progressSlots)
-	ids := x.carried(slot, t.acked)
-	value, _ := json.Marshal(progress{Run: x.run, Txn: t.seq, IDs: ids})
+	carried := x.carried(slot)
+	value, _ := json.Marshal(progress{Run: x.run, Txn: t.seq, IDs: append(slices.Clip(t.acked), carried...)})
 	rec := &kgo.Record{Topic: ProgressTopic, Key: []byte(x.id + "/" + strconv.Itoa(slot)), Value: value}
 	if err := x.s.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
 		x.abort()
@@ -417,7 +418,7 @@ func (x *txns) end(t *txn) error {
 			return fault.AsUnavailable(fmt.Errorf("transaction aborted: %w", err))
 		}
 	}
-	x.committed(slot, ids)
+	x.committed(slot, t.acked, carried)
 	return nil
 }
 
@@ -458,24 +459,30 @@ func sameTxn(v []byte, p progress) bool {
 	return json.Unmarshal(v, &q) == nil && q.Run == p.Run && q.Txn == p.Txn
 }
 
-// carried returns ids followed by the unarchived ids an earlier
-// transaction recorded in slot.
-func (x *txns) carried(slot int, ids []string) []string {
+// carried returns the unarchived ids an earlier transaction recorded in
+// slot.
+func (x *txns) carried(slot int) []string {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	out := append([]string(nil), ids...)
+	out := make([]string, 0, len(x.slots[slot]))
 	for id := range x.slots[slot] {
 		out = append(out, id)
 	}
 	return out
 }
 
-// committed makes ids the unarchived content of slot.
-func (x *txns) committed(slot int, ids []string) {
+// committed makes acked and those of carried not archived meanwhile the
+// unarchived content of slot.
+func (x *txns) committed(slot int, acked, carried []string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	m := make(map[string]bool, len(ids))
-	for _, id := range ids {
+	m := make(map[string]bool, len(acked)+len(carried))
+	for _, id := range carried {
+		if _, ok := x.where[id]; ok {
+			m[id] = true
+		}
+	}
+	for _, id := range acked {
 		if old, ok := x.where[id]; ok && old != slot {
 			delete(x.slots[old], id)
 		}
