@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"strconv"
 	"testing"
@@ -62,6 +63,8 @@ func TestKillDuringDrain(t *testing.T) {
 
 // killDuringDrain runs TestKillDuringDrain on one stack.
 func killDuringDrain(t *testing.T, opts stackOptions, kills int) {
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	opts.Extra += "http:\n  listen: " + addr + "\n"
 	s := newStack(t, opts)
 	rewriteDSN(t, s.cfgPath, "interval: 50ms", fmt.Sprintf("interval: 50ms\n    batch_size: %d", drainBatch))
 	ctx := context.Background()
@@ -73,6 +76,9 @@ func killDuringDrain(t *testing.T, opts stackOptions, kills int) {
 		relay.kill()
 	}
 	relay := s.start()
+	// The previous relays may have published everything already: the
+	// last one must be up before it is stopped.
+	waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
 	s.waitDrained(120 * time.Second)
 	if code := relay.stop(t, 15*time.Second); code != 0 {
 		t.Fatalf("exit %d", code)

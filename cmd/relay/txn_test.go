@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"testing"
 	"time"
@@ -39,7 +40,9 @@ func TestKafkaTransactionalKillLoop(t *testing.T) {
 				return ds
 			}
 			txn := os.Getenv("RELAY_TEST_NO_TXN") == ""
-			s := newStack(t, stackOptions{Mode: mode, Sink: fmt.Sprintf("%s    transactional: %v\n", yaml, txn), Collect: collect})
+			addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+			s := newStack(t, stackOptions{Mode: mode, Sink: fmt.Sprintf("%s    transactional: %v\n", yaml, txn), Collect: collect,
+				Extra: "http:\n  listen: " + addr + "\n"})
 			ctx := context.Background()
 			kills := 8
 			for range kills {
@@ -49,6 +52,7 @@ func TestKafkaTransactionalKillLoop(t *testing.T) {
 				relay.kill()
 			}
 			relay := s.start()
+			waitFor(t, func() bool { return readyz(addr) == http.StatusOK }) // up before it is stopped
 			s.waitDrained(120 * time.Second)
 			if code := relay.stop(t, 15*time.Second); code != 0 {
 				t.Fatalf("exit %d", code)
