@@ -58,7 +58,7 @@ func (st *stream) replayed(b *batch) bool {
 func (st *stream) dropArchived(ctx context.Context, b *batch) (bool, error) {
 	ids := make([]string, len(b.events))
 	for i, ev := range b.events {
-		ids[i] = ev.ID
+		ids[i] = b.storedID(ev)
 	}
 	found, err := st.lookUp(ctx, ids)
 	if err != nil {
@@ -74,7 +74,7 @@ func (st *stream) dropArchived(ctx context.Context, b *batch) (bool, error) {
 	}
 	kept := 0
 	for i, ev := range b.events {
-		if found[ev.ID] {
+		if found[ids[i]] {
 			b.events[kept], b.seqs[kept] = ev, b.seqs[i]
 			kept++
 		}
