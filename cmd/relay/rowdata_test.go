@@ -1,9 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -130,4 +135,95 @@ func TestDLQListEscapes(t *testing.T) {
 	if len(out) > 2000 {
 		t.Errorf("%d bytes of output for one dead letter", len(out))
 	}
+}
+
+// TestManyAggregateTypes: 20,000 distinct aggregate types make at most 32
+// series of relay_events_published_by_type_total plus "other", and /metrics
+// grows by a few kilobytes, not megabytes; a 1,000-character type and one
+// with a newline and an escape sequence are labelled escaped and cut.
+func TestManyAggregateTypes(t *testing.T) {
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	s := newStack(t, stackOptions{Extra: "http:\n  listen: " + addr + "\n"})
+	relay := s.start()
+	ctx := context.Background()
+	insert := func(types string) {
+		t.Helper()
+		if _, err := s.pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+			SELECT gen_random_uuid(), t, 'a' || (n % 100), 'step', '{}' FROM `+types+` WITH ORDINALITY AS x(t, n)`); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { return s.outboxRows() == 0 })
+	}
+	insert(`unnest(ARRAY[repeat('x', 1000), E'new\nline\x1b[31m'])`)
+	before := len(scrape(t, addr))
+	insert(`unnest(ARRAY(SELECT 'type-' || i FROM generate_series(1, 20000) i))`)
+	metrics := scrape(t, addr)
+	var series []string
+	for _, l := range strings.Split(metrics, "\n") {
+		if strings.HasPrefix(l, "relay_events_published_by_type_total{") {
+			series = append(series, l)
+		}
+	}
+	if len(series) > 33 {
+		t.Errorf("%d series of relay_events_published_by_type_total, want at most 33", len(series))
+	}
+	for _, want := range []string{
+		`aggregate_type="` + strings.Repeat("x", 64) + `...(1000 bytes)"`,
+		`aggregate_type="new\\nline\\x1b[31m"`,
+		`relay_events_published_by_type_total{aggregate_type="other",sink="nats"} `,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if grown := len(metrics) - before; grown > 10000 {
+		t.Errorf("/metrics grew by %d bytes with 20,000 aggregate types", grown)
+	}
+	if code := relay.stop(t, 15*time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	t.Logf("/metrics %d bytes before the 20,000 types, %d after; %d series by type", before, len(metrics), len(series))
+}
+
+// TestHTTPTimeouts: the /metrics, /healthz and /readyz listener closes a
+// keep-alive connection left idle, and one whose request headers never
+// finish, instead of keeping them forever.
+func TestHTTPTimeouts(t *testing.T) {
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	s := newStack(t, stackOptions{Extra: "http:\n  listen: " + addr + "\n"})
+	relay := s.start()
+	waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
+	idle, slow := dial(t, addr), dial(t, addr)
+	fmt.Fprintf(idle, "GET /healthz HTTP/1.1\r\nHost: relay\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(idle), nil)
+	if err != nil || resp.StatusCode != http.StatusOK || resp.Close {
+		t.Fatalf("keep-alive /healthz: %v %+v", err, resp)
+	}
+	fmt.Fprintf(slow, "GET /healthz HTTP/1.1\r\nHost: relay\r\n")
+	start := time.Now()
+	var wg sync.WaitGroup
+	for name, c := range map[string]net.Conn{"idle keep-alive": idle, "unfinished headers": slow} {
+		wg.Go(func() {
+			c.SetReadDeadline(start.Add(2 * time.Minute))
+			if _, err := io.ReadAll(c); err != nil {
+				t.Errorf("%s connection not closed by the relay within 2 minutes: %v", name, err)
+			}
+			t.Logf("%s connection closed by the relay after %s", name, time.Since(start).Round(time.Second))
+		})
+	}
+	wg.Wait()
+	if code := relay.stop(t, 15*time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+}
+
+// dial opens a TCP connection to addr, closed when the test ends.
+func dial(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
