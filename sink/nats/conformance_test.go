@@ -91,6 +91,7 @@ func TestConformance(t *testing.T) {
 			DedupesByID:       true,
 			IDHeaders:         []string{jetstream.MsgIDHeader},
 			ContentTypeHeader: "Content-Type",
+			Control:           sink.NATSRules,
 		},
 	})
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/sink/sinktest"
 )
 
 var benchEvent = &event.Event{ID: "6ba7b810-9dad-11d1-80b4-00c04fd430c8", AggregateType: "order", AggregateID: "order-42",
@@ -96,4 +97,37 @@ func TestHeadersSequence(t *testing.T) {
 			hs.changed()
 		}
 	}
+}
+
+// FuzzHeaders builds the headers of events with arbitrary row headers, two
+// after another in one headerSet: the contract headers are sent once with
+// the event's values, no row header named like the relay's or a JetStream
+// one is sent, and every other row header is sent with its value.
+func FuzzHeaders(f *testing.F) {
+	f.Add("tenant", "t1", "Nats-Rollup", "sub")
+	f.Add("nats-msg-id", "evil7", "MESSAGE_ID", "evil8")
+	f.Add("Nats-TTL", "1s", "status", "404")
+	f.Add("message_id", "x", "event_type", "y")
+	f.Add("\xff\xfe", "\x00", "a b", "\r\n")
+	f.Fuzz(func(t *testing.T, k1, v1, k2, v2 string) {
+		hs := new(headerSet)
+		for _, rows := range []map[string]string{{k1: v1, k2: v2}, {k2: v1, "x": v2}} {
+			e := *benchEvent
+			e.Headers = rows
+			h := hs.headers(&e, testRows)
+			own := map[string]string{jetstream.MsgIDHeader: e.ID, "message_id": e.ID, "event_type": e.EventType,
+				"aggregate_type": e.AggregateType, "aggregate_id": e.AggregateID, "Content-Type": e.ContentType}
+			if err := sinktest.CheckSent(h, own, sink.NATSRules); err != nil {
+				t.Fatalf("row headers %q: %v", rows, err)
+			}
+			for k, v := range rows {
+				if testRows.Reason(k) == "" && !slices.Equal(h[k], []string{v}) {
+					t.Fatalf("row header %q: %q sent as %q", k, v, h[k])
+				}
+			}
+			if len(h) > len(own)+len(rows) {
+				t.Fatalf("%d headers from %d row headers: %v", len(h), len(rows), h)
+			}
+		}
+	})
 }

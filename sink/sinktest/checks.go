@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -132,6 +133,24 @@ func (s *suite) testHeaders(t *testing.T) {
 			t.Errorf("a message arrived with the message_id %q of a row header, want the event ID %s", spoof.Headers["message_id"], spoof.ID)
 		}
 	})
+	s.run(t, "dropped", func(t *testing.T) {
+		e := newEvent("order", "o-5", "order.spoofed")
+		e.Headers = droppedHeaders(s.h.Features.Control)
+		ps := s.publishSet(t, tg, []*event.Event{e})
+		r := &reporter{t: t}
+		for _, m := range ps.copies(t, e) {
+			s.checkID(r, e, m)
+			s.checkContract(r, tg, e, m)
+			one(r, e, "kept", s.values(m, "kept"), "k")
+			for k, vs := range m.Headers {
+				for _, v := range vs {
+					if strings.HasPrefix(v, "spoof-") {
+						r.errorf("event %s: the row header %s: %q was forwarded", e.ID, k, v)
+					}
+				}
+			}
+		}
+	})
 	s.run(t, "odd_values", func(t *testing.T) {
 		// Values a text header format cannot carry verbatim, published
 		// alone so that a broker rejecting them fails no other event.
@@ -152,6 +171,35 @@ func (s *suite) testHeaders(t *testing.T) {
 			}
 		}
 	})
+}
+
+// droppedHeaders returns row headers a sink must not forward, each with a
+// value starting "spoof-": every name of sink.RelayHeaders and of control
+// in swapped case (a prefix with "Probe" after it), and one it forwards,
+// kept: k.
+func droppedHeaders(control sink.HeaderRules) map[string]string {
+	h := map[string]string{"kept": "k"}
+	names := append(slices.Clone(sink.RelayHeaders), control.Names...)
+	for _, p := range control.Prefixes {
+		names = append(names, p+"Probe")
+	}
+	for i, n := range names {
+		h[swapCase(n)] = fmt.Sprint("spoof-", i)
+	}
+	return h
+}
+
+// swapCase returns s with upper and lower case ASCII letters swapped.
+func swapCase(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z':
+			return r - 'a' + 'A'
+		case r >= 'A' && r <= 'Z':
+			return r - 'A' + 'a'
+		}
+		return r
+	}, s)
 }
 
 func (s *suite) testPayload(t *testing.T) {

@@ -33,6 +33,7 @@
 //	headers/contract       event_type, aggregate_type, aggregate_id, the ordering key, the content type
 //	headers/row            the row's headers map is forwarded (nil and empty maps too)
 //	headers/reserved       row headers named like contract headers do not override them
+//	headers/dropped        row headers named like any header the relay sets (sink.RelayHeaders), in another case, and those Features.Control names are not forwarded; the event is acknowledged and its contract headers intact
 //	headers/trace_context  a row's traceparent and tracestate arrive unchanged, beside 8 other headers
 //	headers/odd_values     header values with leading and trailing spaces, tabs, CR LF and control characters arrive unchanged
 //	payload/json           payload bytes unchanged: JSON with odd spacing and escapes
@@ -56,6 +57,7 @@
 package sinktest
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -189,6 +191,11 @@ type Features struct {
 	// CaseInsensitiveHeaders makes the suite compare header names ignoring
 	// case, for brokers that canonicalise them (HTTP).
 	CaseInsensitiveHeaders bool
+
+	// Control names the row headers the broker acts on, which the sink
+	// must drop (sink.NATSRules, sink.SQSRules, sink.HTTPRules); the zero
+	// value for a broker that acts on none (Kafka).
+	Control sink.HeaderRules
 }
 
 // Message is one message as the broker delivered or stored it.
@@ -244,7 +251,7 @@ func Run(t *testing.T, h Harness) {
 
 // subtests lists every subtest by the name Harness.Skip takes.
 var subtests = []string{
-	"headers/message_id", "headers/contract", "headers/row", "headers/reserved", "headers/trace_context", "headers/odd_values",
+	"headers/message_id", "headers/contract", "headers/row", "headers/reserved", "headers/dropped", "headers/trace_context", "headers/odd_values",
 	"payload/json", "payload/text", "payload/binary", "payload/empty", "payload/large",
 	"empty_batch", "order",
 	"destination/aggregate_type", "destination/event_type", "destination/aggregate_id",
@@ -280,4 +287,49 @@ func Classes(err error, n int) []string {
 		}
 	}
 	return out
+}
+
+// CheckSent checks the headers a sink built for one message, sent, against
+// the rules every sink follows: each header of own (the headers the sink
+// sets itself, such as message_id, with their values) is sent exactly once
+// with its value, and no other header is named like one of
+// sink.RelayHeaders or one control names, compared without regard to case.
+// It returns the first problem found, or nil. Sink tests and fuzz targets
+// call it on the headers built from hostile row headers.
+func CheckSent(sent map[string][]string, own map[string]string, control sink.HeaderRules) error {
+	for name, want := range own {
+		var got []string
+		for k, vs := range sent {
+			if strings.EqualFold(k, name) {
+				got = append(got, vs...)
+			}
+		}
+		if len(got) != 1 || got[0] != want {
+			return fmt.Errorf("header %s sent as %q, want once %q", name, got, want)
+		}
+	}
+	for k, vs := range sent {
+		if ownName(own, k) {
+			continue
+		}
+		for _, r := range sink.RelayHeaders {
+			if strings.EqualFold(k, r) {
+				return fmt.Errorf("header %s: %q sent, named like the relay's %s", k, vs, r)
+			}
+		}
+		if control.Control(k) {
+			return fmt.Errorf("header %s: %q sent, which the broker acts on", k, vs)
+		}
+	}
+	return nil
+}
+
+// ownName reports whether own has name, in any case.
+func ownName(own map[string]string, name string) bool {
+	for k := range own {
+		if strings.EqualFold(k, name) {
+			return true
+		}
+	}
+	return false
 }

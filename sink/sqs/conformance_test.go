@@ -30,6 +30,7 @@ func TestConformanceFIFO(t *testing.T) {
 		KeyedByAggregate:  true,
 		IDHeaders:         []string{"MessageDeduplicationId"},
 		ContentTypeHeader: attrContentType,
+		Control:           sink.SQSRules,
 	}
 	sinktest.Run(t, h.Harness)
 }
@@ -44,6 +45,7 @@ func TestConformanceStandard(t *testing.T) {
 	h.Harness.Features = sinktest.Features{
 		Unordered:         true,
 		ContentTypeHeader: attrContentType,
+		Control:           sink.SQSRules,
 	}
 	sinktest.Run(t, h.Harness)
 }

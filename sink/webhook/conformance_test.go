@@ -171,6 +171,7 @@ func TestConformance(t *testing.T) {
 			IDHeaders:              []string{HeaderIdempotencyKey},
 			ContentTypeHeader:      "Content-Type",
 			CaseInsensitiveHeaders: true,
+			Control:                sink.HTTPRules,
 		},
 	})
 }

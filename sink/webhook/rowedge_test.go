@@ -66,3 +66,42 @@ func TestLongURLDeadLettered(t *testing.T) {
 		t.Errorf("%d requests, want 1", n)
 	}
 }
+
+// FuzzRowHeaders builds the request headers of events with arbitrary row
+// headers: the relay's own headers are sent once with their values, none
+// named like the relay's or framing the request comes from the row, a name
+// HTTP cannot carry is an error, and no value holds CR or LF.
+func FuzzRowHeaders(f *testing.F) {
+	f.Add("X-Tenant", "t1", "Transfer-Encoding", "chunked")
+	f.Add("nats-msg-id", "evil", "user-agent", "evil")
+	f.Add("Proxy-Authorization", "x", "CONNECTION", "close")
+	f.Add("bad name", "v", "x", "a\r\nInjected: 1")
+	f.Add("\xff", "\x00", "Webhook-Signature", "v1,x")
+	s, err := New(Config{URL: "http://127.0.0.1:1/in"}, Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, k1, v1, k2, v2 string) {
+		e := testEvent(1, "a1")
+		e.Headers = map[string]string{k1: v1, k2: v2}
+		h, err := s.header(e)
+		if err != nil {
+			if !strings.Contains(err.Error(), "not a valid HTTP header name") {
+				t.Fatalf("row headers %q: %v", e.Headers, err)
+			}
+			return
+		}
+		own := map[string]string{HeaderIdempotencyKey: e.ID, HeaderMessageID: e.ID, HeaderEventType: e.EventType,
+			HeaderAggregateType: e.AggregateType, HeaderAggregateID: e.AggregateID, "Content-Type": e.ContentType, "User-Agent": userAgent}
+		if err := sinktest.CheckSent(h, own, sink.HTTPRules); err != nil {
+			t.Fatalf("row headers %q: %v", e.Headers, err)
+		}
+		for k, vs := range h {
+			for _, v := range vs {
+				if strings.ContainsAny(v, "\r\n") {
+					t.Fatalf("header %s: %q", k, v)
+				}
+			}
+		}
+	})
+}
