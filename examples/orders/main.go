@@ -39,6 +39,7 @@ func main() {
 // options are the command line.
 type options struct {
 	listen, database, consume, stream, subject string
+	tokens                                     map[string]string // API token -> caller name
 }
 
 // run runs the command with args until ctx ends and returns the exit
@@ -69,7 +70,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.consume, "consume", "", "consume order.created events from this NATS URL")
 	fs.StringVar(&o.stream, "stream", "OUTBOX", "JetStream stream the relay publishes to")
 	fs.StringVar(&o.subject, "subject", "outbox.order", "subject of the order events")
+	tokens := fs.String("tokens", os.Getenv("ORDERS_TOKENS"), "API callers as name=token,... (default $ORDERS_TOKENS); an Idempotency-Key is honoured only with a caller's token")
 	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	var err error
+	if o.tokens, err = parseTokens(*tokens); err != nil {
 		return o, err
 	}
 	switch {
@@ -100,7 +106,11 @@ func serve(ctx context.Context, o options, log *slog.Logger) error {
 	}
 	g, ctx := errgroup.WithContext(ctx)
 	if o.listen != "" {
-		g.Go(func() error { return listen(ctx, o.listen, newAPI(store), log) })
+		if len(o.tokens) == 0 {
+			log.Warn("no -tokens: requests without an Idempotency-Key work, keyed ones are answered 401")
+		}
+		g.Go(func() error { return listen(ctx, o.listen, newAPI(store, o.tokens), log) })
+		g.Go(func() error { return purgeKeys(ctx, store, log) })
 	}
 	if o.consume != "" {
 		g.Go(func() error { return consume(ctx, pool, o, log) })

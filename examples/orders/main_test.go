@@ -81,7 +81,8 @@ func TestRetriedOrderAppliedOnce(t *testing.T) {
 	runCtx, stop := context.WithCancel(ctx)
 	exited := make(chan int, 1)
 	go func() {
-		exited <- run(runCtx, []string{"-listen", addr, "-database", dsn, "-consume", ns.URL()}, &logs)
+		exited <- run(runCtx, []string{"-listen", addr, "-database", dsn, "-consume", ns.URL(),
+			"-tokens", "ada=" + adaToken + ",eve=" + eveToken}, &logs)
 	}()
 	defer func() {
 		stop()
@@ -93,9 +94,15 @@ func TestRetriedOrderAppliedOnce(t *testing.T) {
 		}
 	}()
 
+	// A key is honoured only for an authenticated caller: without a token
+	// it is refused, and another caller's token with ada's key and body
+	// makes eve's own order, never a replay of ada's.
+	if status, body, _ := postOrder(t, addr, "order-key-1", ""); status != http.StatusUnauthorized {
+		t.Fatalf("a key without a token: %d %s, want 401", status, body)
+	}
 	var ids []string
 	for attempt := range 3 {
-		status, body, replayed := postOrder(t, addr, "order-key-1")
+		status, body, replayed := postOrder(t, addr, "order-key-1", adaToken)
 		if status != http.StatusCreated || replayed != (attempt > 0) {
 			t.Fatalf("attempt %d: %d %s, replayed %v", attempt, status, body, replayed)
 		}
@@ -113,7 +120,7 @@ func TestRetriedOrderAppliedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	if got := count(t, pool, `SELECT count(*) FROM orders`) + "/" +
+	if got := count(t, pool, `SELECT count(*) FROM orders WHERE customer = 'ada'`) + "/" +
 		count(t, pool, `SELECT count(*) FROM outbox WHERE aggregate_type = 'order' AND event_type = 'order.created' AND aggregate_id = '`+ids[0]+`'`); got != "1/1" {
 		t.Errorf("orders/outbox rows of the order = %s, want 1/1", got)
 	}
@@ -179,17 +186,39 @@ func TestRetriedOrderAppliedOnce(t *testing.T) {
 	if !strings.Contains(logs.String(), "applied=false") {
 		t.Error("the example did not log the second delivery as not applied")
 	}
+
+	// Another caller's token with ada's key and body makes eve's own order,
+	// and a request with neither key nor token is served as the contract
+	// says.
+	if status, body, replayed := postOrder(t, addr, "order-key-1", eveToken); status != http.StatusCreated || replayed || strings.Contains(body, ids[0]) {
+		t.Errorf("eve with ada's key: %d %s replayed %v, want an order of her own", status, body, replayed)
+	}
+	if status, body, _ := postOrder(t, addr, "", ""); status != http.StatusCreated {
+		t.Errorf("no key, no token: %d %s, want 201", status, body)
+	}
 }
 
-// postOrder posts the test's order with key and returns the status, the
-// body and whether the response was a replay.
-func postOrder(t *testing.T, addr, key string) (int, string, bool) {
+// The example's API tokens in the test.
+const (
+	adaToken = "ada-token-0123456789"
+	eveToken = "eve-token-0123456789"
+)
+
+// postOrder posts the test's order with key and, unless empty, the bearer
+// token, and returns the status, the body and whether the response was a
+// replay.
+func postOrder(t *testing.T, addr, key, token string) (int, string, bool) {
 	t.Helper()
 	var resp *http.Response
 	waitFor(t, "the API answers", func() bool {
 		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/orders",
 			strings.NewReader(`{"customer": "ada", "amount": 42}`))
-		req.Header.Set("Idempotency-Key", key)
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
 		var err error
 		resp, err = http.DefaultClient.Do(req)
 		return err == nil

@@ -184,7 +184,7 @@ func TestReplay(t *testing.T) {
 func TestKeyValidation(t *testing.T) {
 	e := setup(t)
 	h := &orders{}
-	mw := idempotency.Middleware(e.store, idempotency.Options{})(h)
+	mw := idempotency.Middleware(e.store, idempotency.Options{GlobalScope: true})(h)
 	for _, key := range []string{strings.Repeat("k", 256), "caf\u00e9", "tab\there", "\x7f"} {
 		if got := post(t, mw, "/orders", key, "", order1); got.status != http.StatusBadRequest ||
 			got.header.Get("Content-Type") != "application/problem+json" {
@@ -218,7 +218,7 @@ func TestKeyValidation(t *testing.T) {
 func TestFingerprintMismatch(t *testing.T) {
 	e := setup(t)
 	h := &orders{}
-	mw := idempotency.Middleware(e.store, idempotency.Options{})(h)
+	mw := idempotency.Middleware(e.store, idempotency.Options{GlobalScope: true})(h)
 	if got := post(t, mw, "/orders", "k", "", order1); got.status != http.StatusCreated {
 		t.Fatalf("first: %+v", got)
 	}
@@ -251,7 +251,7 @@ func TestInProgress(t *testing.T) {
 	entered, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	h := &orders{before: func(*http.Request) int { once.Do(func() { close(entered) }); <-release; return 0 }}
-	mw := idempotency.Middleware(e.store, idempotency.Options{RetryAfter: 1500 * time.Millisecond})(h)
+	mw := idempotency.Middleware(e.store, idempotency.Options{GlobalScope: true, RetryAfter: 1500 * time.Millisecond})(h)
 	first := make(chan response, 1)
 	go func() { first <- post(t, mw, "/orders", "k", "", order1) }()
 	<-entered
@@ -286,8 +286,8 @@ func TestConcurrentRequests(t *testing.T) {
 	h := &orders{before: func(*http.Request) int { time.Sleep(20 * time.Millisecond); return 0 }}
 	_, store2 := e.connect(t)
 	instances := []http.Handler{
-		idempotency.Middleware(e.store, idempotency.Options{})(h),
-		idempotency.Middleware(store2, idempotency.Options{})(h),
+		idempotency.Middleware(e.store, idempotency.Options{GlobalScope: true})(h),
+		idempotency.Middleware(store2, idempotency.Options{GlobalScope: true})(h),
 	}
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -349,7 +349,7 @@ func TestFailureThenRetry(t *testing.T) {
 				}
 				return http.StatusInternalServerError
 			}}
-			srv := httptest.NewServer(idempotency.Middleware(e.store, idempotency.Options{})(h))
+			srv := httptest.NewServer(idempotency.Middleware(e.store, idempotency.Options{GlobalScope: true})(h))
 			defer srv.Close()
 			send := func() (int, bool, error) {
 				req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(order1))
@@ -386,7 +386,7 @@ func TestFailureThenRetry(t *testing.T) {
 func TestClientErrorStored(t *testing.T) {
 	e := setup(t)
 	h := &orders{}
-	mw := idempotency.Middleware(e.store, idempotency.Options{})(h)
+	mw := idempotency.Middleware(e.store, idempotency.Options{GlobalScope: true})(h)
 	for i := range 2 {
 		got := post(t, mw, "/orders", "k", "", `{"amount": 1}`)
 		if got.status != http.StatusBadRequest || got.replayed() != (i == 1) {
@@ -417,8 +417,8 @@ func TestCallerScope(t *testing.T) {
 func TestRequired(t *testing.T) {
 	e := setup(t)
 	h := &orders{}
-	optional := idempotency.Middleware(e.store, idempotency.Options{})(h)
-	required := idempotency.Middleware(e.store, idempotency.Options{Required: true})(h)
+	optional := idempotency.Middleware(e.store, idempotency.Options{GlobalScope: true})(h)
+	required := idempotency.Middleware(e.store, idempotency.Options{GlobalScope: true, Required: true})(h)
 	if got := post(t, required, "/orders", "", "", order1); got.status != http.StatusBadRequest {
 		t.Errorf("required, no key: %d, want 400", got.status)
 	}
@@ -440,7 +440,7 @@ func TestExpiry(t *testing.T) {
 	ctx := context.Background()
 	e := setup(t)
 	h := &orders{}
-	mw := idempotency.Middleware(e.store, idempotency.Options{TTL: time.Hour})(h)
+	mw := idempotency.Middleware(e.store, idempotency.Options{GlobalScope: true, TTL: time.Hour})(h)
 	first := post(t, mw, "/orders", "k", "", order1)
 	var ttl time.Duration
 	if err := e.pool.QueryRow(ctx, `SELECT expires_at - created_at FROM idempotency_keys`).Scan(&ttl); err != nil || ttl != time.Hour {
@@ -504,7 +504,7 @@ func BenchmarkCreateOrder(b *testing.B) {
 		w.WriteHeader(rec.Code)
 		_, _ = w.Write(rec.Body.Bytes())
 	})
-	mw := idempotency.Middleware(e.store, idempotency.Options{})(h)
+	mw := idempotency.Middleware(e.store, idempotency.Options{GlobalScope: true})(h)
 	kinds := []struct {
 		name  string
 		h     http.Handler
@@ -537,4 +537,71 @@ func BenchmarkCreateOrder(b *testing.B) {
 	for j, k := range kinds {
 		b.ReportMetric(float64(spent[j].Nanoseconds())/float64(b.N), k.name+"-ns/req")
 	}
+}
+
+// TestKeyNeedsCaller checks the default scoping: without a Caller, or with
+// one that names no caller, a keyed request is answered 401 and runs
+// nothing, an unkeyed one runs; and a caller who sends another caller's key
+// and body gets an order of its own, never the other's response.
+func TestKeyNeedsCaller(t *testing.T) {
+	e := setup(t)
+	h := &orders{}
+	for _, mw := range []http.Handler{
+		idempotency.Middleware(e.store, idempotency.Options{})(h),
+		idempotency.Middleware(e.store, idempotency.Options{Caller: byHeader})(h),
+	} {
+		if got := post(t, mw, "/orders", "k", "", order1); got.status != http.StatusUnauthorized {
+			t.Errorf("a key without a caller: %+v, want 401", got)
+		}
+		if got := post(t, mw, "/orders", "", "", order1); got.status != http.StatusCreated {
+			t.Errorf("no key, no caller: %+v, want 201", got)
+		}
+	}
+	e.checkRows(t, 2, 0)
+	mw := idempotency.Middleware(e.store, idempotency.Options{Caller: byHeader})(h)
+	alice := post(t, mw, "/orders", "k", "alice", order1)
+	mallory := post(t, mw, "/orders", "k", "mallory", order1)
+	if mallory.replayed() || mallory.body == alice.body || mallory.header.Get("Location") == alice.header.Get("Location") {
+		t.Errorf("another caller with alice's key and body got %+v, alice got %+v", mallory, alice)
+	}
+}
+
+// TestQueryInFingerprint checks that the query string is part of the
+// request: the same key on another query is answered 422.
+func TestQueryInFingerprint(t *testing.T) {
+	e := setup(t)
+	h := &orders{}
+	mw := idempotency.Middleware(e.store, idempotency.Options{Caller: byHeader})(h)
+	if got := post(t, mw, "/orders", "k", "c", order1); got.status != http.StatusCreated {
+		t.Fatalf("first: %+v", got)
+	}
+	if got := post(t, mw, "/orders?admin=1", "k", "c", order1); got.status != http.StatusUnprocessableEntity {
+		t.Errorf("same key, another query: %+v, want 422", got)
+	}
+	if n := h.runs.Load(); n != 1 {
+		t.Errorf("handler ran %d times, want 1", n)
+	}
+}
+
+// TestMaxResponse checks that a response over MaxResponse is neither kept
+// nor stored: the handler's writes roll back, the client gets 500, and a
+// retry runs the handler again.
+func TestMaxResponse(t *testing.T) {
+	e := setup(t)
+	big := &orders{before: func(r *http.Request) int { return 0 }}
+	wrap := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		big.ServeHTTP(w, r)
+		w.Write(make([]byte, 2000))
+	})
+	mw := idempotency.Middleware(e.store, idempotency.Options{Caller: byHeader, MaxResponse: 1000})(wrap)
+	for range 2 {
+		got := post(t, mw, "/orders", "k", "c", order1)
+		if got.status != http.StatusInternalServerError || len(got.body) > 1000 || !strings.Contains(got.body, "1000 bytes") {
+			t.Errorf("oversized response: %d %q, want 500 naming the limit", got.status, got.body)
+		}
+	}
+	if n := big.runs.Load(); n != 2 {
+		t.Errorf("handler ran %d times, want 2 (nothing stored)", n)
+	}
+	e.checkRows(t, 0, 0)
 }

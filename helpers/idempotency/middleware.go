@@ -25,12 +25,23 @@
 // and Stripe's API:
 //
 //   - a key is 1 to 255 printable ASCII characters, else 400;
-//   - a key seen before with another method, path or body (the request's
-//     fingerprint) is answered 422;
+//   - a key is honoured only for a caller: Options.Caller names the
+//     authenticated caller of a request, the scope of its keys, and a keyed
+//     request whose caller is "" (or any keyed request without a Caller) is
+//     answered 401, so no one can replay another caller's response. An
+//     application whose keys all share one scope says so with
+//     Options.GlobalScope;
+//   - a key seen before with another method, path, query string or body
+//     (the request's fingerprint) is answered 422;
 //   - a key seen before with the same request is answered with the stored
 //     status, headers and body, plus the header Idempotent-Replayed: true,
 //     and the handler does not run;
-//   - keys are scoped by Options.Caller and expire after Options.TTL;
+//   - keys expire after Options.TTL; Store.Purge deletes expired ones, and
+//     should run periodically;
+//   - a response is buffered up to Options.MaxResponse bytes (headers and
+//     body); a larger one rolls the transaction back, nothing is stored, and
+//     the client gets 500 with a problem document, so memory stays bounded
+//     and a stored key always has its whole response;
 //   - a response with status 500 or more rolls the transaction back and is
 //     not stored, so the client may retry; any other response commits the
 //     handler's writes and is stored with them. A handler that panics rolls
@@ -69,15 +80,25 @@ const (
 	DefaultTTL        = 24 * time.Hour
 	DefaultRetryAfter = time.Second
 	DefaultMaxBody    = 1 << 20
+	// DefaultMaxResponse is the default of Options.MaxResponse.
+	DefaultMaxResponse = 1 << 20
 )
 
 // Options configure Middleware. The zero value uses the defaults.
 type Options struct {
-	// Caller names the caller of a request, the scope of its keys: the same
-	// key from two callers is two keys. Derive it from the authenticated
-	// identity (a user or API client id), never from a value the client
-	// chooses freely. Nil puts every request in one scope.
+	// Caller names the authenticated caller of a request, the scope of its
+	// keys: the same key from two callers is two keys. Derive it from a
+	// verified identity (a user or API client id), never from a value the
+	// client chooses freely, and return "" for a request without one. A
+	// keyed request whose caller is "" is answered 401. Default nil: every
+	// keyed request is answered 401, unless GlobalScope is set.
 	Caller func(*http.Request) string
+	// GlobalScope puts every keyed request without a caller in one shared
+	// scope: anyone who sends a key and the same request gets the stored
+	// response of whoever sent it first. Set it only when all clients are
+	// equally trusted (an internal service) and responses hold nothing one
+	// client may not see of another's. Default false.
+	GlobalScope bool
 	// TTL is how long a key's response is kept; an expired key is treated
 	// as never seen. Default DefaultTTL (24 h).
 	TTL time.Duration
@@ -91,6 +112,11 @@ type Options struct {
 	// keyed request; a larger one is answered 413. Default DefaultMaxBody
 	// (1 MiB).
 	MaxBody int64
+	// MaxResponse is the largest response, in bytes of headers and body,
+	// the middleware buffers and stores; a larger one rolls the handler's
+	// transaction back and is answered 500. Default DefaultMaxResponse
+	// (1 MiB).
+	MaxResponse int64
 	// Methods are the request methods whose keys are honoured; other
 	// methods ignore the header and run the handler in a transaction.
 	// Default POST and PATCH.
@@ -121,6 +147,9 @@ func WithTx(ctx context.Context, tx pgx.Tx) context.Context {
 func Middleware(store *Store, o Options) func(http.Handler) http.Handler {
 	if o.Caller == nil {
 		o.Caller = func(*http.Request) string { return "" }
+	}
+	if o.MaxResponse <= 0 {
+		o.MaxResponse = DefaultMaxResponse
 	}
 	if o.TTL <= 0 {
 		o.TTL = DefaultTTL
@@ -158,6 +187,11 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		keyed = key != ""
 	}
+	caller := m.o.Caller(r)
+	if keyed && caller == "" && !m.o.GlobalScope {
+		problem(w, http.StatusUnauthorized, "an "+HeaderKey+" is honoured only for an authenticated caller")
+		return
+	}
 	if keyed {
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.o.MaxBody))
 		if err != nil {
@@ -170,13 +204,13 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		fp = fingerprint(r.Method, r.URL.Path, body)
+		fp = fingerprint(r.Method, r.URL.Path, r.URL.RawQuery, body)
 	}
-	m.serve(w, r, key, fp)
+	m.serve(w, r, caller, key, fp)
 }
 
 // serve runs the request in a transaction; key is empty for an unkeyed one.
-func (m *middleware) serve(w http.ResponseWriter, r *http.Request, key string, fp []byte) {
+func (m *middleware) serve(w http.ResponseWriter, r *http.Request, caller, key string, fp []byte) {
 	ctx := r.Context()
 	tx, err := m.store.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
@@ -184,7 +218,6 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, key string, f
 		return
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) // after Commit, a no-op
-	caller := m.o.Caller(r)
 	if key != "" {
 		prev, err := m.store.acquire(ctx, tx, caller, key)
 		switch {
@@ -203,10 +236,16 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, key string, f
 			return
 		}
 	}
-	rec := &stored{fingerprint: fp, header: http.Header{}}
-	m.next.ServeHTTP((*recorder)(rec), r.WithContext(WithTx(ctx, tx)))
+	rec := &recorder{stored: stored{fingerprint: fp, header: http.Header{}}, max: m.o.MaxResponse}
+	m.next.ServeHTTP(rec, r.WithContext(WithTx(ctx, tx)))
 	if rec.status == 0 {
 		rec.status = http.StatusOK
+	}
+	if rec.over() {
+		_ = tx.Rollback(ctx)
+		problem(w, http.StatusInternalServerError, "the response is over "+strconv.FormatInt(m.o.MaxResponse, 10)+
+			" bytes, more than the server buffers and stores for idempotency; its changes were rolled back")
+		return
 	}
 	if rec.status >= 500 {
 		_ = tx.Rollback(ctx)
@@ -259,11 +298,12 @@ func parseKey(values []string, required bool) (string, int, string) {
 	return key, 0, ""
 }
 
-// fingerprint identifies a request: its method, path and body.
-func fingerprint(method, path string, body []byte) []byte {
+// fingerprint identifies a request: its method, path, query string and
+// body.
+func fingerprint(method, path, query string, body []byte) []byte {
 	b := sha256.Sum256(body)
 	h := sha256.New()
-	h.Write([]byte(method + " " + path + "\n"))
+	h.Write([]byte(method + " " + path + "?" + query + "\n"))
 	h.Write(b[:])
 	return h.Sum(nil)
 }
@@ -296,8 +336,13 @@ func (s *stored) writeTo(w http.ResponseWriter) {
 }
 
 // recorder is the http.ResponseWriter of the handler: it keeps the response
-// in a stored until the transaction ends.
-type recorder stored
+// until the transaction ends, at most max bytes of body and headers; past
+// that it drops the body and over reports true.
+type recorder struct {
+	stored
+	max      int64
+	overflow bool
+}
 
 func (r *recorder) Header() http.Header { return r.header }
 
@@ -309,8 +354,23 @@ func (r *recorder) WriteHeader(status int) {
 
 func (r *recorder) Write(b []byte) (int, error) {
 	r.WriteHeader(http.StatusOK)
+	if r.overflow || int64(len(r.body))+int64(len(b)) > r.max {
+		r.overflow, r.body = true, nil
+		return len(b), nil
+	}
 	r.body = append(r.body, b...)
 	return len(b), nil
+}
+
+// over reports whether the response, headers included, is over max bytes.
+func (r *recorder) over() bool {
+	n := int64(len(r.body))
+	for k, vs := range r.header {
+		for _, v := range vs {
+			n += int64(len(k) + len(v))
+		}
+	}
+	return r.overflow || n > r.max
 }
 
 // problem answers status with an RFC 9457 problem document.
