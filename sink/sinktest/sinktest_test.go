@@ -27,6 +27,9 @@ const memMaxBytes = 64 * 1024
 
 var errDown = errors.New("memory broker is down")
 
+// memRows drops the row headers every sink drops.
+var memRows = sink.NewHeaderFilter(sink.KafkaRules, "", nil)
+
 // memBroker is an in-memory broker that stores every message synchronously,
 // deduplicates by message ID, and can be stopped. mutant names a bug it
 // has on purpose, or is empty.
@@ -74,7 +77,9 @@ func (b *memBroker) store(dest string, e *event.Event) error {
 			return
 		}
 		for k, v := range e.Headers {
-			h[k] = []string{v}
+			if memRows.Reason(k) == "" || b.mutant == "row_wins" || b.mutant == "forward_reserved" {
+				h[k] = []string{v}
+			}
 		}
 	}
 	if b.mutant == "row_wins" {
@@ -244,6 +249,7 @@ func TestSuiteDetectsBrokenSinks(t *testing.T) {
 		{"no_id", "headers", "--- FAIL: TestMemory/headers/message_id ", false},
 		{"drop_row", "headers", "--- FAIL: TestMemory/headers/row ", false},
 		{"row_wins", "headers", "--- FAIL: TestMemory/headers/reserved ", false},
+		{"forward_reserved", "headers", "--- FAIL: TestMemory/headers/dropped ", false},
 		{"trim_values", "headers", "--- FAIL: TestMemory/headers/odd_values ", false},
 		{"mangle", "payload", "--- FAIL: TestMemory/payload/binary ", false},
 		{"reorder", "order", "--- FAIL: TestMemory/order ", false},
