@@ -74,6 +74,12 @@ type Capture struct {
 	Mode string `yaml:"mode"`
 	Poll Poll   `yaml:"poll"`
 	WAL  WAL    `yaml:"wal"`
+	// MaxBatchBytes bounds, in bytes (payload, headers, the other values
+	// and about 512 bytes a row), what one poll claim, wal batch and
+	// publish call holds; a row larger than it goes alone. Captured rows
+	// not yet archived hold at most three times as much, of which events
+	// not yet published twice. Default 8 MiB (8388608).
+	MaxBatchBytes int `yaml:"max_batch_bytes"`
 }
 
 // Poll tunes poll capture.

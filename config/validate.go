@@ -25,6 +25,12 @@ var columnNames = []string{"id", "aggregate_type", "aggregate_id", "event_type",
 
 const maxBatchSize = 100000
 
+// The bounds of capture.max_batch_bytes.
+const (
+	minBatchBytes = 64 << 10
+	maxBatchBytes = 1 << 30
+)
+
 const maxPartitions = 1024
 
 // maxIdentifier is PostgreSQL's limit on a name, in bytes.
@@ -45,6 +51,7 @@ func setDefaults(c *Config) {
 	orDefault(&c.Capture.Poll.Interval, Duration(200*time.Millisecond))
 	orDefault(&c.Capture.Poll.BatchSize, 500)
 	orDefault(&c.Capture.Poll.Partitions, 16)
+	orDefault(&c.Capture.MaxBatchBytes, 8<<20)
 	orDefault(&c.Capture.WAL.Slot, "outbox_relay")
 	orDefault(&c.Capture.WAL.Publication, "outbox_relay")
 	orDefault(&c.Sink.NATS.URL, "nats://127.0.0.1:4222")
@@ -149,6 +156,9 @@ func (l *loader) checkCapture(c Capture) {
 	l.choice("capture.mode", c.Mode, "wal", "poll")
 	if c.Poll.BatchSize < 1 || c.Poll.BatchSize > maxBatchSize {
 		l.invalid("capture.poll.batch_size", "must be between 1 and %d, got %d", maxBatchSize, c.Poll.BatchSize)
+	}
+	if c.MaxBatchBytes < minBatchBytes || c.MaxBatchBytes > maxBatchBytes {
+		l.invalid("capture.max_batch_bytes", "must be between %d (64 KiB) and %d (1 GiB), got %d", minBatchBytes, maxBatchBytes, c.MaxBatchBytes)
 	}
 	if c.Poll.Partitions < 1 || c.Poll.Partitions > maxPartitions {
 		l.invalid("capture.poll.partitions", "must be between 1 and %d, got %d", maxPartitions, c.Poll.Partitions)

@@ -54,3 +54,20 @@ const (
 	ContentTypeText   = "text/plain; charset=utf-8"
 	ContentTypeBinary = "application/octet-stream"
 )
+
+// Overhead is what Size counts for one event besides its bytes: the Event
+// value, its pointers in the batches and queues that hold it, and the
+// strings' and map's headers.
+const Overhead = 512
+
+// Size returns the memory one event holds, about: its payload, header
+// names and values and strings, plus Overhead. Captured events are bounded
+// by their total Size.
+func (e *Event) Size() int {
+	n := Overhead + len(e.Payload) + len(e.ID) + len(e.AggregateType) + len(e.AggregateID) + len(e.OrderKey) +
+		len(e.EventType) + len(e.ContentType)
+	for k, v := range e.Headers {
+		n += len(k) + len(v) + 32
+	}
+	return n
+}

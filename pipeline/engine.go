@@ -71,7 +71,7 @@ type engine struct {
 	readyAt  int
 	retries  retryHeap
 	held     int // events captured and not settled
-	bytes    int // their payload bytes
+	bytes    int // their size (event.Event.Size)
 	inFlight int
 	results  chan result
 	done     completer
@@ -181,7 +181,7 @@ func (e *engine) add(c captured) {
 	now := time.Now()
 	items := make([]item, len(evs)) // one allocation for the batch's items
 	for i, ev := range evs {
-		e.bytes += len(ev.Payload)
+		e.bytes += ev.Size()
 		d := e.route(ev, now)
 		d.events++
 		key := ev.Key()
@@ -255,17 +255,22 @@ func (e *engine) dispatch() {
 		size := min(e.p.opts.BatchSize, e.held)
 		runs := make([]run, 0, min(size, len(e.ready)-e.readyAt))
 		batch := make([]*event.Event, 0, size)
+		bytes := 0
 		for len(e.ready) > 0 && len(batch) < e.p.opts.BatchSize {
+			if len(batch) > 0 && bytes+e.ready[e.readyAt].items[0].ev.Size() > e.p.opts.MaxBatchBytes {
+				break // an event larger than MaxBatchBytes goes alone
+			}
 			q := e.popReady()
 			if d := q.items[0].dest; d.open && !q.probe {
 				e.hold(d, q)
 				continue
 			}
-			n := e.runLength(q, e.p.opts.BatchSize-len(batch))
+			n := e.runLength(q, e.p.opts.BatchSize-len(batch), e.p.opts.MaxBatchBytes-bytes)
 			q.sending = n
 			runs = append(runs, run{q: q, n: n})
 			for _, it := range q.items[:n] {
 				batch = append(batch, it.ev)
+				bytes += it.ev.Size()
 			}
 		}
 		if len(runs) == 0 {
@@ -282,16 +287,18 @@ func (e *engine) dispatch() {
 }
 
 // runLength returns how many of q's first events go in one Publish call
-// with room for at most room more: the head alone, or with a sink.Ordered
-// sink up to perAgg consecutive events sharing the head's destination. A
-// probe is the head alone.
-func (e *engine) runLength(q *aggQueue, room int) int {
+// with room for at most room more events and roomBytes more bytes
+// (event.Event.Size): the head alone, or with a sink.Ordered sink up to
+// perAgg consecutive events sharing the head's destination. A probe is the
+// head alone.
+func (e *engine) runLength(q *aggQueue, room, roomBytes int) int {
 	limit := min(e.perAgg, room, len(q.items))
 	if q.probe {
 		limit = 1
 	}
-	n, d := 1, q.items[0].dest
-	for n < limit && q.items[n].dest == d {
+	n, d, bytes := 1, q.items[0].dest, q.items[0].ev.Size()
+	for n < limit && q.items[n].dest == d && bytes+q.items[n].ev.Size() <= roomBytes {
+		bytes += q.items[n].ev.Size()
 		n++
 	}
 	return n
@@ -442,7 +449,7 @@ func (e *engine) next(q *aggQueue) {
 func (e *engine) release(it *item) {
 	it.dest.events--
 	e.held--
-	e.bytes -= len(it.ev.Payload)
+	e.bytes -= it.ev.Size()
 	e.p.stats.InFlight.Store(int64(e.held))
 }
 

@@ -576,9 +576,11 @@ func TestShutdownTimeoutDoesNotSettleCancelledPublishes(t *testing.T) {
 	}
 }
 
-// 8. Backpressure: once MaxInFlight events, or MaxInFlightBytes of
-// payload, are held the source is not asked for more.
+// 8. Backpressure: once MaxInFlight events, or MaxInFlightBytes of events
+// (event.Event.Size), are held the source is not asked for more.
 func TestBackpressure(t *testing.T) {
+	sized := mkEvent("b000-0", "agg-000-0")
+	sized.Payload = make([]byte, 1000)
 	for _, tc := range []struct {
 		name     string
 		payload  int
@@ -587,7 +589,7 @@ func TestBackpressure(t *testing.T) {
 		wantHeld int64
 	}{
 		{"events", 0, 100, 0, 100},
-		{"bytes", 1000, 1000, 50_000, 50},
+		{"bytes", 1000, 1000, 45 * sized.Size(), 50},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			source := &fakeSource{}
@@ -759,4 +761,39 @@ func TestTransientRetryBacksOff(t *testing.T) {
 	}
 	r.src.checkSettledOnce(t)
 	snk.checkViolations(t)
+}
+
+// TestMaxBatchBytes: a Publish call holds at most MaxBatchBytes of events
+// (event.Event.Size), and an event larger than that is published alone.
+func TestMaxBatchBytes(t *testing.T) {
+	var evs []*event.Event
+	sizes := map[string]int{}
+	for i := range 40 {
+		ev := mkEvent(fmt.Sprintf("e%02d", i), fmt.Sprintf("agg-%02d", i))
+		ev.Payload = make([]byte, 3000)
+		if i%10 == 0 {
+			ev.Payload = make([]byte, 25_000) // over MaxBatchBytes
+		}
+		evs = append(evs, ev)
+		sizes[ev.ID] = ev.Size()
+	}
+	source := src([][]*event.Event{evs[:20], evs[20:]})
+	snk := newFakeSink(nil)
+	opts := testOptions()
+	opts.MaxBatchBytes = 10_000
+	r := start(t, source, snk, opts)
+	waitFor(t, "every batch to complete", 10*time.Second, func() bool { return source.countCompleted() == 2 })
+	if err := r.stop(t, 5*time.Second); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+	checkAllPublished(t, source, snk)
+	for _, call := range snk.callList() {
+		total := 0
+		for _, id := range call {
+			total += sizes[id]
+		}
+		if total > opts.MaxBatchBytes && len(call) > 1 {
+			t.Errorf("Publish of %v holds %d bytes, more than MaxBatchBytes %d", call, total, opts.MaxBatchBytes)
+		}
+	}
 }

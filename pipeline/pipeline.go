@@ -29,13 +29,17 @@ type Options struct {
 	// MaxInFlight is the most events held between capture and settlement;
 	// the source is not read while it is reached. Default 10000.
 	MaxInFlight int
-	// MaxInFlightBytes is the most payload bytes held between capture and
+	// MaxInFlightBytes is the most bytes (event.Event.Size: payload,
+	// headers and a per-event overhead) held between capture and
 	// settlement; the source is not read while it is reached, so memory
 	// stays bounded with large payloads (the window may be exceeded by
 	// one batch). Default 16 MiB.
 	MaxInFlightBytes int
 	// BatchSize is the most events in one Publish call. Default 500.
 	BatchSize int
+	// MaxBatchBytes is the most bytes (event.Event.Size) in one Publish
+	// call; an event larger than it is published alone. Default 8 MiB.
+	MaxBatchBytes int
 	// Concurrency is the most Publish calls in flight at once. Default 8.
 	Concurrency int
 	// ParkAggregate holds an aggregate's later events in the outbox once one
@@ -70,6 +74,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.BatchSize <= 0 {
 		o.BatchSize = 500
+	}
+	if o.MaxBatchBytes <= 0 {
+		o.MaxBatchBytes = 8 << 20
 	}
 	if o.Concurrency <= 0 {
 		o.Concurrency = 8

@@ -23,7 +23,7 @@ type queries struct {
 	lastSeq, writers, lockWork, claim, claimAll, skipped, skippedAll, archive, archiveRange, deadLetter, dropDead string
 }
 
-func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
+func buildQueries(l schema.Layout, archiveMode string, park bool, types map[string]string, maxBytes int) queries {
 	c, t := l.Cols, l.Outbox.Ident()
 	seq := schema.Q(c.Seq)
 	parked := ""
@@ -32,17 +32,28 @@ func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
 			l.DeadLetter.Ident(), c.Key("d"), c.Key("o"))
 	}
 	partitionFilter := fmt.Sprintf("AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[])", c.Key("o"))
-	sel := strings.Replace(c.Quoted("o"), "o."+schema.Q(c.ID), "o."+schema.Q(c.ID)+"::text", 1)
-	if c.OrderBy != "" {
-		sel += "::text" // the order column comes last
+	// The claim locks at most $3 rows in seq order, each column named c0,
+	// c1, ... in schema.Columns.List order, then returns those of them
+	// that begin before the rows before them reach maxBytes (claimBytes):
+	// at least one.
+	var inner, outer []string
+	for i, name := range c.List() {
+		inner = append(inner, fmt.Sprintf("o.%s AS c%d", schema.Q(name), i))
+		col := fmt.Sprintf("c.c%d", i)
+		if i == colID || i == colOrder {
+			col += "::text"
+		}
+		outer = append(outer, col)
 	}
-	// claimSQL returns the claim with the partition filter filter and the
-	// in-flight seqs as parameter skip.
 	claimSQL := func(filter string, skip int) string {
-		return fmt.Sprintf(`SELECT %s FROM %s o
-			WHERE %s > $1 AND %s <= least($2, current_setting('relay.safe')::bigint) %s AND NOT %s = ANY($%d::bigint[]) %s %s
-			ORDER BY %s LIMIT $3 FOR UPDATE SKIP LOCKED`,
-			sel, t, seq, seq, filter, seq, skip, l.Unpublished(archiveMode, "o"), parked, seq)
+		return fmt.Sprintf(`SELECT %s FROM (
+			SELECT c.*, sum(c.relay_size) OVER (ORDER BY c.c%d ROWS UNBOUNDED PRECEDING) - c.relay_size AS relay_before FROM (
+				SELECT %s, %s AS relay_size FROM %s o
+				WHERE %s > $1 AND %s <= least($2, current_setting('relay.safe')::bigint) %s AND NOT %s = ANY($%d::bigint[]) %s %s
+				ORDER BY %s LIMIT $3 FOR UPDATE SKIP LOCKED) c) c
+			WHERE c.relay_before < %d ORDER BY c.c%d`,
+			strings.Join(outer, ", "), colSeq, strings.Join(inner, ", "), claimBytes(c, types), t,
+			seq, seq, filter, seq, skip, l.Unpublished(archiveMode, "o"), parked, seq, maxBytes, colSeq)
 	}
 	// skippedSQL returns the statement that follows claimSQL(filter, skip)
 	// in its transaction, with the same parameters: the rows among the
@@ -79,6 +90,30 @@ func buildQueries(l schema.Layout, archiveMode string, park bool) queries {
 			AS d(seq, error, class, attempts, first_failed, last_failed) ON o.%s = d.seq`,
 			l.DeadLetter.Ident(), c.Quoted(""), c.Quoted("o"), t, seq),
 	}
+}
+
+// claimBytes returns the SQL expression of about the bytes an outbox row
+// o becomes (event.Event.Size) without reading a stored value: the payload's
+// length for text, varchar, json and bytea, its stored (possibly
+// compressed) size for jsonb and other types, the stored size of the other
+// columns, and event.Overhead. A claim compares the sum of the rows it
+// reads with the real sizes (see batch.scan), and stops there too.
+func claimBytes(c schema.Columns, types map[string]string) string {
+	payload := "o." + schema.Q(c.Payload)
+	size := fmt.Sprintf("pg_column_size(%s)", payload)
+	switch t := types[c.Payload]; {
+	case t == "text", t == "bytea", strings.HasPrefix(t, "character varying"):
+		size = fmt.Sprintf("octet_length(%s)", payload)
+	case t == "json":
+		size = fmt.Sprintf("octet_length(%s::text)", payload)
+	}
+	parts := []string{fmt.Sprintf("coalesce(%s, 0)", size), strconv.Itoa(event.Overhead)}
+	for _, name := range []string{c.AggregateType, c.AggregateID, c.EventType, c.Headers, c.OrderBy} {
+		if name != "" {
+			parts = append(parts, fmt.Sprintf("coalesce(pg_column_size(o.%s), 0)", schema.Q(name)))
+		}
+	}
+	return strings.Join(parts, " + ")
 }
 
 // claimOf returns the claim of the rows of partitions parts, of n, with
@@ -194,6 +229,9 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 	br.Queue(sql, args...).
 		Query(func(rows pgx.Rows) error {
 			for rows.Next() {
+				if b.bytes >= s.opts.MaxBatchBytes {
+					continue // the server's count was short (compressed values): the rest stay for the next claim
+				}
 				if err := b.scan(rows, s.info.ContentType); err != nil {
 					return err
 				}
@@ -236,7 +274,7 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 	if s.skipped {
 		s.cursor = least - 1 // come back for the skipped rows
 	}
-	s.flight.add(b.seqs, b.payloadBytes())
+	s.flight.add(b.seqs, b.bytes)
 	return b, nil
 }
 
@@ -276,11 +314,17 @@ func (b *batch) holdBack(skipped []skippedRow) int64 {
 		f, held := first[ev.Key()]
 		drop := seq > top || held && seq > f
 		dropped[seq] = drop
+		if drop {
+			b.bytes -= ev.Size()
+		}
 		return drop
 	})
 	b.bad = slices.DeleteFunc(b.bad, func(d capture.DeadEvent) bool {
 		drop := int64(d.Event.Position) > top
 		dropped[int64(d.Event.Position)] = drop
+		if drop {
+			b.bytes -= d.Event.Size()
+		}
 		return drop
 	})
 	b.seqs = slices.DeleteFunc(b.seqs, func(seq int64) bool { return dropped[seq] })
@@ -332,6 +376,7 @@ type batch struct {
 	bad    []capture.DeadEvent // rows that cannot become events
 	seqs   []int64             // every claimed row
 	last   int64
+	bytes  int      // the claimed rows' size (event.Event.Size)
 	sc     *scanner // reads the claim's rows
 }
 
@@ -377,7 +422,7 @@ func fill(ev *event.Event, id, aggType, aggID, evType *string, headers []byte, c
 // aggregates.
 func (b *batch) Complete(ctx context.Context, o capture.Outcome) error {
 	err := b.complete(ctx, o)
-	b.s.flight.remove(b.seqs, b.payloadBytes())
+	b.s.flight.remove(b.seqs, b.bytes)
 	if err != nil || len(o.Published)+len(o.Dead) < len(b.events) {
 		b.s.rewind.Store(true)
 	}
@@ -438,6 +483,6 @@ func deadArgs(dead []capture.DeadEvent) []any {
 // Abandon leaves the batch's rows in the outbox; they are claimed again
 // later.
 func (b *batch) Abandon(context.Context) {
-	b.s.flight.remove(b.seqs, b.payloadBytes())
+	b.s.flight.remove(b.seqs, b.bytes)
 	b.s.rewind.Store(true)
 }

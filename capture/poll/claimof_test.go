@@ -16,7 +16,7 @@ import (
 func TestClaimOfPartitions(t *testing.T) {
 	q := buildQueries(schema.Layout{Outbox: schema.Table{Schema: "public", Name: "outbox"},
 		Cols: schema.Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", EventType: "event_type",
-			Payload: "payload", Headers: "headers", CreatedAt: "created_at", Seq: "seq"}}, "delete", false)
+			Payload: "payload", Headers: "headers", CreatedAt: "created_at", Seq: "seq"}}, "delete", false, nil, 8<<20)
 	all := []int32{3, 1, 0, 2}
 	for _, tc := range []struct {
 		parts    []int32

@@ -17,21 +17,22 @@ type inFlight struct {
 	batches [][]int64 // the seqs of each batch in flight, ascending
 	rows    int       // rows in the set
 	top     int64     // no seq in the set is above top
-	bytes   int       // payload bytes of the rows in the set
+	bytes   int       // bytes of the rows in the set (event.Event.Size)
 	space   chan struct{}
 }
 
 // Unsettled rows (claimed, and not yet archived or dead-lettered) are
-// bounded by maxUnsettledBatches full batches and maxUnsettledBytes of
-// payload: the pipeline's window counts only unpublished events, and
-// without this bound batches waiting for their archive transaction, when
-// archiving falls behind publishing, held memory without limit.
+// bounded by maxUnsettledBatches full batches and unsettledBatchBytes
+// times Options.MaxBatchBytes: the pipeline's window counts only
+// unpublished events, and without this bound batches waiting for their
+// archive transaction, when archiving falls behind publishing, held memory
+// without limit.
 const (
 	maxUnsettledBatches = 24
-	maxUnsettledBytes   = 24 << 20
+	unsettledBatchBytes = 3
 )
 
-// add records the seqs of one batch, with bytes of payload, as in flight.
+// add records the seqs of one batch, holding bytes, as in flight.
 // The set keeps seqs, which must not change until remove, and which no
 // other batch in flight holds.
 func (f *inFlight) add(seqs []int64, bytes int) {
@@ -48,8 +49,7 @@ func (f *inFlight) add(seqs []int64, bytes int) {
 	f.bytes += bytes
 }
 
-// remove records that the batch added with seqs, with bytes of payload,
-// settled.
+// remove records that the batch added with seqs, holding bytes, settled.
 func (f *inFlight) remove(seqs []int64, bytes int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -73,8 +73,7 @@ func (f *inFlight) remove(seqs []int64, bytes int) {
 	}
 }
 
-// waitRoom blocks while at least rows rows or bytes payload bytes are in
-// flight. One goroutine at a time may wait.
+// waitRoom blocks while at least rows rows or bytes bytes are in flight. One goroutine at a time may wait.
 func (f *inFlight) waitRoom(ctx context.Context, rows, bytes int) error {
 	for {
 		f.mu.Lock()
@@ -117,13 +116,4 @@ func (f *inFlight) empty() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.rows == 0
-}
-
-// payloadBytes returns the payload bytes of the batch's events.
-func (b *batch) payloadBytes() int {
-	n := 0
-	for _, ev := range b.events {
-		n += len(ev.Payload)
-	}
-	return n
 }

@@ -60,6 +60,14 @@ type Options struct {
 	Layout schema.Layout
 	// BatchSize is the most rows one claim takes. Default 500.
 	BatchSize int
+	// MaxBatchBytes ends a claim once its rows hold this many bytes
+	// (event.Event.Size): the server sends the rows up to it, counted
+	// without reading their values, and the claim keeps them while their
+	// real size stays under it; at least one row, so a row larger than it
+	// is claimed alone. The rest stay in the outbox for the next claim.
+	// Rows claimed and not settled hold at most three times as much.
+	// Default 8 MiB.
+	MaxBatchBytes int
 	// Interval is the longest wait between polls while the outbox is idle;
 	// while rows keep coming the poller looks again within milliseconds. An
 	// insert wakes it at once when the notify trigger of `relay init`
@@ -152,6 +160,9 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	if opts.BatchSize <= 0 {
 		opts.BatchSize = 500
 	}
+	if opts.MaxBatchBytes <= 0 {
+		opts.MaxBatchBytes = 8 << 20
+	}
 	if opts.Interval <= 0 {
 		opts.Interval = 200 * time.Millisecond
 	}
@@ -178,7 +189,7 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	if err := schema.EnsureArchive(ctx, opts.Pool, opts.Layout, opts.ArchiveMode, info); err != nil {
 		return nil, err
 	}
-	s := &Source{opts: opts, log: opts.Logger, info: info, sql: buildQueries(opts.Layout, opts.ArchiveMode, opts.ParkAggregates)}
+	s := &Source{opts: opts, log: opts.Logger, info: info, sql: buildQueries(opts.Layout, opts.ArchiveMode, opts.ParkAggregates, info.Types, opts.MaxBatchBytes)}
 	s.lease = leases{keys: newLockKeys(opts.Layout.Outbox.String()), n: opts.Partitions, log: opts.Logger,
 		onGained: func() { s.rewind.Store(true) }}
 	return s, nil
@@ -207,7 +218,7 @@ func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
 				return nil, err
 			}
 		}
-		if err := s.flight.waitRoom(ctx, maxUnsettledBatches*s.opts.BatchSize, maxUnsettledBytes); err != nil {
+		if err := s.flight.waitRoom(ctx, maxUnsettledBatches*s.opts.BatchSize, unsettledBatchBytes*s.opts.MaxBatchBytes); err != nil {
 			return nil, err
 		}
 		b, err := s.claim(ctx)

@@ -291,6 +291,7 @@ func (b *batch) scanAll(rows pgx.Rows, contentType string) error {
 func (b *batch) add(ev *event.Event, seq int64, err error) {
 	b.last = seq
 	b.seqs = append(b.seqs, seq)
+	b.bytes += ev.Size()
 	if err != nil {
 		now := time.Now().UnixNano()
 		b.bad = append(b.bad, capture.DeadEvent{Event: ev, Err: "bad row: " + err.Error(), Class: "permanent",

@@ -39,7 +39,7 @@ type batch struct {
 	done  bool     // archived; guarded by st.mu
 	xids  []uint32 // the transactions of the batch's rows
 	n     int      // rows when handed out; guarded by st.mu
-	bytes int      // payload bytes of events; guarded by st.mu
+	bytes int      // bytes of events (event.Event.Size) and bad rows; guarded by st.mu
 }
 
 func (b *batch) rows() int { return len(b.events) + len(b.bad) }

@@ -324,6 +324,17 @@ func (d *decoder) payload(rel *relation, v []byte) ([]byte, error) {
 	return out, nil
 }
 
+// size returns the bytes r holds, counted like event.Event.Size.
+func (r *badRow) size() int {
+	n := event.Overhead + len(r.err)
+	for _, v := range r.vals {
+		if v != nil {
+			n += len(*v)
+		}
+	}
+	return n
+}
+
 // badRow keeps the values of a row that cannot become an event.
 func (d *decoder) badRow(err error) *badRow {
 	b := &badRow{err: "bad row: " + err.Error()}

@@ -27,7 +27,7 @@ type drain struct {
 
 func (s *Source) newDrain(ctx context.Context, to int64) (*drain, error) {
 	src, err := poll.New(ctx, poll.Options{Pool: s.opts.Pool, Layout: s.opts.Layout, BatchSize: s.opts.BatchSize,
-		ArchiveMode: s.opts.ArchiveMode, MaxSeq: to, WALDrain: true, Logger: s.log})
+		MaxBatchBytes: s.opts.MaxBatchBytes, ArchiveMode: s.opts.ArchiveMode, MaxSeq: to, WALDrain: true, Logger: s.log})
 	if err != nil {
 		return nil, fmt.Errorf("drain: %w", err)
 	}

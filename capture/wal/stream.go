@@ -46,7 +46,7 @@ type stream struct {
 	inflight        []*batch
 	flushed         pglogrepl.LSN // the position confirmed to the server
 	unarchived      int           // rows of handed-out batches not archived yet
-	unarchivedBytes int           // their payload bytes
+	unarchivedBytes int           // their bytes (event.Event.Size)
 	lastTake        time.Time     // when the last batch was handed out
 }
 
@@ -58,9 +58,10 @@ type stream struct {
 // back by the number of its batches.
 const maxUnarchivedBatches = 24
 
-// maxUnarchivedBytes bounds the payload bytes of the rows handed out and
-// not yet archived, so large payloads do not hold hundreds of MB.
-const maxUnarchivedBytes = 24 << 20
+// unarchivedBatchBytes bounds the bytes (event.Event.Size) of the rows
+// handed out and not yet archived, in Options.MaxBatchBytes, so large
+// payloads do not hold hundreds of MB.
+const unarchivedBatchBytes = 3
 
 func newStream(src *Source, conn *pgconn.PgConn, start, replayTo pglogrepl.LSN, every time.Duration) *stream {
 	st := &stream{src: src, conn: conn, dec: newDecoder(src.opts.Layout), every: every, log: src.log,
@@ -131,9 +132,9 @@ func (st *stream) take() (*batch, time.Duration) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	b := st.open
-	full := b.rows() >= st.src.opts.BatchSize
+	full := st.isFull(b)
 	if b.rows() == 0 || !(full || st.atCommit) ||
-		st.unarchived >= maxUnarchivedBatches*st.src.opts.BatchSize || st.unarchivedBytes >= maxUnarchivedBytes {
+		st.unarchived >= maxUnarchivedBatches*st.src.opts.BatchSize || st.unarchivedBytes >= unarchivedBatchBytes*st.src.opts.MaxBatchBytes {
 		return nil, 0
 	}
 	if since := time.Since(st.lastTake); !full && since < batchLinger {
@@ -182,7 +183,7 @@ func (st *stream) add(d decoded) bool {
 		b.xids = append(b.xids, d.xid)
 	}
 	if d.ev != nil {
-		b.bytes += len(d.ev.Payload)
+		b.bytes += d.ev.Size()
 		b.events = append(b.events, d.ev)
 		b.seqs = append(b.seqs, d.seq)
 		if d.stored != "" {
@@ -192,10 +193,11 @@ func (st *stream) add(d decoded) bool {
 			b.stored[d.ev] = d.stored
 		}
 	} else {
+		b.bytes += d.bad.size()
 		b.bad = append(b.bad, d.bad)
 	}
 	st.atCommit = false
-	full := b.rows() >= st.src.opts.BatchSize
+	full := st.isFull(b)
 	if full {
 		signal(st.ready)
 	}
@@ -240,7 +242,13 @@ func (st *stream) nothingInFlight() bool {
 func (st *stream) full() bool {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	return st.open.rows() >= st.src.opts.BatchSize
+	return st.isFull(st.open)
+}
+
+// isFull reports whether b holds Options.BatchSize rows or
+// Options.MaxBatchBytes bytes; st.mu is held.
+func (st *stream) isFull(b *batch) bool {
+	return b.rows() >= st.src.opts.BatchSize || b.bytes >= st.src.opts.MaxBatchBytes
 }
 
 func (st *stream) position() pglogrepl.LSN {

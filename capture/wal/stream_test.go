@@ -305,3 +305,35 @@ func TestIdleOutboxBusyDatabaseAdvancesSlot(t *testing.T) {
 		return st.WALStatus == "reserved" && st.LagBytes >= 0 && st.LagBytes < 1<<20
 	})
 }
+
+// TestBatchBytes: one transaction of large rows streams through in batches
+// that end once they hold MaxBatchBytes, a row larger than that in a batch
+// of its own.
+func TestBatchBytes(t *testing.T) {
+	pool := setup(t, layout)
+	o := options(t, pool, layout, 500)
+	o.MaxBatchBytes = 300 << 10
+	src := newStreaming(t, o)
+	mustExec(t, pool, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+		SELECT gen_random_uuid(), 'order', 'a' || i, 'step', jsonb_build_object('pad', repeat('x', CASE WHEN i = 5 THEN 500000 ELSE 100000 END))
+		FROM generate_series(1, 12) AS i`)
+	batches := 0
+	for got := 0; got < 12; batches++ {
+		b := next(t, src, 30*time.Second)
+		if b == nil {
+			t.Fatalf("got %d of 12 events", got)
+		}
+		bytes := 0
+		for _, ev := range b.Events() {
+			if bytes >= o.MaxBatchBytes {
+				t.Errorf("batch %d goes on after %d bytes", batches, bytes)
+			}
+			bytes += ev.Size()
+		}
+		got += len(b.Events())
+		complete(t, b)
+	}
+	if batches < 4 {
+		t.Errorf("12 rows of 100 KB and one of 500 KB came in %d batches, want at least 4", batches)
+	}
+}

@@ -63,6 +63,12 @@ type Options struct {
 	ArchiveMode string
 	// BatchSize is the most rows in one batch. Default 500.
 	BatchSize int
+	// MaxBatchBytes ends a batch once its events hold this many bytes
+	// (event.Event.Size); a row larger than it is a batch of its own, so a
+	// transaction of any size streams through in batches of about this
+	// size. Rows handed out and not archived yet hold at most three times
+	// as much: the stream is not read meanwhile. Default 8 MiB.
+	MaxBatchBytes int
 	// StatusInterval is the longest time between standby status updates.
 	// It is lowered to a third of the connection's wal_sender_timeout.
 	// Default 1s, so that a crash replays little more than a second of
@@ -104,6 +110,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.BatchSize <= 0 {
 		o.BatchSize = 500
+	}
+	if o.MaxBatchBytes <= 0 {
+		o.MaxBatchBytes = 8 << 20
 	}
 	if o.StatusInterval <= 0 {
 		o.StatusInterval = time.Second

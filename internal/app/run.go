@@ -108,10 +108,12 @@ func (r *Relay) open(ctx context.Context) error {
 		Metrics: pipeline.NewMetrics(r.reg, cfg.Sink.Type),
 		Retry: pipeline.Retry{Initial: cfg.Retry.Initial.D(), Max: cfg.Retry.Max.D(),
 			MaxAttempts: cfg.Retry.MaxAttempts},
-		ParkAggregate:   cfg.DeadLetter.ParkAggregate,
-		MaxInFlight:     window,
-		BatchSize:       batch,
-		ShutdownTimeout: cfg.ShutdownTimeout.D(),
+		ParkAggregate:    cfg.DeadLetter.ParkAggregate,
+		MaxInFlight:      window,
+		MaxInFlightBytes: 2 * cfg.Capture.MaxBatchBytes,
+		BatchSize:        batch,
+		MaxBatchBytes:    cfg.Capture.MaxBatchBytes,
+		ShutdownTimeout:  cfg.ShutdownTimeout.D(),
 	})
 	r.source = src
 	registerStats(r.reg, r.pipeline.Stats(), src, r.backlog, r.capturing)
@@ -168,10 +170,11 @@ func openSource(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, log
 	if cfg.Capture.Mode == "wal" {
 		return wal.New(ctx, wal.Options{Pool: pool, Layout: l,
 			Slot: cfg.Capture.WAL.Slot, Publication: cfg.Capture.WAL.Publication,
-			ArchiveMode: cfg.Archive.Mode, BatchSize: cfg.Capture.Poll.BatchSize, Failover: cfg.Capture.WAL.Failover, Logger: log})
+			ArchiveMode: cfg.Archive.Mode, BatchSize: cfg.Capture.Poll.BatchSize, MaxBatchBytes: cfg.Capture.MaxBatchBytes,
+			Failover: cfg.Capture.WAL.Failover, Logger: log})
 	}
 	return poll.New(ctx, poll.Options{
-		Pool: pool, Layout: l, BatchSize: cfg.Capture.Poll.BatchSize,
+		Pool: pool, Layout: l, BatchSize: cfg.Capture.Poll.BatchSize, MaxBatchBytes: cfg.Capture.MaxBatchBytes,
 		Interval: cfg.Capture.Poll.Interval.D(), Partitions: cfg.Capture.Poll.Partitions,
 		ParkAggregates: cfg.DeadLetter.ParkAggregate, ArchiveMode: cfg.Archive.Mode, Logger: log,
 	})
