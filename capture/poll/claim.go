@@ -92,29 +92,36 @@ func buildQueries(l schema.Layout, archiveMode string, park bool, types map[stri
 	}
 }
 
-// claimBytes returns the SQL expression of about the bytes an outbox row
-// o becomes (event.Event.Size) without reading a stored value: the payload's
-// length for text, varchar, json and bytea, its stored (possibly
-// compressed) size for jsonb and other types, the stored size of the other
-// columns, and event.Overhead. A claim compares the sum of the rows it
-// reads with the real sizes (see batch.scan), and stops there too.
+// claimBytes returns the SQL expression of the bytes an outbox row o
+// becomes (about event.Event.Size), reading as few stored values as it
+// can: the length of text, varchar and bytea values (known without
+// reading them), the stored size of small values of other types, and the
+// text length of larger ones, whose stored size may be compressed far
+// below it, plus event.Overhead. A claim also compares the sum of the rows
+// it reads with their real sizes (see Source.claim), and stops there too.
 func claimBytes(c schema.Columns, types map[string]string) string {
-	payload := "o." + schema.Q(c.Payload)
-	size := fmt.Sprintf("pg_column_size(%s)", payload)
-	switch t := types[c.Payload]; {
-	case t == "text", t == "bytea", strings.HasPrefix(t, "character varying"):
-		size = fmt.Sprintf("octet_length(%s)", payload)
-	case t == "json":
-		size = fmt.Sprintf("octet_length(%s::text)", payload)
-	}
-	parts := []string{fmt.Sprintf("coalesce(%s, 0)", size), strconv.Itoa(event.Overhead)}
-	for _, name := range []string{c.AggregateType, c.AggregateID, c.EventType, c.Headers, c.OrderBy} {
-		if name != "" {
-			parts = append(parts, fmt.Sprintf("coalesce(pg_column_size(o.%s), 0)", schema.Q(name)))
+	parts := []string{strconv.Itoa(event.Overhead)}
+	for _, name := range []string{c.Payload, c.Headers, c.AggregateType, c.AggregateID, c.EventType, c.OrderBy} {
+		if name == "" {
+			continue
 		}
+		v := "o." + schema.Q(name)
+		size := fmt.Sprintf("CASE WHEN pg_column_size(%s) <= %d THEN pg_column_size(%s) ELSE octet_length(%s::text) END",
+			v, storedExact, v, v)
+		if t := types[name]; t == "text" || t == "bytea" || strings.HasPrefix(t, "character varying") {
+			size = fmt.Sprintf("octet_length(%s)", v)
+		}
+		parts = append(parts, fmt.Sprintf("coalesce(%s, 0)", size))
 	}
 	return strings.Join(parts, " + ")
 }
+
+// storedExact is the largest stored size claimBytes takes for the size of
+// a value that is not text, varchar or bytea: reading the text of every
+// small value would cost more than the claim. A small value that
+// PostgreSQL compressed is longer than its stored size; then the source's
+// count of the rows it reads ends the claim (see Source.claim).
+const storedExact = 1024
 
 // claimOf returns the claim of the rows of partitions parts, of n, with
 // seq above cursor and at most bound and the transaction's safe seq, and
