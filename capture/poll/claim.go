@@ -232,7 +232,8 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 	if s.opts.MaxSeq > 0 {
 		bound = s.opts.MaxSeq
 	}
-	sql, skippedSQL, args := s.sql.claimOf(s.lease.owned, s.opts.Partitions, s.cursor, bound, s.opts.BatchSize, s.flight.above(s.cursor))
+	limit := s.claimLimit()
+	sql, skippedSQL, args := s.sql.claimOf(s.lease.owned, s.opts.Partitions, s.cursor, bound, limit, s.flight.above(s.cursor))
 	br.Queue(sql, args...).
 		Query(func(rows pgx.Rows) error {
 			for rows.Next() {
@@ -258,6 +259,7 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 	br.Queue(s.sql.lastSeq, s.info.SeqSequence).QueryRow(func(row pgx.Row) error { return row.Scan(&r.tailH) })
 	br.Queue(s.sql.writers, s.opts.Layout.Outbox.Ident()).QueryRow(func(row pgx.Row) error { return row.Scan(&r.tailL) })
 	if err := conn.SendBatch(ctx, br).Close(); err != nil {
+		s.limit = max(limit/4, 1) // e.g. a statement timeout sizing large rows
 		return nil, fmt.Errorf("claim: %w", err)
 	}
 	s.settle(&r, bound)
@@ -269,7 +271,11 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 	least := b.holdBack(skipped)
 	s.skipped = least > 0
 	n := len(b.seqs)
-	s.idle = n < s.opts.BatchSize
+	s.idle = n < limit
+	s.limit = limit * 2
+	if b.bytes >= s.opts.MaxBatchBytes {
+		s.limit = n
+	}
 	s.blocked = s.marks.held()
 	if n == 0 {
 		s.cursor = 0
@@ -336,6 +342,18 @@ func (b *batch) holdBack(skipped []skippedRow) int64 {
 	})
 	b.seqs = slices.DeleteFunc(b.seqs, func(seq int64) bool { return dropped[seq] })
 	return least
+}
+
+// claimLimit returns how many rows the next claim locks and sizes at most:
+// BatchSize, or after a claim whose rows reached MaxBatchBytes as many rows
+// as it took, so that claims of large rows do not size rows they do not
+// take; it doubles after every claim that did not reach MaxBatchBytes, and
+// falls to a quarter after a failed claim.
+func (s *Source) claimLimit() int {
+	if s.limit <= 0 || s.limit > s.opts.BatchSize {
+		s.limit = s.opts.BatchSize
+	}
+	return s.limit
 }
 
 // readings are what one claim's round trip read besides the rows: the

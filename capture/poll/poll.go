@@ -137,6 +137,7 @@ type Source struct {
 	// writers began; zero outside such a run.
 	heldSince time.Time
 	from      int64 // the cursor the last claim started from
+	limit     int   // see claimLimit
 	// claimedTo is the safe seq that bounded the last claim.
 	claimedTo int64
 	// skipped is set when the last claim skipped rows another transaction
