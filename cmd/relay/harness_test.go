@@ -96,6 +96,8 @@ type stackOptions struct {
 	// owns nothing and may create nothing, with exactly the grants `relay
 	// init --dry-run --role` prints (see stack.restrict).
 	LeastPrivilege bool
+	// NATS tunes the stack's NATS server, e.g. its max_payload.
+	NATS testenv.NATSOptions
 }
 
 // newStack starts NATS, writes a config and runs `relay init`.
@@ -111,7 +113,7 @@ func newStack(t *testing.T, opts ...stackOptions) *stack {
 	if o.Mode == "" {
 		o.Mode = "poll"
 	}
-	n, err := testenv.StartNATS(testenv.NATSOptions{})
+	n, err := testenv.StartNATS(o.NATS)
 	if err != nil {
 		t.Fatal(err)
 	}
