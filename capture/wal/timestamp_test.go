@@ -3,8 +3,11 @@ package wal
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"os/exec"
 	"testing"
 	"time"
+	_ "time/tzdata" // the zones of TestParseTimestampMatchesTimeParse without the system's
 )
 
 // parseWithLayouts is parseTimestamp without its fast path.
@@ -64,24 +67,37 @@ func pow10(n int) int {
 	return p
 }
 
+// tzChild marks the child processes of TestParseTimestampMatchesTimeParse.
+const tzChild = "RELAY_TEST_TZ_CHILD"
+
 // TestParseTimestampMatchesTimeParse checks the fast path returns exactly
 // what time.Parse with timestampLayouts returns (instant, location and
-// offset), or the same failure, with time.Local at UTC and at offsets the
-// inputs use.
+// offset), or the same failure, with time.Local at UTC, at offsets the
+// inputs use and at the machine's own. Each time.Local is set by TZ in a
+// child process running this test: assigning time.Local here would race
+// with every goroutine reading the clock (an embedded NATS server's).
 func TestParseTimestampMatchesTimeParse(t *testing.T) {
-	saved := time.Local
-	defer func() { time.Local = saved }()
-	for _, local := range []*time.Location{time.UTC, time.FixedZone("X", 2*3600), time.FixedZone("Y", -7*3600), saved} {
-		time.Local = local
+	if os.Getenv(tzChild) != "" {
 		for _, s := range timestampInputs() {
 			got, err := parseTimestamp(s)
 			want, werr := parseWithLayouts(s)
 			if (err != nil) != (werr != nil) {
-				t.Fatalf("Local %s: %q: error %v, time.Parse's %v", local, s, err, werr)
+				t.Fatalf("Local %s: %q: error %v, time.Parse's %v", time.Local, s, err, werr)
 			}
 			if !sameTime(got, want) {
-				t.Fatalf("Local %s: %q parsed as %s (%s), time.Parse gives %s (%s)", local, s, got, got.Location(), want, want.Location())
+				t.Fatalf("Local %s: %q parsed as %s (%s), time.Parse gives %s (%s)", time.Local, s, got, got.Location(), want, want.Location())
 			}
+		}
+		return
+	}
+	for _, tz := range []string{"UTC", "Etc/GMT-2", "Etc/GMT+7", ""} {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestParseTimestampMatchesTimeParse$", "-test.count=1")
+		cmd.Env = append(os.Environ(), tzChild+"=1")
+		if tz != "" {
+			cmd.Env = append(cmd.Env, "TZ="+tz)
+		}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("TZ=%q: %v\n%s", tz, err, out)
 		}
 	}
 }
