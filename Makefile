@@ -2,14 +2,20 @@ GO ?= go
 
 .PHONY: test deps demo build vet bench
 
-# test installs missing test dependencies, then runs every test: the relay
-# module's and those of the nested modules helpers and deploy/helm (./...
-# stops at their go.mod), each also when an earlier one failed; it fails if
-# any did. deploy/helm requires the relay's module through a replace, so
-# -mod=mod lets it follow the relay's go.mod as that changes.
+# RACE_PKGS are the packages with concurrency of their own (the pipeline,
+# the capture sources, the sinks): test runs them under the race detector.
+RACE_PKGS = ./pipeline/... ./capture/... ./sink/...
+
+# test installs missing test dependencies, then runs every test: RACE_PKGS
+# with -race in one go test run, the relay module's other packages without,
+# then those of the nested modules helpers and deploy/helm (./... stops at
+# their go.mod), each also when an earlier one failed; it fails if any did.
+# deploy/helm requires the relay's module through a replace, so -mod=mod
+# lets it follow the relay's go.mod as that changes.
 test: deps
 	status=0; \
-	$(GO) test -count=1 -timeout 15m ./... || status=1; \
+	$(GO) test -count=1 -timeout 15m -race $(RACE_PKGS) || status=1; \
+	$(GO) test -count=1 -timeout 15m $$($(GO) list ./... | grep -v -E '/relay/(pipeline|capture|sink)(/|$$)') || status=1; \
 	(cd helpers && $(GO) test -count=1 -timeout 5m ./...) || status=1; \
 	(cd deploy/helm && $(GO) test -mod=mod -count=1 -timeout 5m ./...) || status=1; \
 	exit $$status

@@ -32,6 +32,14 @@ else
   fi
 fi
 
+# A C toolchain: make test runs the pipeline, capture and sink packages
+# with -race, which needs cgo.
+if command -v gcc >/dev/null 2>&1; then
+  echo "deps: gcc present"
+else
+  apt_install gcc libc6-dev
+fi
+
 # kcat (Debian package kcat, formerly kafkacat): sink/kafka's interop test
 # reads with it what the relay wrote to an in-process kfake cluster.
 if command -v kcat >/dev/null 2>&1; then
