@@ -528,7 +528,8 @@ func TestPublishCancel(t *testing.T) {
 	time.AfterFunc(200*time.Millisecond, cancel)
 	start := time.Now()
 	err := s.Publish(ctx, testEvents(10, 10))
-	if d := time.Since(start); d > time.Second {
+	// Far below the minute it would wait, with room for -race on a loaded machine.
+	if d := time.Since(start); d > 15*time.Second {
 		t.Errorf("Publish returned %v after the cancel", d-200*time.Millisecond)
 	}
 	checkAll(t, "after cancel", err, 10, fault.Unavailable)
@@ -549,7 +550,8 @@ func TestCloseFailsPendingPublish(t *testing.T) {
 	time.AfterFunc(200*time.Millisecond, func() { s.Close() })
 	start := time.Now()
 	err := s.Publish(context.Background(), testEvents(3, 3))
-	if d := time.Since(start); d > time.Second {
+	// Far below the minute it would wait, with room for -race on a loaded machine.
+	if d := time.Since(start); d > 15*time.Second {
 		t.Errorf("Publish returned %v after Close", d-200*time.Millisecond)
 	}
 	checkAll(t, "after Close", err, 3, fault.Unavailable)

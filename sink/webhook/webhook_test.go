@@ -478,7 +478,8 @@ func TestCancel(t *testing.T) {
 	time.AfterFunc(200*time.Millisecond, cancel)
 	start := time.Now()
 	err = s.Publish(ctx, testEvents(100)) // more than max_concurrency: some wait for a slot
-	if d := time.Since(start); d > time.Second {
+	// Far below the minute it would wait, with room for -race on a loaded machine.
+	if d := time.Since(start); d > 15*time.Second {
 		t.Errorf("Publish returned %v after the cancel", d-200*time.Millisecond)
 	}
 	for i, c := range sinktest.Classes(err, 100) {
@@ -494,7 +495,8 @@ func TestClose(t *testing.T) {
 	time.AfterFunc(200*time.Millisecond, func() { s.Close() })
 	start := time.Now()
 	err := s.Publish(context.Background(), testEvents(5))
-	if d := time.Since(start); d > time.Second {
+	// Far below the minute it would wait, with room for -race on a loaded machine.
+	if d := time.Since(start); d > 15*time.Second {
 		t.Errorf("Publish returned %v after Close", d-200*time.Millisecond)
 	}
 	for i, c := range sinktest.Classes(err, 5) {
