@@ -167,24 +167,24 @@ const txTimeout = 5 * time.Second
 
 // begin starts every transaction of the source at READ COMMITTED,
 // whatever default_transaction_isolation says, so that each statement takes
-// its own snapshot: the claim's rows must be read after ready released the
+// its own snapshot: the claim's rows must be read after safeBound released the
 // writers it found ended, and the archive, which only touches rows this
 // relay claimed, never fails on a serialization conflict.
 const begin = "BEGIN ISOLATION LEVEL READ COMMITTED"
 
-// guard is the first statement of every transaction of the source. It also
+// txLimits is the first statement of every transaction of the source. It also
 // plans the claim with its parameters' values, so that PostgreSQL 14 and
 // later look the in-flight rows up in a hash table.
-const guard = `SELECT set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $1, true),
+const txLimits = `SELECT set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $1, true),
 	set_config('plan_cache_mode', 'force_custom_plan', true)`
 
-var guardArg = strconv.FormatInt(txTimeout.Milliseconds(), 10)
+var txLimitsArg = strconv.FormatInt(txTimeout.Milliseconds(), 10)
 
 // headSeq reads H (see the package doc) at the start of the claiming
-// transaction and keeps it in the transaction's relay.h setting for ready.
+// transaction and keeps it in the transaction's relay.h setting for safeBound.
 const headSeq = `SELECT set_config('relay.h', coalesce(pg_sequence_last_value($1::regclass), 0)::text, true)::bigint`
 
-// ready runs after the work locks are taken and before the claim, as a
+// safeBound runs after the work locks are taken and before the claim, as a
 // statement of its own so that the claim's snapshot is taken after it. In
 // one read of pg_locks it counts the owned partitions this relay still
 // leases ($2 lease key, $3 lease connection pid, $4 owned partitions) and
@@ -193,7 +193,7 @@ const headSeq = `SELECT set_config('relay.h', coalesce(pg_sequence_last_value($1
 // none of whose writers is open any more. It stores the safe seq, at least
 // $5 (or -1 when a lease was lost), in the transaction's relay.safe
 // setting, which bounds the claim.
-const ready = `WITH locks AS (
+const safeBound = `WITH locks AS (
 	SELECT coalesce(array_agg(DISTINCT virtualtransaction) FILTER (WHERE locktype = 'relation' AND relation = $1::regclass
 		AND mode = 'RowExclusiveLock' AND pid IS DISTINCT FROM pg_backend_pid()), '{}') AS open,
 	count(*) FILTER (WHERE locktype = 'advisory' AND granted AND pid = $3 AND objsubid = 2
@@ -262,7 +262,7 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 		s.limit = max(limit/4, 1) // e.g. a statement timeout sizing large rows
 		return nil, fmt.Errorf("claim: %w", err)
 	}
-	s.settle(&r, bound)
+	s.recordReadings(&r, bound)
 	if r.leased < len(s.lease.owned) {
 		s.log.Warn("partition leases lost; claiming stops until they are leased again",
 			"leased", r.leased, "owned", len(s.lease.owned))
@@ -367,7 +367,7 @@ type readings struct {
 }
 
 // prepare returns the claiming transaction up to its claim: it begins,
-// takes the work locks of the owned partitions, reads H, and runs ready,
+// takes the work locks of the owned partitions, reads H, and runs safeBound,
 // with the pending watermarks, which checks which partitions this relay
 // still leases (see Scale-out in lease.go) and works out the safe seq.
 func (s *Source) prepare(r *readings) *pgx.Batch {
@@ -375,17 +375,17 @@ func (s *Source) prepare(r *readings) *pgx.Batch {
 	k := s.lease.keys
 	br := &pgx.Batch{}
 	br.Queue(begin)
-	br.Queue(guard, guardArg)
+	br.Queue(txLimits, txLimitsArg)
 	br.Queue(s.sql.lockWork, k.work, s.lease.owned)
 	br.Queue(headSeq, s.info.SeqSequence).QueryRow(func(row pgx.Row) error { return row.Scan(&r.headH) })
-	br.Queue(ready, s.opts.Layout.Outbox.Ident(), k.lease, s.lease.pid, s.lease.owned, s.marks.safe, seqs, writers).
+	br.Queue(safeBound, s.opts.Layout.Outbox.Ident(), k.lease, s.lease.pid, s.lease.owned, s.marks.safe, seqs, writers).
 		QueryRow(func(row pgx.Row) error { return row.Scan(&r.leased, &r.headL, &r.safe) })
 	return br
 }
 
-// settle records what a claim bounded by bound read: the safe seq it
+// recordReadings records what a claim bounded by bound read: the safe seq it
 // used and both (H, L) pairs.
-func (s *Source) settle(r *readings, bound int64) {
+func (s *Source) recordReadings(r *readings, bound int64) {
 	s.claimedTo = min(r.safe, bound)
 	s.marks.safe = max(s.marks.safe, r.safe)
 	s.marks.advance(r.headH, r.headL)
@@ -462,7 +462,7 @@ func (b *batch) complete(ctx context.Context, o capture.Outcome) error {
 	}
 	br := &pgx.Batch{}
 	br.Queue(begin)
-	br.Queue(guard, guardArg)
+	br.Queue(txLimits, txLimitsArg)
 	if len(dead) > 0 {
 		seqs := make([]int64, len(dead))
 		for i, d := range dead {

@@ -10,7 +10,7 @@ import (
 // TestClaimReadCommittedUnderRepeatableReadDefault shows that the claim's
 // snapshot follows its watermark check even where sessions default to
 // repeatable read: a writer holding back seq 1 commits after the claiming
-// transaction began but before ready released it, and the claim takes
+// transaction began but before safeBound released it, and the claim takes
 // seq 1 and 2 together instead of seq 2 alone. The claim is stalled at its
 // work locks, which the test holds, to place the commit there.
 func TestClaimReadCommittedUnderRepeatableReadDefault(t *testing.T) {

@@ -389,7 +389,7 @@ func (w *watermarks) advance(h int64, writers []string) {
 	}
 }
 
-// flat returns the pending pairs as the ready statement's parameters: one
+// flat returns the pending pairs as the safeBound statement's parameters: one
 // element per pair and writer.
 func (w *watermarks) flat() (seqs []int64, writers []string) {
 	for _, m := range w.pending {

@@ -6,7 +6,7 @@ import (
 )
 
 // TestPendingBounded: while one writer stays open and short writers come
-// and go, many claims keep the pending pairs' parameters of the ready
+// and go, many claims keep the pending pairs' parameters of the safeBound
 // statement bounded: each pair keeps only writers that are still open, and
 // merged pairs list each writer once.
 func TestPendingBounded(t *testing.T) {

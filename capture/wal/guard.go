@@ -254,8 +254,8 @@ func (s *Source) holding() bool {
 // that start publishes them from the table before streaming; a crash
 // before the drain ends leaves it pending for the next start.
 func recordDrain(ctx context.Context, q schema.Querier, l schema.Layout, slot string) error {
-	stmts := l.CreateSlot(slot)
-	for _, stmt := range []string{stmts[0], stmts[2]} {
+	c := l.CreateSlot(slot, false)
+	for _, stmt := range []string{c.RecordDrain, c.FillDrain} {
 		if _, err := q.Exec(ctx, stmt); err != nil {
 			return permanentIfDenied(fmt.Errorf("record a drain of the outbox for stalled slot %s: %w", slot, err))
 		}

@@ -20,13 +20,9 @@ func SetupSQL(l schema.Layout, slot, publication string, failover bool) []string
 		l.DrainTableStep().SQL(),
 		"-- publication " + publication + ", when missing:\n" + l.CreatePublication(publication),
 	}
-	for i, stmt := range createSlotSQL(l, slot, failover) {
-		if i == 0 {
-			stmt = "-- replication slot " + slot + ", when missing:\n" + stmt
-		}
-		stmts = append(stmts, stmt)
-	}
-	return stmts
+	c := l.CreateSlot(slot, failover)
+	c.RecordDrain = "-- replication slot " + slot + ", when missing:\n" + c.RecordDrain
+	return append(stmts, c.List()...)
 }
 
 // Setup creates what wal capture needs besides the outbox and dead-letter

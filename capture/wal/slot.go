@@ -80,9 +80,10 @@ func inspectSlot(ctx context.Context, q schema.Querier, slot string) (slotInfo, 
 // schema.Layout.CreateSlot). A slot created concurrently by another process
 // is fine: its drain is recorded too.
 func createSlot(ctx context.Context, q schema.Querier, l schema.Layout, slot string, failover bool) error {
-	for i, stmt := range createSlotSQL(l, slot, failover) {
+	c := l.CreateSlot(slot, failover)
+	for _, stmt := range c.List() {
 		_, err := q.Exec(ctx, stmt)
-		if i == 1 && hasCode(err, codeDuplicateObject) {
+		if stmt == c.Create && hasCode(err, codeDuplicateObject) {
 			err = nil
 		}
 		if err != nil {
@@ -192,14 +193,4 @@ func checkPublishedColumns(table []byte, l schema.Layout, pub string) error {
 		}
 	}
 	return nil
-}
-
-// createSlotSQL returns schema.Layout.CreateSlot's statements, creating the
-// slot with failover enabled when asked (PostgreSQL 17 and later).
-func createSlotSQL(l schema.Layout, slot string, failover bool) []string {
-	stmts := l.CreateSlot(slot)
-	if failover {
-		stmts[1] = fmt.Sprintf(`SELECT pg_create_logical_replication_slot(%s, 'pgoutput', failover => true)`, schema.Literal(slot))
-	}
-	return stmts
 }

@@ -157,7 +157,7 @@ func TestGuardFix(t *testing.T) {
 	} {
 		cfg := parse(t, minimalYAML)
 		cfg.Archive.Mode, cfg.Capture.Mode = tc.archive, tc.capture
-		g := &dbGuard{layout: layoutOf(cfg), cfg: cfg, role: "relay"}
+		g := &dbFailures{layout: layoutOf(cfg), cfg: cfg, role: "relay"}
 		if got := g.fix(tc.err); got != tc.want {
 			t.Errorf("archive %s, %s capture, %v:\n got %s\nwant %s", tc.archive, tc.capture, tc.err, got, tc.want)
 		}

@@ -24,7 +24,7 @@ func (r *Relay) handler() http.Handler {
 		w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := r.guard.failing(); err != nil {
+		if err := r.dbFailures.failing(); err != nil {
 			http.Error(w, "database refuses the relay: "+redact.String(err.Error()), http.StatusServiceUnavailable)
 			return
 		}

@@ -48,7 +48,7 @@ func (r *Relay) live() liveStatus {
 	s := liveStatus{Capturing: r.capturing(), Ready: st.Ready.Load(), Broken: []liveDestination{},
 		Captured: st.Captured.Load(), Published: st.Published.Load(), DeadLettered: st.DeadLettered.Load(),
 		Retries: st.Retries.Load(), InFlight: st.InFlight.Load()}
-	if err := r.guard.failing(); err != nil {
+	if err := r.dbFailures.failing(); err != nil {
 		s.DatabaseError = redact.String(err.Error())
 	}
 	if l, ok := r.source.(leader); ok {

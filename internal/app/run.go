@@ -24,18 +24,18 @@ import (
 
 // Relay is a configured, connected relay ready to Run.
 type Relay struct {
-	cfg      *config.Config
-	log      *slog.Logger
-	pipeline *pipeline.Pipeline
-	pool     *pgxpool.Pool
-	reg      *prometheus.Registry
-	guard    *dbGuard
-	source   any // the capture source, for its leader and partition state
-	backlog  *sampled
-	dlq      *sampled     // rows in the dead-letter table
-	ln       net.Listener // http.listen, served by Run; nil with front or without http.listen
-	front    *front       // relay run's handler, serving from before Open; nil: Open listens itself
-	closers  []func()
+	cfg        *config.Config
+	log        *slog.Logger
+	pipeline   *pipeline.Pipeline
+	pool       *pgxpool.Pool
+	reg        *prometheus.Registry
+	dbFailures *dbFailures
+	source     any // the capture source, for its leader and partition state
+	backlog    *sampled
+	dlq        *sampled     // rows in the dead-letter table
+	ln         net.Listener // http.listen, served by Run; nil with front or without http.listen
+	front      *front       // relay run's handler, serving from before Open; nil: Open listens itself
+	closers    []func()
 }
 
 // pipelineWindow is the most events held between capture and archive.
@@ -100,10 +100,10 @@ func (r *Relay) open(ctx context.Context) error {
 	batch, window := limitRate(snk, cfg.Sink.RateLimit, r.reg, log, batch)
 	r.backlog = newBacklogAge(layoutOf(cfg), cfg.Archive.Mode)
 	r.dlq = newDeadLetterCount(layoutOf(cfg))
-	r.guard = &dbGuard{Source: tracedSource(tracer, recorded(src, snk, cfg), cfg), log: log, layout: layoutOf(cfg), cfg: cfg,
+	r.dbFailures = &dbFailures{Source: tracedSource(tracer, recorded(src, snk, cfg), cfg), log: log, layout: layoutOf(cfg), cfg: cfg,
 		role: pool.Config().ConnConfig.User, initial: cfg.Retry.Initial.D(), max: cfg.Retry.Max.D(),
 		fatalAfter: cfg.Postgres.FatalAfter.D()}
-	r.pipeline = pipeline.New(r.guard, tracedSink(tracer, snk, cfg.Sink), pipeline.Options{
+	r.pipeline = pipeline.New(r.dbFailures, tracedSink(tracer, snk, cfg.Sink), pipeline.Options{
 		Logger:  log,
 		Metrics: pipeline.NewMetrics(r.reg, cfg.Sink.Type),
 		Retry: pipeline.Retry{Initial: cfg.Retry.Initial.D(), Max: cfg.Retry.Max.D(),
@@ -126,7 +126,7 @@ func (r *Relay) open(ctx context.Context) error {
 // capturing reports whether capture works: the source answers and no
 // lasting database failure (a missing grant or table) persists.
 func (r *Relay) capturing() bool {
-	return r.pipeline.Stats().Capturing.Load() && r.guard.failing() == nil
+	return r.pipeline.Stats().Capturing.Load() && r.dbFailures.failing() == nil
 }
 
 // Stats returns the pipeline's live counters.

@@ -22,7 +22,7 @@ func TestTracingOff(t *testing.T) {
 	if got := tracedSink(nil, snk, config.Sink{Type: "nats"}); got != sink.Sink(snk) {
 		t.Errorf("tracedSink wrapped the sink: %T", got)
 	}
-	var src capture.Source = &dbGuard{}
+	var src capture.Source = &dbFailures{}
 	if got := tracedSource(nil, src, &config.Config{}); got != src {
 		t.Errorf("tracedSource wrapped the source: %T", got)
 	}

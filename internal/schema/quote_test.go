@@ -52,7 +52,7 @@ func TestGeneratedSQLQuotesNames(t *testing.T) {
 			stmts = append(stmts, l.CreateDeadLetter(nil)...)
 			stmts = append(stmts, l.ArchiveDDL("move", nil)...)
 			stmts = append(stmts, l.CreateDrainTable())
-			stmts = append(stmts, l.CreateSlot(slot)...)
+			stmts = append(stmts, l.CreateSlot(slot, false).List()...)
 			for _, stmt := range stmts {
 				if _, err := conn.Exec(ctx, stmt); err != nil {
 					t.Fatalf("%v\n%s", err, stmt)

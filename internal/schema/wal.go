@@ -42,17 +42,34 @@ func (l Layout) CreatePublication(pub string) string {
 	return fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')`, Q(pub), l.Outbox.Ident())
 }
 
-// CreateSlot returns the statements creating logical replication slot slot
-// (plugin pgoutput), in order: record a pending drain, create the slot,
-// then set the drain's bound to the seq sequence's last value (FillDrain).
-// The pending drain is recorded first so that a crash between the steps
-// never leaves a slot whose older rows nobody drains.
-func (l Layout) CreateSlot(slot string) []string {
-	return []string{
-		fmt.Sprintf(`INSERT INTO %s (slot) VALUES (%s) ON CONFLICT (slot) DO UPDATE SET drain_to = NULL, since = now()`,
+// SlotCreation is what creates a logical replication slot with a pending
+// drain of the rows committed before it. Its statements run in the order of
+// List: RecordDrain first, so that a crash between the steps never leaves a
+// slot whose older rows nobody drains.
+type SlotCreation struct {
+	// RecordDrain records a pending drain of the slot, without a bound.
+	RecordDrain string
+	// Create creates the slot (plugin pgoutput).
+	Create string
+	// FillDrain sets the drain's bound to the seq sequence's last value.
+	FillDrain string
+}
+
+// List returns the statements in the order they run.
+func (c SlotCreation) List() []string { return []string{c.RecordDrain, c.Create, c.FillDrain} }
+
+// CreateSlot returns what creates logical replication slot slot, with
+// failover enabled when failover is set (PostgreSQL 17 and later).
+func (l Layout) CreateSlot(slot string, failover bool) SlotCreation {
+	create := fmt.Sprintf(`SELECT pg_create_logical_replication_slot(%s, 'pgoutput')`, Literal(slot))
+	if failover {
+		create = fmt.Sprintf(`SELECT pg_create_logical_replication_slot(%s, 'pgoutput', failover => true)`, Literal(slot))
+	}
+	return SlotCreation{
+		RecordDrain: fmt.Sprintf(`INSERT INTO %s (slot) VALUES (%s) ON CONFLICT (slot) DO UPDATE SET drain_to = NULL, since = now()`,
 			l.DrainTable().Ident(), Literal(slot)),
-		fmt.Sprintf(`SELECT pg_create_logical_replication_slot(%s, 'pgoutput')`, Literal(slot)),
-		l.FillDrain(slot),
+		Create:    create,
+		FillDrain: l.FillDrain(slot),
 	}
 }
 

@@ -17,7 +17,7 @@ import (
 	"github.com/outboxrelay/relay/internal/wait"
 )
 
-// dbGuard wraps the capture source to handle database failures that do
+// dbFailures wraps the capture source to handle database failures that do
 // not pass by retrying at once: a failure that will not pass by itself
 // (pgerr.Lasting: a missing grant, table or column), whether a claim or a
 // batch's archive or dead-letter insert failed, and any other failed
@@ -31,7 +31,7 @@ import (
 // with exit status 1; other archive failures are retried as long as they
 // last. A successful claim ends a claim's failure, a successful archive any
 // failure. Next is called from one goroutine; batches complete on others.
-type dbGuard struct {
+type dbFailures struct {
 	capture.Source
 	log          *slog.Logger
 	layout       schema.Layout
@@ -51,7 +51,7 @@ type dbGuard struct {
 // Next waits out the backoff while a failure persists, then captures; it
 // gives up with a permanent error once a lasting failure has lasted
 // fatalAfter.
-func (g *dbGuard) Next(ctx context.Context) (capture.Batch, error) {
+func (g *dbFailures) Next(ctx context.Context) (capture.Batch, error) {
 	for {
 		if err := g.hold(ctx); err != nil {
 			return nil, err
@@ -73,7 +73,7 @@ func (g *dbGuard) Next(ctx context.Context) (capture.Batch, error) {
 
 // hold sleeps the backoff of a persisting failure, or returns the
 // permanent error once a lasting one has lasted fatalAfter.
-func (g *dbGuard) hold(ctx context.Context) error {
+func (g *dbFailures) hold(ctx context.Context) error {
 	g.mu.Lock()
 	err, lasting, n := g.failure, g.lasting, g.failures
 	g.mu.Unlock()
@@ -94,7 +94,7 @@ func (g *dbGuard) hold(ctx context.Context) error {
 
 // fail records a failure of a claim or, with archive, of an archive,
 // logging it when it begins and when its first lasting error comes.
-func (g *dbGuard) fail(err error, archive bool) {
+func (g *dbFailures) fail(err error, archive bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := time.Now()
@@ -120,7 +120,7 @@ func (g *dbGuard) fail(err error, archive bool) {
 
 // recover ends a failure after a successful archive, or a claim failure
 // after a successful claim (archive false).
-func (g *dbGuard) recover(archive bool) {
+func (g *dbFailures) recover(archive bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.failure == nil || (g.archive && !archive) {
@@ -131,14 +131,14 @@ func (g *dbGuard) recover(archive bool) {
 }
 
 // failing returns the failure in progress, or nil.
-func (g *dbGuard) failing() error {
+func (g *dbFailures) failing() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.failure
 }
 
 // fix names the statement or action that ends err.
-func (g *dbGuard) fix(err error) string {
+func (g *dbFailures) fix(err error) string {
 	pe := pgerr.Of(err)
 	switch {
 	case pe == nil:
@@ -165,7 +165,7 @@ func (g *dbGuard) fix(err error) string {
 // tableGrant returns the GRANT statement giving the role what `relay run`
 // needs (schema.RunPrivileges) on the relay's table of that unqualified
 // name, or "".
-func (g *dbGuard) tableGrant(name string) string {
+func (g *dbFailures) tableGrant(name string) string {
 	l := g.layout
 	needs := l.RunPrivileges(runNeeds(g.cfg, ""))
 	for _, t := range []schema.Table{l.Outbox, l.DeadLetter, l.Archive, l.DrainTable()} {
@@ -189,7 +189,7 @@ func (g *dbGuard) tableGrant(name string) string {
 // but not a failure because ctx ended (the relay stops).
 type guardedBatch struct {
 	capture.Batch
-	g *dbGuard
+	g *dbFailures
 }
 
 func (b *guardedBatch) Complete(ctx context.Context, o capture.Outcome) error {

@@ -48,7 +48,7 @@ func TestReadyReleasesAsAdvance(t *testing.T) {
 		{seq: 30, writers: []string{open2}},
 		{seq: 25, writers: []string{ended2, open1, open2}},
 	}}
-	// run runs ready with the pending pairs of w and H h, and returns the
+	// run runs safeBound with the pending pairs of w and H h, and returns the
 	// open writers it read and the safe seq.
 	run := func(w watermarks, h int64) ([]string, int64) {
 		seqs, writers := w.flat()
@@ -63,7 +63,7 @@ func TestReadyReleasesAsAdvance(t *testing.T) {
 		var leased int
 		var open []string
 		var safe int64
-		if err := tx.QueryRow(ctx, ready, l.Outbox.Ident(), int32(1), int32(0), []int32{}, w.safe, seqs, writers).
+		if err := tx.QueryRow(ctx, safeBound, l.Outbox.Ident(), int32(1), int32(0), []int32{}, w.safe, seqs, writers).
 			Scan(&leased, &open, &safe); err != nil {
 			t.Fatal(err)
 		}
@@ -75,11 +75,11 @@ func TestReadyReleasesAsAdvance(t *testing.T) {
 		slices.Sort(open)
 		slices.Sort(wantOpen)
 		if !slices.Equal(open, wantOpen) {
-			t.Fatalf("%s: ready read open writers %v, want %v", step, open, wantOpen)
+			t.Fatalf("%s: safeBound read open writers %v, want %v", step, open, wantOpen)
 		}
 		marks.advance(h, open)
 		if safe != wantSafe || marks.safe != wantSafe {
-			t.Fatalf("%s: ready released up to %d, advance up to %d, want %d", step, safe, marks.safe, wantSafe)
+			t.Fatalf("%s: safeBound released up to %d, advance up to %d, want %d", step, safe, marks.safe, wantSafe)
 		}
 	}
 	check("two writers open", 40, []string{open1, open2}, 15)
