@@ -4,7 +4,7 @@
 # as a non-root user. Build and run:
 #
 #   docker build -t outboxrelay/relay --build-arg VERSION=v0.2.0 --build-arg COMMIT=$(git rev-parse HEAD) .
-#   docker run --rm -v "$PWD/relay.yaml:/etc/relay/relay.yaml:ro" -p 9090:9090 outboxrelay/relay
+#   docker run --rm -v "$PWD/relay.yaml:/etc/relay/relay.yaml:ro" -p 127.0.0.1:9090:9090 outboxrelay/relay
 #
 # compose.yaml builds this image and runs it against Postgres and the brokers.
 # deploy/deploy_test.go checks this file's shape (docker cannot run in CI).
@@ -47,9 +47,11 @@ FROM gcr.io/distroless/static:nonroot
 COPY --from=builder /out/relay /relay
 USER nonroot:nonroot
 
-# http.listen: /metrics, /healthz, /readyz. The config must listen on
-# 0.0.0.0:9090 (not 127.0.0.1) for the port to be reachable from outside the
-# container.
+# http.listen: /metrics, /healthz, /readyz, unauthenticated. The config
+# must listen on 0.0.0.0:9090 (not 127.0.0.1) for the port to be reachable
+# from outside the container (the examples do with RELAY_HTTP_LISTEN set);
+# publish it only where Prometheus and the probes need it, e.g.
+# -p 127.0.0.1:9090:9090 (docs/operations.md, "Exposing /metrics").
 EXPOSE 9090
 
 # No HEALTHCHECK: distroless has no shell, curl or wget to run one, and the

@@ -354,8 +354,9 @@ func TestCompose(t *testing.T) {
 		if d, ok := relay.DependsOn[initName]; !ok || d.Condition != "service_completed_successfully" {
 			t.Errorf("%s: needs depends_on %s with condition service_completed_successfully", relayName, initName)
 		}
-		if !slices.ContainsFunc(relay.Ports, func(p string) bool { return strings.HasSuffix(p, ":"+httpPort) }) {
-			t.Errorf("%s: publishes %q, want the container's port %s (/metrics, /healthz, /readyz)", relayName, relay.Ports, httpPort)
+		if !slices.Contains(relay.Ports, "127.0.0.1:"+httpPort+":"+httpPort) {
+			t.Errorf("%s: publishes %q, want the container's port %s on the host's loopback only (/metrics, /healthz, /readyz have no authentication)",
+				relayName, relay.Ports, httpPort)
 		}
 		if init, ok := c.Services[initName]; ok {
 			if a, b := configMount(t, relayName, relay), configMount(t, initName, init); a != b {
@@ -522,6 +523,13 @@ func TestExamples(t *testing.T) {
 				t.Errorf("http.listen port %s, want %s (the Dockerfile's EXPOSE and compose's ports)", port, httpPort)
 			case host != "" && host != "0.0.0.0" && host != "::":
 				t.Errorf("http.listen %q is unreachable from outside the container; listen on 0.0.0.0", cfg.HTTP.Listen)
+			}
+			t.Setenv("RELAY_HTTP_LISTEN", "")
+			if alone, err := config.Load(file); err != nil {
+				t.Errorf("without compose's RELAY_HTTP_LISTEN: %v", err)
+			} else if !strings.HasPrefix(alone.HTTP.Listen, "127.0.0.1:") {
+				t.Errorf("without compose's RELAY_HTTP_LISTEN, http.listen is %q; bind loopback by default: /metrics has no authentication",
+					alone.HTTP.Listen)
 			}
 
 			checkHost := func(key, raw string) {
