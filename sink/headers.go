@@ -3,10 +3,11 @@ package sink
 import (
 	"context"
 	"log/slog"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/outboxrelay/relay/internal/rowtext"
 )
 
 // The reasons a sink leaves a row header out, the values of the reason
@@ -128,9 +129,9 @@ func (f *HeaderFilter) Forward(name string) bool {
 
 // HeaderDrops counts the row headers sinks drop, by reason, and logs them:
 // at most one warning per reason per DropLogInterval, naming the last
-// header dropped (quoted, cut to 64 bytes) and how many went since the
-// previous warning. A nil *HeaderDrops counts nothing. Safe for concurrent
-// use.
+// header dropped (escaped and cut to 64 bytes, rowtext.Label) and how many
+// went since the previous warning. A nil *HeaderDrops counts nothing. Safe
+// for concurrent use.
 type HeaderDrops struct {
 	log    *slog.Logger
 	counts [2]atomic.Int64 // by index in DropReasons
@@ -141,9 +142,6 @@ type HeaderDrops struct {
 // DropLogInterval is the least time between two warnings about dropped row
 // headers of one reason.
 const DropLogInterval = time.Minute
-
-// maxLoggedName is how much of a dropped header's name a warning quotes.
-const maxLoggedName = 64
 
 // NewHeaderDrops returns counters logging to log; a nil log logs nothing.
 func NewHeaderDrops(log *slog.Logger) *HeaderDrops { return &HeaderDrops{log: log} }
@@ -177,10 +175,7 @@ func (d *HeaderDrops) add(reason, name string) {
 		return
 	}
 	since := n - d.logged[i].Swap(n)
-	if len(name) > maxLoggedName {
-		name = name[:maxLoggedName]
-	}
 	d.log.LogAttrs(context.Background(), slog.LevelWarn, "row header not forwarded",
-		slog.String("header", strconv.Quote(name)), slog.String("reason", reason),
+		slog.String("header", rowtext.Label(name)), slog.String("reason", reason),
 		slog.Int64("dropped_since_last_warning", since))
 }

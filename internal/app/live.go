@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/outboxrelay/relay/internal/redact"
+	"github.com/outboxrelay/relay/internal/rowtext"
 )
 
 // liveStatus is what a running relay's GET /status answers: the state only
@@ -60,7 +61,8 @@ func (r *Relay) live() liveStatus {
 		s.PartitionsHeld = &held
 	}
 	for _, d := range r.pipeline.Destinations() {
-		s.Broken = append(s.Broken, liveDestination{Name: d.Name, Since: d.Since.UTC(), Error: redact.String(d.Err)})
+		s.Broken = append(s.Broken, liveDestination{Name: rowtext.Value(d.Name), Since: d.Since.UTC(),
+			Error: rowtext.Error(redact.String(d.Err))})
 	}
 	return s
 }

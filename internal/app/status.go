@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/redact"
+	"github.com/outboxrelay/relay/internal/rowtext"
 	"github.com/outboxrelay/relay/internal/schema"
 )
 
@@ -229,7 +230,7 @@ func (rep *statusReport) readRelays(ctx context.Context, tx pgx.Tx, l schema.Lay
 	total := cfg.Capture.Poll.Partitions
 	owned := map[int32]bool{}
 	for _, s := range sessions {
-		r := relayStatus{PID: s.PID, Client: printable(s.Client, 100), Since: s.Since.UTC()}
+		r := relayStatus{PID: s.PID, Client: rowtext.Clean(s.Client, 100), Since: s.Since.UTC()}
 		switch {
 		case cfg.Capture.Mode == "poll":
 			r.Role = "polling"
@@ -270,7 +271,7 @@ func (rep *statusReport) readDeadLetters(ctx context.Context, tx pgx.Tx, l schem
 	rep.DeadLetters, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (deadLetterStatus, error) {
 		var d deadLetterStatus
 		err := row.Scan(&d.ErrorClass, &d.Count, &d.LastFailedAt)
-		d.ErrorClass, d.LastFailedAt = printable(d.ErrorClass, 100), d.LastFailedAt.UTC()
+		d.ErrorClass, d.LastFailedAt = rowtext.Clean(d.ErrorClass, 100), d.LastFailedAt.UTC()
 		return d, err
 	})
 	if err != nil {
@@ -281,15 +282,15 @@ func (rep *statusReport) readDeadLetters(ctx context.Context, tx pgx.Tx, l schem
 
 // readLive asks the running relay at base for its state.
 func (rep *statusReport) readLive(ctx context.Context, base string) {
-	rep.Live = &liveReport{URL: printable(redact.String(base), 200)}
+	rep.Live = &liveReport{URL: rowtext.Clean(redact.String(base), 200)}
 	st, err := fetchLive(ctx, strings.TrimSuffix(base, "/"))
 	if err != nil {
-		rep.Live.Error = printable(redact.String(err.Error()), 300)
+		rep.Live.Error = rowtext.Clean(redact.String(err.Error()), 300)
 		return
 	}
-	st.DatabaseError = printable(st.DatabaseError, 300)
+	st.DatabaseError = rowtext.Clean(st.DatabaseError, 300)
 	for i, d := range st.Broken {
-		st.Broken[i] = liveDestination{Name: printable(d.Name, 200), Since: d.Since.UTC(), Error: printable(d.Error, 300)}
+		st.Broken[i] = liveDestination{Name: rowtext.Clean(d.Name, 200), Since: d.Since.UTC(), Error: rowtext.Clean(d.Error, 300)}
 	}
 	rep.Live.liveStatus = &st
 }
@@ -410,18 +411,6 @@ func (rep *statusReport) print(w io.Writer) {
 	for _, x := range rep.Warnings {
 		fmt.Fprintf(w, "WARN     %s\n", x)
 	}
-}
-
-// printable returns s with every byte and rune that is not printable
-// (control characters, invalid UTF-8, bidirectional overrides) escaped Go
-// style, cut to at most n runes, so that row data cannot rewrite an
-// operator's terminal.
-func printable(s string, n int) string {
-	if r := []rune(s); len(r) > n {
-		s = string(r[:n]) + "…"
-	}
-	q := strconv.Quote(s)
-	return q[1 : len(q)-1]
 }
 
 // bytesText formats n bytes with a binary unit.
