@@ -133,6 +133,10 @@ type Sink struct {
 	CloudEvents CloudEvents `yaml:"cloudevents"`
 	// RateLimit caps how fast the relay publishes. Default unlimited.
 	RateLimit RateLimit `yaml:"rate_limit"`
+	// HeldMaxAge is how long a destination may stay broken before the
+	// events it holds, and those routed to it while it stays broken, are
+	// dead-lettered with the reason. Default 0: held as long as it lasts.
+	HeldMaxAge Duration `yaml:"held_max_age"`
 }
 
 // CloudEvents configures the cloudevents envelope.
