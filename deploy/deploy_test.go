@@ -65,6 +65,7 @@ var metrics = map[string]struct{ pending, histogram bool }{
 	"relay_replication_slot_stall_recoveries_total": {},
 	"relay_destinations_broken":                     {},
 	"relay_destination_broken_seconds":              {},
+	"relay_held_max_age_seconds":                    {},
 }
 
 // knownMetric reports whether a series name in an expression is one of

@@ -29,6 +29,11 @@ import (
 //
 // While a destination has no events, the sink's Probe checks it every
 // Options.ProbeInterval, so a dead broker is reported with an idle outbox.
+//
+// With Options.HeldMaxAge, a destination broken that long expires: its
+// held aggregates are released and its events are sent as they come, each
+// failure of the destination dead-letters the event with the reason, and
+// the first acknowledgement closes the breaker.
 
 // suspectStreak is how many distinct events failing with suspect errors in a
 // row, with no acknowledgement in between, make the destination broken.
@@ -45,6 +50,7 @@ type destState struct {
 	failures  int         // failed probes since it opened
 	probeAt   time.Time   // next probe with a held event
 	probing   bool        // a held event is being sent as a probe
+	expired   bool        // open longer than Options.HeldMaxAge: nothing is held
 	idleProbe bool        // a sink probe is running
 	waiting   []*aggQueue // held aggregates, in the order they were held
 	streak    int         // distinct events with suspect failures since the last success
@@ -134,10 +140,10 @@ func (e *engine) trip(d *destState, err error, probe bool, now time.Time) {
 func (e *engine) ok(d *destState, probe bool, now time.Time) {
 	d.lastOK, d.streak = now, 0
 	d.gen++
-	if !d.open || !probe {
+	if !d.open || !(probe || d.expired) {
 		return
 	}
-	d.open = false
+	d.open, d.expired = false, false
 	e.broken--
 	e.p.log.Info("destination reachable again: resuming", "destination", rowtext.Value(d.name),
 		"broken_for", now.Sub(d.since).Round(time.Millisecond), "held_aggregates", len(d.waiting))
@@ -155,12 +161,14 @@ func (e *engine) hold(d *destState, q *aggQueue) {
 	d.waiting = append(d.waiting, q)
 }
 
-// dueProbes sends one held aggregate's head event to each broken
-// destination whose probe is due.
+// dueProbes expires the destinations broken for Options.HeldMaxAge and
+// sends one held aggregate's head event to each broken destination whose
+// probe is due.
 func (e *engine) dueProbes(now time.Time) {
 	if e.broken == 0 {
 		return
 	}
+	e.expire(now)
 	for _, d := range e.dests {
 		if !d.open || d.probing || len(d.waiting) == 0 || now.Before(d.probeAt) {
 			continue
@@ -173,15 +181,48 @@ func (e *engine) dueProbes(now time.Time) {
 	}
 }
 
-// nextProbe returns when the next held-event probe is due, or zero.
+// expire releases the held aggregates of every destination broken for
+// Options.HeldMaxAge: their events are sent, and dead-lettered while the
+// destination still fails.
+func (e *engine) expire(now time.Time) {
+	limit := e.p.opts.HeldMaxAge
+	if limit <= 0 {
+		return
+	}
+	for _, d := range e.dests {
+		if !d.open || d.expired || now.Sub(d.since) < limit {
+			continue
+		}
+		d.expired = true
+		e.p.log.Error("destination broken longer than sink.held_max_age: dead-lettering its held events, and those routed to it until it works",
+			"destination", d.name, "broken_for", now.Sub(d.since).Round(time.Millisecond),
+			"held_aggregates", len(d.waiting), "err", d.lastErr)
+		for _, q := range d.waiting {
+			q.held = false
+			e.markReady(q)
+		}
+		d.waiting = nil
+	}
+}
+
+// nextProbe returns when the next held-event probe or expiry is due, or
+// zero.
 func (e *engine) nextProbe() time.Time {
 	var next time.Time
 	if e.broken == 0 {
 		return next
 	}
+	earlier := func(t time.Time) {
+		if next.IsZero() || t.Before(next) {
+			next = t
+		}
+	}
 	for _, d := range e.dests {
-		if d.open && !d.probing && len(d.waiting) > 0 && (next.IsZero() || d.probeAt.Before(next)) {
-			next = d.probeAt
+		if d.open && !d.probing && len(d.waiting) > 0 {
+			earlier(d.probeAt)
+		}
+		if d.open && !d.expired && e.p.opts.HeldMaxAge > 0 {
+			earlier(d.since.Add(e.p.opts.HeldMaxAge))
 		}
 	}
 	return next

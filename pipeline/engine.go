@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/outboxrelay/relay/capture"
@@ -261,7 +262,7 @@ func (e *engine) dispatch() {
 				break // an event larger than MaxBatchBytes goes alone
 			}
 			q := e.popReady()
-			if d := q.items[0].dest; d.open && !q.probe {
+			if d := q.items[0].dest; d.open && !d.expired && !q.probe {
 				e.hold(d, q)
 				continue
 			}
@@ -374,22 +375,35 @@ func (e *engine) settleRun(rn run, batchErr error, off int, now time.Time) {
 	it.lastErr = err
 	class := fault.ClassOf(err)
 	e.p.opts.Metrics.failed(class)
-	switch {
-	case e.destLevel(d, it, err, d.okIn == e.settles):
+	destLevel := e.destLevel(d, it, err, d.okIn == e.settles)
+	if destLevel {
 		e.trip(d, err, probe, now)
+	}
+	switch {
+	case destLevel && !d.expired:
 		e.hold(d, q)
+	case destLevel:
+		it.lastErr = fmt.Errorf("destination broken for %s, longer than sink.held_max_age: %w",
+			now.Sub(d.since).Round(time.Second), err)
+		e.failed(it, fault.Permanent, now)
+		e.dead(q, it, now)
 	case e.failed(it, class, now):
-		bs := it.batch
-		e.popHead(q, it, now)
-		if e.p.opts.ParkAggregate {
-			e.parkAggregate(q, bs)
-		}
-		e.next(q)
+		e.dead(q, it, now)
 	default:
 		e.p.stats.Retries.Add(1)
 		q.retryAt = now.Add(e.p.opts.Retry.delay(it.attempts))
 		heap.Push(&e.retries, q)
 	}
+}
+
+// dead dead-letters it, the head of q, and moves q on.
+func (e *engine) dead(q *aggQueue, it *item, now time.Time) {
+	bs := it.batch
+	e.popHead(q, it, now)
+	if e.p.opts.ParkAggregate {
+		e.parkAggregate(q, bs)
+	}
+	e.next(q)
 }
 
 // failed counts a failed attempt of it and reports whether it is dead.

@@ -51,6 +51,11 @@ type Options struct {
 	ParkAggregate bool
 	// Metrics records histograms and labelled counters; nil records none.
 	Metrics *Metrics
+	// HeldMaxAge is how long a destination may stay broken before its held
+	// events, and those routed to it while it stays broken, are
+	// dead-lettered with the reason (sink.held_max_age). Default 0: they
+	// are held as long as it lasts.
+	HeldMaxAge time.Duration
 	// ProbeInterval is how often destinations without events are checked
 	// with the sink's Probe, when the sink implements sink.Destinations;
 	// it also bounds one probe. Default 5s.

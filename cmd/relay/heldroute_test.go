@@ -141,3 +141,67 @@ func TestArchiveFailureBacksOff(t *testing.T) {
 		})
 	}
 }
+
+// TestHeldMaxAgeReleasesWAL: in wal mode, with a webhook URL per
+// aggregate_type, the URL of type "gone" answers 404 for ever while the
+// other type is delivered. With sink.held_max_age 3s, the held events of
+// "gone" are dead-lettered with the reason once the URL has been broken that
+// long, and the replication slot's confirmed position moves past them: the
+// slot keeps no WAL for a route that never comes back.
+func TestHeldMaxAgeReleasesWAL(t *testing.T) {
+	rc := startPausingReceiver(t, "", func(string) bool { return false })
+	gone := httptest.NewServer(http.NotFoundHandler())
+	t.Cleanup(gone.Close)
+	mux := http.NewServeMux()
+	mux.Handle("/events/gone", gone.Config.Handler)
+	mux.Handle("/", rc.Config.Handler)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	s := newStack(t, stackOptions{Mode: "wal", Collect: rc.deliveries,
+		Sink:  fmt.Sprintf("sink:\n  type: webhook\n  held_max_age: 3s\n  webhook:\n    url: %s/events/{aggregate_type}\n", srv.URL),
+		Extra: "http:\n  listen: " + addr + "\n"})
+	relay := s.start()
+	ctx := context.Background()
+	waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
+	const held = 20
+	for i := range held {
+		if _, err := s.pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+			VALUES (gen_random_uuid(), 'gone', $1, 'step', '{}')`, fmt.Sprintf("g-%d", i%4)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var after string
+	if err := s.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	s.produce(ctx, 500, 20, 4)
+	waitFor(t, func() bool { return len(rc.deliveries()) >= 500 })
+	if n := s.deadLetters(); n != 0 {
+		t.Fatalf("%d dead letters before sink.held_max_age", n)
+	}
+	if !strings.Contains(scrape(t, addr), "\nrelay_held_max_age_seconds 3\n") {
+		t.Error("relay_held_max_age_seconds is not 3")
+	}
+	waitFor(t, func() bool { return s.deadLetters() == held })
+	waitFor(t, func() bool {
+		var past bool
+		err := s.pool.QueryRow(ctx, `SELECT coalesce(bool_and(confirmed_flush_lsn >= $1::pg_lsn), false)
+			FROM pg_replication_slots WHERE database = current_database()`, after).Scan(&past)
+		return err == nil && past
+	})
+	var reason string
+	if err := s.pool.QueryRow(ctx, `SELECT min(error) FROM outbox_dead_letter`).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(reason, "sink.held_max_age") || !strings.Contains(reason, "404") {
+		t.Errorf("dead letter reason %q", reason)
+	}
+	if n := s.outboxRows(); n != 0 {
+		t.Errorf("%d rows left in the outbox", n)
+	}
+	if code := relay.stop(t, 15*time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	t.Logf("%d events of a 404 route dead-lettered after sink.held_max_age 3s; the slot confirmed past them; reason %q", held, reason)
+}

@@ -60,10 +60,11 @@ func newRegistry() *prometheus.Registry {
 	return reg
 }
 
-// registerStats exposes the pipeline's counters, the source's state and the
-// outbox backlog age on reg. capturing reports whether capture works: the
-// pipeline's view and a lasting database failure the source's guard holds.
-func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backlog *sampled, capturing func() bool) {
+// registerStats exposes the pipeline's counters, the source's state, the
+// outbox backlog age and sink.held_max_age (heldMaxAge) on reg. capturing
+// reports whether capture works: the pipeline's view and a lasting
+// database failure the source's guard holds.
+func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backlog *sampled, capturing func() bool, heldMaxAge time.Duration) {
 	counter := func(name, help string, f func() int64) {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Name: name, Help: help},
 			func() float64 { return float64(f()) }))
@@ -80,6 +81,8 @@ func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backl
 	gauge("sink_ready", "1 when no destination is broken.", func() float64 { return boolFloat(st.Ready.Load()) })
 	gauge("destinations_broken", "Destinations the relay holds events for because they fail (auth, ACL, missing topic/queue/stream/route, unreachable).",
 		func() float64 { return float64(st.Broken.Load()) })
+	gauge("held_max_age_seconds", "sink.held_max_age: how long a destination may stay broken before its held events are dead-lettered; 0: never.",
+		func() float64 { return heldMaxAge.Seconds() })
 	gauge("capture_ready", "1 while capture works: Postgres answers and accepts the relay's statements.",
 		func() float64 { return boolFloat(capturing()) })
 	gauge("oldest_unpublished_age_seconds", "Age of the oldest row still in the outbox (by seq), 0 when empty.", backlog.load)

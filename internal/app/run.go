@@ -109,6 +109,7 @@ func (r *Relay) open(ctx context.Context) error {
 		Retry: pipeline.Retry{Initial: cfg.Retry.Initial.D(), Max: cfg.Retry.Max.D(),
 			MaxAttempts: cfg.Retry.MaxAttempts},
 		ParkAggregate:    cfg.DeadLetter.ParkAggregate,
+		HeldMaxAge:       cfg.Sink.HeldMaxAge.D(),
 		MaxInFlight:      window,
 		MaxInFlightBytes: 2 * cfg.Capture.MaxBatchBytes,
 		BatchSize:        batch,
@@ -116,7 +117,7 @@ func (r *Relay) open(ctx context.Context) error {
 		ShutdownTimeout:  cfg.ShutdownTimeout.D(),
 	})
 	r.source = src
-	registerStats(r.reg, r.pipeline.Stats(), src, r.backlog, r.capturing)
+	registerStats(r.reg, r.pipeline.Stats(), src, r.backlog, r.capturing, cfg.Sink.HeldMaxAge.D())
 	registerTables(r.reg, cfg.Capture.Mode, r.dlq)
 	r.reg.MustRegister(newDestinationCollector(r.pipeline.Destinations))
 	registerHeaderDrops(r.reg, snk.drops, cfg.Sink.Type)
