@@ -1,18 +1,17 @@
 package wal_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/pipeline"
 )
 
@@ -34,7 +33,7 @@ func TestMillionRowTransaction(t *testing.T) {
 	o.StatusInterval = 10 * time.Second
 	o.Logger = discard()
 	src := newStreaming(t, o)
-	before := vmHWM(t)
+	before := testenv.PeakRSS(t, os.Getpid())
 
 	snk := newOrderSink(rows, aggregates)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -68,7 +67,7 @@ func TestMillionRowTransaction(t *testing.T) {
 	if err := snk.err(); err != nil {
 		t.Fatal(err)
 	}
-	peak := vmHWM(t)
+	peak := testenv.PeakRSS(t, os.Getpid())
 	t.Logf("%d-row transaction: inserted in %s, published in %s, archived in %s; %d duplicates; "+
 		"at most %d events in flight; peak RSS %d MB (%d MB before streaming)",
 		rows, inserted.Round(time.Second), published.Round(time.Second), time.Since(start).Round(time.Second),
@@ -76,28 +75,6 @@ func TestMillionRowTransaction(t *testing.T) {
 	if peak > 200<<20 {
 		t.Fatalf("peak RSS %d MB, want under 200 MB", peak>>20)
 	}
-}
-
-// vmHWM returns the process's peak resident set size in bytes.
-func vmHWM(t *testing.T) int64 {
-	t.Helper()
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		t.Skip("no /proc/self/status:", err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmHWM in /proc/self/status")
-	return 0
 }
 
 // orderSink checks, with fixed memory, that each row i arrives and that

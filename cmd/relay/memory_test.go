@@ -7,14 +7,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/internal/verify"
@@ -53,7 +48,7 @@ func TestBigTransactionMemory(t *testing.T) {
 				}
 				s := newStack(t, o)
 				relay := s.start()
-				waitFor(t, func() bool { return s.outboxRows() == 0 && relayPeakRSS(t, relay) > 0 })
+				waitFor(t, func() bool { return s.outboxRows() == 0 && testenv.PeakRSS(t, relay.cmd.Process.Pid) > 0 })
 				ctx := context.Background()
 				if _, err := s.pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
 					SELECT gen_random_uuid(), 'big', 'agg-' || (i % 2), 'step', jsonb_build_object('i', i, 'pad', repeat('x', $1))
@@ -67,7 +62,7 @@ func TestBigTransactionMemory(t *testing.T) {
 					}
 					time.Sleep(100 * time.Millisecond)
 				}
-				peak := relayPeakRSS(t, relay)
+				peak := testenv.PeakRSS(t, relay.cmd.Process.Pid)
 				if code := relay.stop(t, 30*time.Second); code != 0 {
 					t.Fatalf("relay exited %d", code)
 				}
@@ -81,7 +76,7 @@ func TestBigTransactionMemory(t *testing.T) {
 						t.Fatalf("webhook received %d requests of %d bytes, want %d of at least %d", n, b, rows, rows*size)
 					}
 				default:
-					if n := streamMsgs(t, s.nats.URL()); n != rows {
+					if n := len(streamDeliveries(t, s.nats.URL())); n != rows {
 						t.Fatalf("stream holds %d messages, want %d", n, rows)
 					}
 				}
@@ -103,27 +98,6 @@ func memoryBound(batch, row int64) int64 {
 	return 48<<20 + 3*batch + 4*max(row, batch)
 }
 
-// relayPeakRSS returns the peak resident set size (VmHWM) of the running
-// relay p, in bytes.
-func relayPeakRSS(t *testing.T, p *relayProc) int64 {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for line := range strings.Lines(string(b)) {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmHWM in the relay's /proc status")
-	return 0
-}
-
 // bodyCounter is a webhook receiver that counts requests and body bytes.
 type bodyCounter struct {
 	mu    sync.Mutex
@@ -143,26 +117,4 @@ func (c *bodyCounter) counts() (requests, bytes int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.n, c.bytes
-}
-
-// streamMsgs returns how many messages the stream OUTBOX holds.
-func streamMsgs(t *testing.T, url string) int {
-	t.Helper()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	st, err := js.Stream(ctx, "OUTBOX")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return int(info.State.Msgs)
 }
