@@ -209,21 +209,12 @@ func Read(ctx context.Context, brokers []string, prefix string) ([]Record, error
 	}
 	cl.AddConsumePartitions(parts)
 	var recs []Record
-	for len(recs) < want {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("read %d of %d records: %w", len(recs), want, err)
-		}
-		fs.EachError(func(topic string, p int32, err error) {
-			errs = append(errs, fmt.Errorf("fetch %s/%d: %w", topic, p, err))
-		})
-		if len(errs) > 0 {
-			return nil, errors.Join(errs...)
-		}
-		for _, r := range fs.Records() {
-			recs = append(recs, Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
-				Key: r.Key, Headers: r.Headers, Value: r.Value, Raw: r})
-		}
+	err = consume(ctx, cl, func(r Record) bool {
+		recs = append(recs, r)
+		return len(recs) >= want
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read %d of %d records: %w", len(recs), want, err)
 	}
 	slices.SortStableFunc(recs, func(a, b Record) int {
 		if c := strings.Compare(a.Topic, b.Topic); c != 0 {
@@ -277,28 +268,41 @@ func ReadCommitted(ctx context.Context, brokers []string, prefix string) ([]Reco
 	}
 	cl.AddConsumePartitions(parts)
 	var recs []Record
-	for left > 0 {
+	err = consume(ctx, cl, func(r Record) bool {
+		if id, _ := r.Header("message_id"); strings.HasPrefix(id, "marker-") {
+			if id == mine {
+				left--
+			}
+		} else {
+			recs = append(recs, r)
+		}
+		return left == 0
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read committed records (%d partitions left): %w", left, err)
+	}
+	return recs, nil
+}
+
+// consume passes the records cl fetches to fn, in fetch order, until fn
+// returns true, a fetch fails or ctx ends.
+func consume(ctx context.Context, cl *kgo.Client, fn func(Record) bool) error {
+	for {
 		fs := cl.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("read committed records (%d partitions left): %w", left, err)
+			return err
 		}
 		var errs []error
 		fs.EachError(func(topic string, p int32, err error) {
 			errs = append(errs, fmt.Errorf("fetch %s/%d: %w", topic, p, err))
 		})
 		if len(errs) > 0 {
-			return nil, errors.Join(errs...)
+			return errors.Join(errs...)
 		}
 		for _, r := range fs.Records() {
-			rec := Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Headers: r.Headers, Value: r.Value, Raw: r}
-			if id, _ := rec.Header("message_id"); strings.HasPrefix(id, "marker-") {
-				if id == mine {
-					left--
-				}
-				continue
+			if fn(Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Headers: r.Headers, Value: r.Value, Raw: r}) {
+				return nil
 			}
-			recs = append(recs, rec)
 		}
 	}
-	return recs, nil
 }
