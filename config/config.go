@@ -251,14 +251,21 @@ type TLS struct {
 
 // KafkaSASL configures SASL authentication to the Kafka brokers.
 type KafkaSASL struct {
-	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512. Empty disables
-	// SASL.
+	// Mechanism is PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, AWS_MSK_IAM (the
+	// AWS SDK's default credential chain signs in; no username or
+	// password) or OAUTHBEARER (a bearer token from TokenFile or
+	// Password). Empty disables SASL.
 	Mechanism string `yaml:"mechanism"`
-	// Username is required with a mechanism.
+	// Username is required with PLAIN and SCRAM.
 	Username string `yaml:"username"`
-	// Password is required with a mechanism. Use ${VAR} to keep it out of
-	// the file; it is never logged.
+	// Password is required with PLAIN and SCRAM; with OAUTHBEARER and no
+	// TokenFile it is the bearer token. Use ${VAR} to keep it out of the
+	// file; it is never logged.
 	Password string `yaml:"password"`
+	// TokenFile is, with OAUTHBEARER, a file holding the bearer token,
+	// read again for every connection so that whatever refreshes it (a
+	// sidecar, a projected service account token) is followed.
+	TokenFile string `yaml:"token_file"`
 }
 
 // SQS configures the SQS sink.

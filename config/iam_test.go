@@ -30,3 +30,28 @@ func TestAWSIAMAuth(t *testing.T) {
 		}
 	}
 }
+
+// TestKafkaCloudSASL checks sink.kafka.sasl with AWS_MSK_IAM (no
+// credentials in the file) and OAUTHBEARER (a token file or the token as
+// password).
+func TestKafkaCloudSASL(t *testing.T) {
+	doc := func(sasl string) string {
+		return "postgres:\n  url: postgres://relay@db/app\ncapture:\n  mode: poll\nsink:\n  type: kafka\n  kafka:\n    brokers: [b-1:9098]\n    topic: t\n    sasl:\n" + sasl
+	}
+	env := func(string) (string, bool) { return "", false }
+	for _, ok := range []string{"      mechanism: AWS_MSK_IAM\n", "      mechanism: OAUTHBEARER\n      token_file: /var/run/secrets/kafka/token\n",
+		"      mechanism: OAUTHBEARER\n      password: tok\n"} {
+		if _, err := Parse([]byte(doc(ok)), env); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
+	}
+	for bad, key := range map[string]string{
+		"      mechanism: AWS_MSK_IAM\n      username: u\n":                                    "sink.kafka.sasl.mechanism",
+		"      mechanism: OAUTHBEARER\n":                                                       "sink.kafka.sasl.token_file",
+		"      mechanism: PLAIN\n      username: u\n      password: p\n      token_file: /t\n": "sink.kafka.sasl.token_file",
+	} {
+		if _, err := Parse([]byte(doc(bad)), env); err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("%s: %v, want an error naming %s", bad, err, key)
+		}
+	}
+}

@@ -306,15 +306,39 @@ func (l *loader) checkKafka(k Kafka) {
 		l.invalid("sink.kafka.replication_factor", "must be between 1 and %d (0 or unset: the broker's default.replication.factor), got %d", maxKafkaReplication, k.ReplicationFactor)
 	}
 	l.checkTLS("sink.kafka.tls", k.TLS)
-	if k.SASL.Mechanism == "" {
-		if k.SASL.Username != "" || k.SASL.Password != "" {
-			l.required("sink.kafka.sasl.mechanism", "", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, with sink.kafka.sasl.username and password")
+	l.checkKafkaSASL(k.SASL)
+}
+
+// kafkaMechanisms are the values of sink.kafka.sasl.mechanism.
+var kafkaMechanisms = []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "AWS_MSK_IAM", "OAUTHBEARER"}
+
+// checkKafkaSASL checks sink.kafka.sasl: the credentials each mechanism
+// takes, and none without a mechanism.
+func (l *loader) checkKafkaSASL(s KafkaSASL) {
+	if s.Mechanism == "" {
+		if s.Username != "" || s.Password != "" || s.TokenFile != "" {
+			l.required("sink.kafka.sasl.mechanism", "", orList(kafkaMechanisms))
 		}
 		return
 	}
-	if l.choice("sink.kafka.sasl.mechanism", k.SASL.Mechanism, "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") {
-		l.required("sink.kafka.sasl.username", k.SASL.Username, "")
-		l.required("sink.kafka.sasl.password", k.SASL.Password, "use ${VAR} to read it from the environment")
+	if !l.choice("sink.kafka.sasl.mechanism", s.Mechanism, kafkaMechanisms...) {
+		return
+	}
+	switch s.Mechanism {
+	case "AWS_MSK_IAM":
+		if s.Username != "" || s.Password != "" || s.TokenFile != "" {
+			l.invalid("sink.kafka.sasl.mechanism", "AWS_MSK_IAM signs in with the AWS SDK's default credential chain: remove sink.kafka.sasl.username, password and token_file")
+		}
+	case "OAUTHBEARER":
+		if s.TokenFile == "" && s.Password == "" {
+			l.required("sink.kafka.sasl.token_file", "", "a file with the bearer token (or the token itself in sink.kafka.sasl.password)")
+		}
+	default:
+		if s.TokenFile != "" {
+			l.invalid("sink.kafka.sasl.token_file", "is for OAUTHBEARER only")
+		}
+		l.required("sink.kafka.sasl.username", s.Username, "")
+		l.required("sink.kafka.sasl.password", s.Password, "use ${VAR} to read it from the environment")
 	}
 }
 

@@ -139,7 +139,8 @@ func kafkaConfig(c config.Kafka, txnID string) kafkasink.Config {
 			Enabled: c.TLS.Enabled, CAFile: c.TLS.CAFile, CertFile: c.TLS.CertFile, KeyFile: c.TLS.KeyFile,
 			InsecureSkipVerify: c.TLS.InsecureSkipVerify,
 		},
-		SASL:          kafkasink.SASL{Mechanism: c.SASL.Mechanism, Username: c.SASL.Username, Password: c.SASL.Password},
+		SASL: kafkasink.SASL{Mechanism: c.SASL.Mechanism, Username: c.SASL.Username, Password: c.SASL.Password,
+			TokenFile: c.SASL.TokenFile},
 		Transactional: c.Transactional, TransactionalID: txnID,
 	}
 }

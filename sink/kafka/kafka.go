@@ -16,15 +16,19 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
+	saslaws "github.com/twmb/franz-go/pkg/sasl/aws"
+	"github.com/twmb/franz-go/pkg/sasl/oauth"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
@@ -85,13 +89,17 @@ type TLS struct {
 
 // SASL configures SASL authentication to the brokers.
 type SASL struct {
-	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512. Default empty:
-	// no SASL.
+	// Mechanism is PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, AWS_MSK_IAM or
+	// OAUTHBEARER. Default empty: no SASL.
 	Mechanism string
-	// Username and Password are the credentials for Mechanism. The sink
+	// Username and Password are the credentials for PLAIN and SCRAM; with
+	// OAUTHBEARER and no TokenFile, Password is the bearer token. The sink
 	// never logs the password.
 	Username string
 	Password string
+	// TokenFile holds OAUTHBEARER's token; it is read for every
+	// connection.
+	TokenFile string
 }
 
 // Options tunes a Sink. The zero value uses the defaults documented on each
@@ -354,8 +362,48 @@ func saslMechanism(c SASL) (sasl.Mechanism, error) {
 		return scram.Auth{User: c.Username, Pass: c.Password}.AsSha256Mechanism(), nil
 	case "SCRAM-SHA-512":
 		return scram.Auth{User: c.Username, Pass: c.Password}.AsSha512Mechanism(), nil
+	case "AWS_MSK_IAM":
+		return mskIAM()
+	case "OAUTHBEARER":
+		return oauth.Oauth(func(context.Context) (oauth.Auth, error) { return bearer(c) }), nil
 	}
-	return nil, fmt.Errorf("sink.kafka.sasl.mechanism: %q is not PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", c.Mechanism)
+	return nil, fmt.Errorf("sink.kafka.sasl.mechanism: %q is not PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, AWS_MSK_IAM or OAUTHBEARER", c.Mechanism)
+}
+
+// mskIAM returns Amazon MSK's IAM mechanism with credentials from the AWS
+// SDK's default chain (environment, shared files, web identity, ECS and EC2
+// roles), which the SDK caches and refreshes; each connection signs with
+// the current ones. The region is the broker host's, else AWS_REGION.
+func mskIAM() (sasl.Mechanism, error) {
+	awsCfg, err := awsconfig.LoadDefaultConfig(context.Background())
+	if err != nil {
+		return nil, fmt.Errorf("sink.kafka.sasl.mechanism AWS_MSK_IAM: load AWS credentials: %w", err)
+	}
+	return saslaws.ManagedStreamingIAM(func(ctx context.Context) (saslaws.Auth, error) {
+		c, err := awsCfg.Credentials.Retrieve(ctx)
+		if err != nil {
+			return saslaws.Auth{}, fmt.Errorf("AWS credentials: %w", err)
+		}
+		return saslaws.Auth{AccessKey: c.AccessKeyID, SecretKey: c.SecretAccessKey, SessionToken: c.SessionToken,
+			UserAgent: "outbox-relay"}, nil
+	}), nil
+}
+
+// bearer returns OAUTHBEARER's token: TokenFile's content, read now, or
+// else Password.
+func bearer(c SASL) (oauth.Auth, error) {
+	if c.TokenFile == "" {
+		return oauth.Auth{Token: c.Password}, nil
+	}
+	b, err := os.ReadFile(c.TokenFile)
+	if err != nil {
+		return oauth.Auth{}, fmt.Errorf("sink.kafka.sasl.token_file: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return oauth.Auth{}, fmt.Errorf("sink.kafka.sasl.token_file %s is empty", c.TokenFile)
+	}
+	return oauth.Auth{Token: tok}, nil
 }
 
 // sanitize maps a rune of a template value that Kafka does not allow in a
