@@ -280,7 +280,9 @@ func (e *engine) dispatch() {
 		e.inFlight++
 		go func() {
 			start := time.Now()
+			call := e.p.stats.publishing.begin(start)
 			err := e.p.snk.Publish(e.ctx, batch)
+			e.p.stats.publishing.end(call)
 			e.p.opts.Metrics.publishDone(time.Since(start))
 			e.results <- result{runs: runs, err: err}
 		}()

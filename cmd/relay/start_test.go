@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxrelay/relay/internal/testenv"
 )
@@ -166,4 +169,35 @@ func get(addr, path string) string {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
+}
+
+// TestKafkaOutageNotReady makes the Kafka broker answer every produce
+// request NOT_ENOUGH_REPLICAS for 10 seconds while events flow, an outage
+// the Kafka client retries within its 15s timeout: /readyz answers 503
+// during it, as it does for every sink (a publish waiting over 5s for the
+// broker counts as unreachable); then everything is delivered.
+func TestKafkaOutageNotReady(t *testing.T) {
+	c, sinkYAML, collect := startKafkaCluster(t)
+	s := newStack(t, stackOptions{Sink: sinkYAML, Collect: collect})
+	addr := s.withHTTP()
+	relay := s.start()
+	waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
+	s.writeSome(50)
+	s.waitDrained(60 * time.Second)
+	fault := c.Kfake().Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: -1})
+	stopped := time.Now()
+	s.writeSome(50)
+	var notReady time.Duration
+	for time.Since(stopped) < 10*time.Second {
+		if notReady == 0 && readyz(addr) == http.StatusServiceUnavailable {
+			notReady = time.Since(stopped)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	fault.Remove()
+	if notReady == 0 {
+		t.Errorf("/readyz stayed 200 through a 10s Kafka outage")
+	}
+	s.finish(relay, addr)
+	t.Logf("kafka outage: /readyz 503 after %s", notReady.Round(100*time.Millisecond))
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/internal/rowtext"
+	"github.com/outboxrelay/relay/pipeline"
 )
 
 // handler serves /healthz (the process is alive), /readyz (capture works
@@ -31,6 +32,10 @@ func (r *Relay) handler() http.Handler {
 		switch st := r.Stats(); {
 		case !st.Capturing.Load():
 			http.Error(w, "capture failing (is Postgres reachable?)", http.StatusServiceUnavailable)
+			return
+		case st.Ready.Load() && !st.SinkReady():
+			http.Error(w, fmt.Sprintf("a publish has waited %s for the broker (over %s): treated as unreachable",
+				st.PublishWait().Round(time.Millisecond), pipeline.StallAfter), http.StatusServiceUnavailable)
 			return
 		case !st.Ready.Load():
 			var b strings.Builder

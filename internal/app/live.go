@@ -46,7 +46,7 @@ type liveDestination struct {
 // live returns the relay's liveStatus.
 func (r *Relay) live() liveStatus {
 	st := r.Stats()
-	s := liveStatus{Capturing: r.capturing(), Ready: st.Ready.Load(), Broken: []liveDestination{},
+	s := liveStatus{Capturing: r.capturing(), Ready: st.SinkReady(), Broken: []liveDestination{},
 		Captured: st.Captured.Load(), Published: st.Published.Load(), DeadLettered: st.DeadLettered.Load(),
 		Retries: st.Retries.Load(), InFlight: st.InFlight.Load()}
 	if err := r.dbFailures.failing(); err != nil {

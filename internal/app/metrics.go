@@ -78,7 +78,8 @@ func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backl
 	counter("publish_retries_total", "Failed publish attempts that were retried.", st.Retries.Load)
 	counter("events_archived_total", "Events archived after publishing.", st.Archived.Load)
 	gauge("events_in_flight", "Events captured and not yet settled.", func() float64 { return float64(st.InFlight.Load()) })
-	gauge("sink_ready", "1 when no destination is broken.", func() float64 { return boolFloat(st.Ready.Load()) })
+	gauge("sink_ready", "1 when no destination is broken and no publish has waited over 5s for the broker.",
+		func() float64 { return boolFloat(st.SinkReady()) })
 	gauge("destinations_broken", "Destinations the relay holds events for because they fail (auth, ACL, missing topic/queue/stream/route, unreachable).",
 		func() float64 { return float64(st.Broken.Load()) })
 	gauge("held_max_age_seconds", "sink.held_max_age: how long a destination may stay broken before its held events are dead-lettered; 0: never.",
