@@ -196,3 +196,38 @@ func TestPayloadSize(t *testing.T) {
 		}
 	}
 }
+
+// TestImpactSmoke runs the impact phase for about two seconds per run:
+// no relay, then a relay per mode, each relaying every committed event.
+func TestImpactSmoke(t *testing.T) {
+	var log bytes.Buffer
+	opts := Options{
+		Events: 1000, Aggregates: 500, Payload: 200, Modes: []string{"poll", "wal"}, Sinks: []string{"nats"},
+		Phases: []string{"impact"}, Relays: 1, ImpactFor: 2 * time.Second, ImpactClients: 4,
+		Log: &log, Args: []string{"relaybench", "(impact smoke test)"},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, opts)
+	if err != nil {
+		t.Fatalf("bench: %v\nlog:\n%s", err, log.String())
+	}
+	var table bytes.Buffer
+	printTable(&table, res)
+	t.Logf("\n%s", table.String())
+	if res.Impact == nil || len(res.Impact.Runs) != 3 || res.Impact.Pinning == "" {
+		t.Fatalf("impact: %+v", res.Impact)
+	}
+	for _, r := range res.Impact.Runs {
+		if r.Transactions == 0 || r.TPS <= 0 || r.Latency.P99 <= 0 || !r.Complete || r.WALBytes <= 0 {
+			t.Errorf("impact run %s: %+v", r.Relay, r)
+		}
+		if r.Relay != "none" && (r.EventsRelayed != r.Transactions || r.RelayCPUSeconds <= 0 || r.TPSRatio <= 0 || r.DeletesPer100k <= 0) {
+			t.Errorf("impact run %s: relayed %d of %d, relay CPU %.2fs, TPS ratio %.2f, deletes %.0f/100k",
+				r.Relay, r.EventsRelayed, r.Transactions, r.RelayCPUSeconds, r.TPSRatio, r.DeletesPer100k)
+		}
+	}
+	if !strings.Contains(table.String(), "IMPACT ON THE APPLICATION") {
+		t.Errorf("no impact table:\n%s", table.String())
+	}
+}

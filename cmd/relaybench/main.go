@@ -50,18 +50,20 @@ type Options struct {
 	ScaleEvents int // backlog of each scaling-curve drain
 	// PollNotify sets capture.poll.notify: `relay init` installs the
 	// insert NOTIFY trigger that wakes poll capture at once.
-	PollNotify   bool
-	PollInterval time.Duration // capture.poll.interval; 0: the relay's default
-	BatchSize    int           // capture.poll.batch_size; 0: the relay's default
-	Background   time.Duration // how long to sample the machine's load before starting
-	Relays       int           // relays draining at once (poll mode shares the work)
-	ProfileDir   string        // when set: an extra in-process poll drain with CPU and allocation profiles written here
-	RelayBin     string        // a prebuilt relay binary; empty: go build ./cmd/relay
-	RelayProcs   int           // GOMAXPROCS of the relay processes; 0: Go's default (the CPU count)
-	RSSEvents    int           // when above 0: a drain this large per mode measures the relay's peak RSS (-rss)
-	Consumer     bool          // also drain into NATS with a consumer reading the stream
-	Log          io.Writer
-	Args         []string // the command line, for the results
+	PollNotify    bool
+	PollInterval  time.Duration // capture.poll.interval; 0: the relay's default
+	BatchSize     int           // capture.poll.batch_size; 0: the relay's default
+	Background    time.Duration // how long to sample the machine's load before starting
+	Relays        int           // relays draining at once (poll mode shares the work)
+	ProfileDir    string        // when set: an extra in-process poll drain with CPU and allocation profiles written here
+	RelayBin      string        // a prebuilt relay binary; empty: go build ./cmd/relay
+	RelayProcs    int           // GOMAXPROCS of the relay processes; 0: Go's default (the CPU count)
+	RSSEvents     int           // when above 0: a drain this large per mode measures the relay's peak RSS (-rss)
+	Consumer      bool          // also drain into NATS with a consumer reading the stream
+	ImpactFor     time.Duration // length of each run of the impact phase
+	ImpactClients int           // application connections of the impact phase
+	Log           io.Writer
+	Args          []string // the command line, for the results
 }
 
 func main() {
@@ -125,7 +127,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 		got, known []string
 	}{{"sinks", "sink", o.Sinks, []string{"nats", "kafka"}},
 		{"modes", "mode", o.Modes, []string{"poll", "wal"}},
-		{"phases", "phase", o.Phases, []string{"drain", "baselines", "steady", "scaling"}}} {
+		{"phases", "phase", o.Phases, []string{"drain", "baselines", "steady", "scaling", "impact"}}} {
 		for _, v := range c.got {
 			if !slices.Contains(c.known, v) {
 				fmt.Fprintf(stderr, "relaybench: -%s: unknown %s %q (%s)\n", c.flag, c.what, v, strings.Join(c.known, ", "))
@@ -133,8 +135,8 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 			}
 		}
 	}
-	if o.Events <= 0 || o.Aggregates <= 0 || o.Payload < 40 || o.Writers < 0 || o.Relays <= 0 {
-		fmt.Fprintln(stderr, "relaybench: -events, -aggregates and -relays must be positive, -writers not negative, -payload at least 40")
+	if o.Events <= 0 || o.Aggregates <= 0 || o.Payload < 40 || o.Writers < 0 || o.Relays <= 0 || o.ImpactClients <= 0 {
+		fmt.Fprintln(stderr, "relaybench: -events, -aggregates, -relays and -impact-clients must be positive, -writers not negative, -payload at least 40")
 		return o, fmt.Errorf("usage")
 	}
 	return o, nil
@@ -156,7 +158,7 @@ func defineFlags(fs *flag.FlagSet, o *Options) listFlags {
 	l := listFlags{
 		modes:  fs.String("modes", "poll,wal", "capture modes to measure, comma separated (wal is reported as not available when this build rejects it)"),
 		sinks:  fs.String("sinks", "nats,kafka", "sinks of the backlog drains, comma separated: nats (embedded JetStream), kafka (kfake, franz-go's in-process fake broker); steady state uses nats"),
-		phases: fs.String("phases", "drain,baselines,steady", "what to measure, comma separated: drain, baselines, steady, scaling (payload size, aggregates and poll relays curves; not in the default run)"),
+		phases: fs.String("phases", "drain,baselines,steady", "what to measure, comma separated: drain, baselines, steady, scaling (payload size, aggregates and poll relays curves; not in the default run), impact (the application's TPS and commit latency without a relay and with one per mode; not in the default run)"),
 		rss:    fs.Bool("rss", false, "also drain 1,000,000 events per mode into NATS for the relay's peak RSS (takes minutes)"),
 	}
 	fs.DurationVar(&o.Steady, "steady", 15*time.Second, "length of each steady-state rate (25, 50, 100 % of the commit rate)")
@@ -174,6 +176,8 @@ func defineFlags(fs *flag.FlagSet, o *Options) listFlags {
 	fs.IntVar(&o.RelayProcs, "relay-gomaxprocs", 0, "GOMAXPROCS of the relay processes (default: Go's, the CPU count)")
 	fs.IntVar(&o.RSSEvents, "rss-events", 0, "events of each -rss drain (default 1,000,000; setting it implies -rss)")
 	fs.BoolVar(&o.Consumer, "consumer", true, "also drain each mode into NATS while a consumer reads the stream (the CPU and allocations table has a row for each)")
+	fs.DurationVar(&o.ImpactFor, "impact-for", 20*time.Second, "length of each run of -phases impact (no relay, then one per mode)")
+	fs.IntVar(&o.ImpactClients, "impact-clients", 16, "application connections of -phases impact, each committing UPDATE accounts + INSERT INTO outbox transactions in a loop")
 	return l
 }
 

@@ -21,6 +21,7 @@ func printTable(w io.Writer, r *Results) {
 	printLatency(w, r)
 	printRSS(w, r)
 	printScaling(w, r)
+	printImpact(w, r)
 	printTargets(w, r)
 	if r.Error != "" {
 		fmt.Fprintf(w, "\nINCOMPLETE: %s\n", firstLine(r.Error))

@@ -1,0 +1,412 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// accountRows is the size of the application's accounts table in the
+// impact phase (pgbench's pgbench_accounts at scale 1).
+const accountRows = 100_000
+
+// accountsDDL is the application's own table of the impact phase, filled
+// with accountRows rows and vacuumed before each run.
+const accountsDDL = `CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL DEFAULT 0, filler char(84) NOT NULL DEFAULT '')`
+
+const updateAccount = `UPDATE accounts SET balance = balance + 1 WHERE id = $1`
+
+// Impact is what the relay costs the application: the same transaction
+// load without a relay and with one per capture mode.
+type Impact struct {
+	// Pinning says whether the PostgreSQL server was pinned to CPU 0 and
+	// this bench (with NATS and the relay) to the other CPUs, and if not why.
+	Pinning string         `json:"pinning"`
+	Pinned  bool           `json:"pinned"`
+	Runs    []ImpactResult `json:"runs"`
+}
+
+// ImpactResult is one run of the impact phase: Clients connections each
+// committing `UPDATE accounts …; INSERT INTO outbox …` transactions in a
+// loop for Seconds, with Relay ("none", "poll" or "wal") relaying the
+// outbox into NATS. The costs per 100,000 events are over the load and
+// the relay's catch-up after it.
+type ImpactResult struct {
+	Relay           string      `json:"relay"`
+	Clients         int         `json:"clients"`
+	Seconds         float64     `json:"seconds"`
+	Transactions    int64       `json:"transactions"`
+	TPS             float64     `json:"tps"`
+	Latency         Percentiles `json:"commit_latency"`
+	EventsRelayed   int64       `json:"events_relayed"`
+	Complete        bool        `json:"complete"` // every committed event reached the stream
+	CatchUpSeconds  float64     `json:"catch_up_seconds"`
+	RelayCPUSeconds float64     `json:"relay_cpu_seconds"`
+	RelayCPUPer100k float64     `json:"relay_cpu_seconds_per_100k"`
+	PostgresPer100k float64     `json:"postgres_cpu_seconds_per_100k"`
+	WALBytes        int64       `json:"wal_bytes"`
+	WALBytesPer100k float64     `json:"wal_bytes_per_100k"`
+	DeadTuples      int64       `json:"outbox_n_dead_tup"`
+	DeadPer100k     float64     `json:"outbox_dead_tuples_per_100k"`
+	DeletesPer100k  float64     `json:"outbox_deletes_per_100k"`
+	UpdatesPer100k  float64     `json:"outbox_updates_per_100k"`
+	TPSRatio        float64     `json:"tps_ratio_to_no_relay,omitempty"`
+	P99Ratio        float64     `json:"p99_ratio_to_no_relay,omitempty"`
+	CPU             cpuUse      `json:"cpu"`
+}
+
+// impact runs the application's load without a relay, then with a relay in
+// each mode, each in a fresh database (impact phase).
+func (b *bench) impact(ctx context.Context) error {
+	if !b.opts.has("impact") {
+		return nil
+	}
+	im := &Impact{}
+	b.res.Impact = im
+	restore := b.pin(im)
+	defer restore()
+	b.opts.logf("impact: %s", im.Pinning)
+	for _, run := range append([]string{"none"}, b.modes...) {
+		r, err := b.impactRun(ctx, run)
+		if base := im.Runs; len(base) > 0 && base[0].TPS > 0 && base[0].Latency.P99 > 0 {
+			r.TPSRatio, r.P99Ratio = r.TPS/base[0].TPS, r.Latency.P99/base[0].Latency.P99
+		}
+		im.Runs = append(im.Runs, r)
+		if err != nil {
+			return fmt.Errorf("impact, relay %s: %w", run, err)
+		}
+		b.opts.logf("impact, relay %s: %.0f TPS, p50 %.2f ms, p99 %.2f ms, %d events relayed, relay CPU %.2f s/100k",
+			run, r.TPS, r.Latency.P50, r.Latency.P99, r.EventsRelayed, r.RelayCPUPer100k)
+	}
+	return nil
+}
+
+// pin pins the PostgreSQL server (the postmaster, its processes and the
+// backends it forks later) to CPU 0 and this process (NATS, the clients and
+// the relays it starts later) to the other CPUs when taskset exists and the
+// machine has two CPUs or more. It records what it did in im and returns
+// what undoes it.
+func (b *bench) pin(im *Impact) func() {
+	cpus := b.res.Machine.CPUs
+	pm := int(postmaster.Load())
+	_, err := exec.LookPath("taskset")
+	switch {
+	case err != nil:
+		im.Pinning = "not pinned: taskset not found"
+		return func() {}
+	case cpus < 2:
+		im.Pinning = "not pinned: one CPU"
+		return func() {}
+	case pm == 0:
+		im.Pinning = "not pinned: the postmaster's pid is unknown"
+		return func() {}
+	}
+	all, rest := fmt.Sprintf("0-%d", cpus-1), fmt.Sprintf("1-%d", cpus-1)
+	if cpus == 2 {
+		rest = "1"
+	}
+	if err := taskset("0", serverPids(pm)...); err != nil {
+		im.Pinning = "not pinned: " + err.Error()
+		return func() {}
+	}
+	if err := taskset(rest, os.Getpid()); err != nil {
+		_ = taskset(all, serverPids(pm)...)
+		im.Pinning = "not pinned: " + err.Error()
+		return func() {}
+	}
+	im.Pinned = true
+	im.Pinning = fmt.Sprintf("pinned with taskset: PostgreSQL on CPU 0, the bench (clients, NATS) and the relay on CPUs %s", rest)
+	return func() {
+		_ = taskset(all, serverPids(pm)...)
+		_ = taskset(all, os.Getpid())
+	}
+}
+
+// serverPids returns the postmaster pm and its child processes.
+func serverPids(pm int) []int {
+	pids := []int{pm}
+	ents, _ := os.ReadDir("/proc")
+	for _, ent := range ents {
+		pid, err := strconv.Atoi(ent.Name())
+		if err != nil {
+			continue
+		}
+		if _, ppid, _, _, err := procTimes(pid); err == nil && ppid == pm {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// taskset sets the CPU list of every thread of each pid; a process that
+// has exited in between is skipped.
+func taskset(list string, pids ...int) error {
+	for i, pid := range pids {
+		out, err := exec.Command("taskset", "-a", "-p", "-c", list, strconv.Itoa(pid)).CombinedOutput()
+		if err != nil && (i == 0 || processExists(pid)) {
+			return fmt.Errorf("taskset -a -p -c %s %d: %v: %s", list, pid, err, firstLine(string(out)))
+		}
+	}
+	return nil
+}
+
+func processExists(pid int) bool {
+	_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
+	return err == nil
+}
+
+// outboxStats is the outbox's row of pg_stat_user_tables.
+type outboxStats struct{ dead, del, upd int64 }
+
+func readOutboxStats(ctx context.Context, d *database) (outboxStats, error) {
+	var s outboxStats
+	err := d.pool.QueryRow(ctx, `SELECT n_dead_tup, n_tup_del, n_tup_upd FROM pg_stat_user_tables WHERE relname = 'outbox'`).
+		Scan(&s.dead, &s.del, &s.upd)
+	return s, err
+}
+
+// walLSN returns pg_current_wal_lsn() in bytes.
+func walLSN(ctx context.Context, d *database) (int64, error) {
+	var n int64
+	err := d.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'::pg_lsn`).Scan(&n)
+	return n, err
+}
+
+// impactRun runs the load once in a fresh database with the relay of run
+// ("none": no relay).
+func (b *bench) impactRun(ctx context.Context, run string) (ImpactResult, error) {
+	res := ImpactResult{Relay: run, Clients: b.opts.ImpactClients}
+	mode := run
+	if run == "none" {
+		mode = "poll" // `relay init` creates the outbox; no relay runs
+	}
+	d, err := b.newDatabase(ctx, "impact_"+run, mode)
+	if err != nil {
+		return res, err
+	}
+	defer b.dropDatabase(d)
+	if err := b.initRelay(ctx, d); err != nil {
+		return res, err
+	}
+	if err := d.exec(ctx, accountsDDL); err != nil {
+		return res, err
+	}
+	if err := d.exec(ctx, `INSERT INTO accounts (id) SELECT generate_series(1, $1)`, accountRows); err != nil {
+		return res, err
+	}
+	if err := prepareBacklog(ctx, d); err != nil { // vacuums the outbox; accounts below
+		return res, err
+	}
+	if err := d.exec(ctx, "VACUUM ANALYZE accounts"); err != nil {
+		return res, err
+	}
+	var relay *relayProc
+	if run != "none" {
+		b.deleteStream(ctx)
+		if relay, err = b.startRelay(d, "impact_"+run); err != nil {
+			return res, err
+		}
+		defer relay.stop()
+		if err := relay.waitReady(ctx, 2*time.Minute); err != nil {
+			return res, err
+		}
+	}
+	st0, err := readOutboxStats(ctx, d)
+	if err != nil {
+		return res, err
+	}
+	wal0, err := walLSN(ctx, d)
+	if err != nil {
+		return res, err
+	}
+	relay0 := relayCPU(relay)
+	cpu0 := sampleCPU()
+	if err := b.applicationLoad(ctx, d, &res); err != nil {
+		return res, err
+	}
+	if relay != nil {
+		if err := b.waitRelayed(ctx, relay, &res); err != nil {
+			return res, err
+		}
+	} else {
+		res.Complete = true
+	}
+	relayCPUs := relayCPU(relay) - relay0
+	res.CPU = cpuBetween(cpu0, sampleCPU(), relayCPUs)
+	wal1, err := walLSN(ctx, d)
+	if err != nil {
+		return res, err
+	}
+	if relay != nil {
+		if err := relay.stop(); err != nil {
+			return res, err
+		}
+	}
+	// Backends report their table statistics at most once a second and when
+	// they exit: wait for the last reports of the clients and the relay.
+	time.Sleep(1500 * time.Millisecond)
+	st1, err := readOutboxStats(ctx, d)
+	if err != nil {
+		return res, err
+	}
+	events := res.EventsRelayed
+	if relay == nil {
+		events = res.Transactions
+	}
+	per := func(v float64) float64 { return v * 100_000 / max(float64(events), 1) }
+	res.RelayCPUSeconds = relayCPUs
+	if relay != nil {
+		res.RelayCPUPer100k = per(relayCPUs)
+	}
+	res.PostgresPer100k = per(res.CPU.PostgresSeconds)
+	res.WALBytes = wal1 - wal0
+	res.WALBytesPer100k = per(float64(res.WALBytes))
+	res.DeadTuples = st1.dead
+	res.DeadPer100k = per(float64(st1.dead))
+	res.DeletesPer100k = per(float64(st1.del - st0.del))
+	res.UpdatesPer100k = per(float64(st1.upd - st0.upd))
+	return res, nil
+}
+
+// relayCPU returns the CPU seconds of relay so far; 0 without a relay.
+func relayCPU(relay *relayProc) float64 {
+	if relay == nil {
+		return 0
+	}
+	ps, _ := readProcStats(relay.cmd.Process.Pid)
+	return ps.CPUSeconds
+}
+
+// waitRelayed waits up to two minutes until the stream holds every
+// committed event.
+func (b *bench) waitRelayed(ctx context.Context, relay *relayProc, res *ImpactResult) error {
+	t0 := time.Now()
+	for {
+		n, err := b.streamMsgs(ctx)
+		if err == nil {
+			res.EventsRelayed = int64(n)
+		}
+		if res.EventsRelayed >= res.Transactions {
+			res.Complete = true
+			res.CatchUpSeconds = time.Since(t0).Seconds()
+			return nil
+		}
+		if err := relay.exited(); err != nil {
+			return err
+		}
+		if time.Since(t0) > 2*time.Minute {
+			return fmt.Errorf("relayed %d of %d events two minutes after the load", res.EventsRelayed, res.Transactions)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// applicationLoad runs opts.ImpactClients connections, each committing
+// `UPDATE accounts; INSERT INTO outbox` transactions in a loop for
+// opts.ImpactFor, and records their count, rate and commit latencies
+// (from BEGIN to the end of COMMIT) in res.
+func (b *bench) applicationLoad(ctx context.Context, d *database, res *ImpactResult) error {
+	clients := b.opts.ImpactClients
+	conns := make([]*pgx.Conn, clients)
+	defer func() {
+		for _, c := range conns {
+			if c != nil {
+				c.Close(context.Background())
+			}
+		}
+	}()
+	for i := range conns {
+		c, err := pgx.Connect(ctx, d.dsn)
+		if err != nil {
+			return err
+		}
+		conns[i] = c
+	}
+	var count atomic.Int64
+	var mu sync.Mutex
+	var hist histogram
+	errs := make(chan error, clients)
+	start := time.Now()
+	stop := start.Add(b.opts.ImpactFor)
+	var wg sync.WaitGroup
+	for w, c := range conns {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 13))
+			var local histogram
+			for i := 0; time.Now().Before(stop); i++ {
+				t := time.Now()
+				if err := accountTransaction(ctx, c, rng, uint32(w), i, b.opts.Aggregates, b.opts.Payload); err != nil {
+					errs <- err
+					return
+				}
+				local.record(time.Since(t))
+				count.Add(1)
+			}
+			mu.Lock()
+			hist.merge(&local)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	el := time.Since(start)
+	close(errs)
+	res.Transactions = count.Load()
+	res.Seconds = el.Seconds()
+	res.TPS = newRate(res.Transactions, el).PerSecond
+	res.Latency = hist.summary()
+	return <-errs
+}
+
+// accountTransaction commits one application transaction: an account's
+// balance update and one outbox event.
+func accountTransaction(ctx context.Context, c *pgx.Conn, rng *rand.Rand, tag uint32, idx, aggregates, payload int) error {
+	agg := rng.IntN(aggregates)
+	id := benchID(tag, idx, rng)
+	return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, updateAccount, 1+rng.IntN(accountRows)); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, insertOne, pgtype.UUID{Bytes: id, Valid: true}, aggType, aggregateID(agg), "step",
+			payloadFor(agg, idx, payload), eventHeaders)
+		return err
+	})
+}
+
+// printImpact prints the impact phase's runs.
+func printImpact(w io.Writer, r *Results) {
+	im := r.Impact
+	if im == nil || len(im.Runs) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n%s\n", im.Pinning)
+	t := newTable(w, "IMPACT ON THE APPLICATION", "clients", "TPS", "TPS ×", "p50 ms", "p99 ms", "p99 ×", "events relayed",
+		"relay CPU s/100k", "postgres CPU s/100k", "WAL MB/100k", "dead tup/100k", "del/100k", "upd/100k", "other CPU s")
+	for _, x := range im.Runs {
+		name, tps, p99, relayed, relayCPU := "no relay", "1.00×", "1.00×", "-", "-"
+		if x.Relay != "none" {
+			name, tps, p99 = x.Relay+" relay", fmt.Sprintf("%.2f×", x.TPSRatio), fmt.Sprintf("%.2f×", x.P99Ratio)
+			relayed, relayCPU = fmt.Sprint(x.EventsRelayed), f2(x.RelayCPUPer100k)
+		}
+		if !x.Complete {
+			name += " (INCOMPLETE)"
+		}
+		t.row(name, fmt.Sprint(x.Clients), f0(x.TPS), tps, f2(x.Latency.P50), f2(x.Latency.P99), p99, relayed, relayCPU,
+			f2(x.PostgresPer100k), f1(x.WALBytesPer100k/1e6), f0(x.DeadPer100k), f0(x.DeletesPer100k), f0(x.UpdatesPer100k),
+			f1(x.CPU.OtherSeconds))
+	}
+	t.flush()
+}
