@@ -20,7 +20,7 @@ import (
 
 // queries are the source's SQL, built once with quoted identifiers.
 type queries struct {
-	lastSeq, writers, lockWork, claim, claimAll, skipped, skippedAll, archive, archiveRange, deadLetter, dropDead string
+	lastSeq, writers, lockWork, claim, claimAll, claimOne, claimOneAll, skipped, skippedAll, archive, archiveRange, deadLetter, dropDead string
 }
 
 func buildQueries(l schema.Layout, archiveMode string, park bool, types map[string]string, maxBytes int) queries {
@@ -45,14 +45,14 @@ func buildQueries(l schema.Layout, archiveMode string, park bool, types map[stri
 		}
 		outer = append(outer, col)
 	}
-	claimSQL := func(filter string, skip int) string {
+	claimSQL := func(filter string, skip int, size string) string {
 		return fmt.Sprintf(`SELECT %s FROM (
 			SELECT c.*, sum(c.relay_size) OVER (ORDER BY c.c%d ROWS UNBOUNDED PRECEDING) - c.relay_size AS relay_before FROM (
 				SELECT %s, %s AS relay_size FROM %s o
 				WHERE %s > $1 AND %s <= least($2, current_setting('relay.safe')::bigint) %s AND NOT %s = ANY($%d::bigint[]) %s %s
 				ORDER BY %s LIMIT $3 FOR UPDATE SKIP LOCKED) c) c
 			WHERE c.relay_before < %d ORDER BY c.c%d`,
-			strings.Join(outer, ", "), colSeq, strings.Join(inner, ", "), claimBytes(c, types), t,
+			strings.Join(outer, ", "), colSeq, strings.Join(inner, ", "), size, t,
 			seq, seq, filter, seq, skip, l.Unpublished(archiveMode, "o"), parked, seq, maxBytes, colSeq)
 	}
 	// skippedSQL returns the statement that follows claimSQL(filter, skip)
@@ -76,9 +76,12 @@ func buildQueries(l schema.Layout, archiveMode string, park bool, types map[stri
 			WHERE locktype = 'relation' AND relation = $1::regclass AND mode = 'RowExclusiveLock'
 			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			AND pid IS DISTINCT FROM pg_backend_pid()`,
-		lockWork:     `SELECT pg_advisory_xact_lock_shared($1, p) FROM unnest($2::int[]) AS p`,
-		claim:        claimSQL(partitionFilter, 6),
-		claimAll:     claimSQL("", 4),
+		lockWork: `SELECT pg_advisory_xact_lock_shared($1, p) FROM unnest($2::int[]) AS p`,
+		claim:    claimSQL(partitionFilter, 6, claimBytes(c, types)),
+		claimAll: claimSQL("", 4, claimBytes(c, types)),
+		// A claim of one row takes it whatever its size: it sizes nothing.
+		claimOne:     claimSQL(partitionFilter, 6, "0"),
+		claimOneAll:  claimSQL("", 4, "0"),
 		skipped:      skippedSQL(partitionFilter, 6),
 		skippedAll:   skippedSQL("", 4),
 		archive:      l.ArchiveByKey(archiveMode, c.Seq, "bigint"),
@@ -126,13 +129,22 @@ const storedExact = 1024
 // claimOf returns the claim of the rows of partitions parts, of n, with
 // seq above cursor and at most bound and the transaction's safe seq, and
 // not in skip, at most limit of them, the statement reading the rows it
-// skipped (see skippedSQL), and their arguments. When parts holds every
+// skipped (see skippedSQL), and their arguments. A claim of one row does
+// not size it (see claimBytes). When parts holds every
 // partition the claim does not compute each row's partition.
 func (q queries) claimOf(parts []int32, n int, cursor, bound int64, limit int, skip []int64) (claim, skipped string, args []any) {
 	if coversAll(parts, n) {
-		return q.claimAll, q.skippedAll, []any{cursor, bound, limit, skip}
+		claim = q.claimAll
+		if limit == 1 {
+			claim = q.claimOneAll
+		}
+		return claim, q.skippedAll, []any{cursor, bound, limit, skip}
 	}
-	return q.claim, q.skipped, []any{cursor, bound, limit, n, parts, skip}
+	claim = q.claim
+	if limit == 1 {
+		claim = q.claimOne
+	}
+	return claim, q.skipped, []any{cursor, bound, limit, n, parts, skip}
 }
 
 // archiveOf returns the statement archiving the rows of seqs, not empty,
