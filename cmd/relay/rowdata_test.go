@@ -125,11 +125,11 @@ func TestDLQListEscapes(t *testing.T) {
 		t.Fatalf("dlq list: exit %d\n%s", code, out)
 	}
 	if strings.ContainsAny(out, "\x1b\x07\r\xff") {
-		t.Errorf("raw control characters or invalid UTF-8 in the output:\n%q", out)
+		t.Errorf("raw control characters or invalid UTF-8 in the output:\n%.2000q", out)
 	}
 	for _, want := range []string{`\x1b]0;title\a/id\r\x1b[2J\xff`, "eee...(10000000 bytes)", `boom\x1b[31m\nred`} {
 		if !strings.Contains(out, want) {
-			t.Errorf("output lacks %s:\n%s", want, out)
+			t.Errorf("output lacks %s:\n%.2000s", want, out)
 		}
 	}
 	if len(out) > 2000 {
