@@ -1,20 +1,23 @@
-package poll_test
+package pipeline_test
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/relay/capture/poll"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/schema"
+	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/pipeline"
 	"github.com/outboxrelay/relay/sink"
 )
@@ -65,7 +68,8 @@ func (s *parkSink) ackedIDs() []string {
 	return slices.Clone(s.acked)
 }
 
-// TestParkAggregateRedriveUnderLoad parks aggregate p behind its
+// TestParkAggregateRedriveUnderLoad, with poll capture on a real database,
+// parks aggregate p behind its
 // dead-lettered second event (dead_letter.park_aggregate), then redrives or
 // drops the dead letter while the relay is busy with other aggregates and
 // writes a newer event of p behind more load. Every event of p must be
@@ -76,7 +80,7 @@ func TestParkAggregateRedriveUnderLoad(t *testing.T) {
 	for _, action := range []string{"redrive", "drop"} {
 		t.Run(action, func(t *testing.T) {
 			ctx := context.Background()
-			pool := setup(t, layout)
+			pool := outboxDB(t)
 			src, err := poll.New(ctx, poll.Options{Pool: pool, Layout: layout, BatchSize: 50,
 				Interval: 20 * time.Millisecond, ParkAggregates: true, Logger: quiet})
 			if err != nil {
@@ -151,4 +155,52 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 	}
+}
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+var layout = schema.Layout{
+	Outbox: schema.Table{Schema: "public", Name: "outbox"},
+	Cols: schema.Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id",
+		EventType: "event_type", Payload: "payload", Headers: "headers", CreatedAt: "created_at", Seq: "seq"},
+	DeadLetter: schema.Table{Schema: "public", Name: "outbox_dead_letter"},
+}
+
+// outboxDB creates the outbox of layout with its poll index in a fresh
+// database and returns a pool on it.
+func outboxDB(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), testenv.NewDB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	mustExec(t, pool, layout.CreateOutbox())
+	mustExec(t, pool, layout.CreatePollIndex())
+	return pool
+}
+
+func mustExec(t *testing.T, q schema.Querier, sql string, args ...any) {
+	t.Helper()
+	if _, err := q.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// insert writes event step of aggregate agg and returns its id.
+func insert(t *testing.T, q schema.Querier, agg string, step int) string {
+	t.Helper()
+	id := uuid.NewString()
+	mustExec(t, q, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, 'order', $2, 'step', $3)`,
+		id, agg, fmt.Sprintf(`{"step": %d}`, step))
+	return id
+}
+
+func count(t *testing.T, q schema.Querier, table string) int {
+	t.Helper()
+	var n int
+	if err := q.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
