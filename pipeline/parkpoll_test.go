@@ -19,12 +19,13 @@ import (
 	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/pipeline"
-	"github.com/outboxrelay/relay/sink"
 )
 
 // parkSink acknowledges every event but the poison one until it is
 // repaired, and records the first acknowledgement of each event of the
-// watched aggregate in order.
+// watched aggregate in order. It takes one event per Publish (the
+// pipeline's BatchSize 1), so the poison's error is its alone: capture
+// packages do not import sink (TestImportsOneWay) for sink.BatchError.
 type parkSink struct {
 	watch string
 	mu    sync.Mutex
@@ -36,20 +37,14 @@ type parkSink struct {
 func (s *parkSink) Publish(_ context.Context, batch []*event.Event) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	errs := make([]error, len(batch))
-	failed := false
-	for i, ev := range batch {
+	for _, ev := range batch {
 		if ev.ID == s.bad {
-			errs[i], failed = fault.AsPermanent(errors.New("poison")), true
-			continue
+			return fault.AsPermanent(errors.New("poison"))
 		}
 		if ev.AggregateID == s.watch && !s.seen[ev.ID] {
 			s.seen[ev.ID] = true
 			s.acked = append(s.acked, ev.ID)
 		}
-	}
-	if failed {
-		return &sink.BatchError{Errs: errs}
 	}
 	return nil
 }
@@ -92,7 +87,7 @@ func TestParkAggregateRedriveUnderLoad(t *testing.T) {
 				p[i] = insert(t, pool, "p", i)
 			}
 			snk := &parkSink{watch: "p", bad: p[2], seen: map[string]bool{}}
-			pl := pipeline.New(src, snk, pipeline.Options{ParkAggregate: true, Logger: quiet,
+			pl := pipeline.New(src, snk, pipeline.Options{ParkAggregate: true, Logger: quiet, BatchSize: 1,
 				Retry: pipeline.Retry{Initial: time.Millisecond, Max: 10 * time.Millisecond, MaxAttempts: 3}})
 			runCtx, stop := context.WithCancel(ctx)
 			done := make(chan error, 1)
