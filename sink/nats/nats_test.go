@@ -377,6 +377,22 @@ func TestPublishOverStreamMaxMsgSizeIsPermanent(t *testing.T) {
 	}
 }
 
+// TestPublishOverFileStoreLimitIsPermanent: a JetStream file store takes no
+// message over 32 MiB, whatever max_payload allows; such an event is its
+// own fault, not the stream's (before, it was held as an unreachable
+// destination, and the events behind it with it).
+func TestPublishOverFileStoreLimitIsPermanent(t *testing.T) {
+	srv := startServer(t, testenv.NATSOptions{MaxPayload: 64 << 20})
+	s := newStreamSink(t, srv.URL(), Options{})
+	batch := testEvents(2, 2)
+	batch[0].Payload = bytes.Repeat([]byte("x"), 40<<20)
+
+	err := s.Publish(context.Background(), batch)
+	if got, want := sinktest.Classes(err, 2), []string{"permanent", "ok"}; !slices.Equal(got, want) {
+		t.Fatalf("classes %v, want %v (err %v)", got, want, err)
+	}
+}
+
 func TestPublishBadHeaderNameIsPermanent(t *testing.T) {
 	srv := startServer(t, testenv.NATSOptions{})
 	s := newStreamSink(t, srv.URL(), Options{})

@@ -199,7 +199,7 @@ func (s *Sink) await(ctx context.Context, w *ackWait) {
 }
 
 // classify marks err with its fault.Class. A message over the server's
-// max_payload, the stream's max message size or JetStream's header limit,
+// max_payload, the stream's max message size, what its store takes or JetStream's header limit,
 // or with a header name NATS cannot carry, or an event the envelope
 // rejects, is permanent. A failure of the destination is
 // unavailable: a lost or closed connection, an ack timeout, ctx ending,
@@ -214,7 +214,8 @@ func classify(err error) error {
 	case errors.Is(err, nats.ErrMaxPayload),
 		errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum),
 		errors.Is(err, nats.ErrBadHeaderMsg),
-		isAPIError(err, errHeaderTooLarge):
+		isAPIError(err, errHeaderTooLarge),
+		tooLargeToStore(err):
 		return fault.AsPermanent(err)
 	case errors.Is(err, nats.ErrReconnectBufExceeded):
 		// With the reconnect buffer disabled this means "reconnecting".
@@ -254,6 +255,18 @@ const errHeaderTooLarge jetstream.ErrorCode = 10097
 func isAPIError(err error, code jetstream.ErrorCode) bool {
 	var ae *jetstream.APIError
 	return errors.As(err, &ae) && ae.ErrorCode == code
+}
+
+// errStoreFailed is JetStream's error code for a message the stream could
+// not store.
+const errStoreFailed jetstream.ErrorCode = 10077
+
+// tooLargeToStore reports whether err is JetStream refusing to store a
+// message for its size: a file store takes none over 32 MiB, whatever the
+// server's max_payload.
+func tooLargeToStore(err error) bool {
+	var ae *jetstream.APIError
+	return errors.As(err, &ae) && ae.ErrorCode == errStoreFailed && ae.Description == "message too large"
 }
 
 // DestinationOf returns the subject of e.
