@@ -1,11 +1,9 @@
 package pipeline
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 	"unicode"
@@ -15,26 +13,8 @@ import (
 
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
+	"github.com/outboxrelay/relay/internal/testenv"
 )
-
-// syncBuffer is a bytes.Buffer safe for the log writes of several
-// goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // FuzzRowValuesLogged publishes an event whose id, aggregate_type and
 // aggregate_id hold the fuzzed bytes, repeat times over (10 MB in a seed),
@@ -60,7 +40,7 @@ func FuzzRowValuesLogged(f *testing.F) {
 				}
 				return action{}
 			})
-			var logs syncBuffer
+			var logs testenv.SyncBuffer
 			h := slog.Handler(slog.NewTextHandler(&logs, nil))
 			if json {
 				h = slog.NewJSONHandler(&logs, nil)

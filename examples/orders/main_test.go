@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -39,24 +37,6 @@ func TestMain(m *testing.M) {
 	testenv.Main(m)
 }
 
-// syncBuffer is a log buffer safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestRetriedOrderAppliedOnce follows one order from a retried HTTP request
 // to the consumer: three attempts with one key make one order and one
 // outbox row; the relay (with this example's relay.yaml) publishes it to
@@ -77,7 +57,7 @@ func TestRetriedOrderAppliedOnce(t *testing.T) {
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 
 	// The example, serving and consuming in one process.
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	runCtx, stop := context.WithCancel(ctx)
 	exited := make(chan int, 1)
 	go func() {
@@ -127,7 +107,7 @@ func TestRetriedOrderAppliedOnce(t *testing.T) {
 
 	relay := exec.Command(relayBin, "run", "--config", "relay.yaml")
 	relay.Env = append(os.Environ(), "DATABASE_URL="+dsn, "NATS_URL="+ns.URL())
-	var relayLog syncBuffer
+	var relayLog testenv.SyncBuffer
 	relay.Stdout, relay.Stderr = &relayLog, &relayLog
 	if err := relay.Start(); err != nil {
 		t.Fatal(err)

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -329,24 +328,6 @@ func TestStreamDefaults(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the logger's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // TestCredentialsRotatedWhileRunning changes the relay's password on the
 // server while the sink is connected: the server drops the connection and
 // refuses every reconnect, publishes fail as failures of the destination,
@@ -358,7 +339,7 @@ func TestCredentialsRotatedWhileRunning(t *testing.T) {
 		return func(o *server.Options) { o.Users = []*server.User{{Username: "relay", Password: password}} }
 	}
 	srv := securedServer(t, users("pw-1"))
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	cfg := Config{URL: srv.URL(), Subject: "outbox.{aggregate_type}", Stream: "OUTBOX", Auth: Auth{Username: "relay", Password: "pw-1"}}
 	s, err := New(context.Background(), cfg, Options{Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), AckTimeout: 2 * time.Second})
 	if err != nil {
@@ -399,7 +380,7 @@ func TestCredentialsRotatedWhileRunning(t *testing.T) {
 }
 
 // waitUntil polls cond for up to 30s.
-func waitUntil(t *testing.T, what string, cond func() bool, logs *syncBuffer) {
+func waitUntil(t *testing.T, what string, cond func() bool, logs *testenv.SyncBuffer) {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
