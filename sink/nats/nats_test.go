@@ -192,7 +192,9 @@ func TestPublishDeduplicatesByMsgID(t *testing.T) {
 func TestPublishManyAggregates(t *testing.T) {
 	const workers, aggregates, rounds = 4, 250, 20
 	srv := startServer(t, testenv.NATSOptions{})
-	s := newSink(t, srv.URL(), "outbox.{aggregate_type}.{aggregate_id}", Options{MaxInFlight: 64})
+	// A full window waits for acks up to AckTimeout: generous, so that a
+	// machine slowed by the race detector and other load does not fail it.
+	s := newSink(t, srv.URL(), "outbox.{aggregate_type}.{aggregate_id}", Options{MaxInFlight: 64, AckTimeout: time.Minute})
 	if err := s.EnsureStream(context.Background()); err != nil {
 		t.Fatal(err)
 	}
