@@ -24,8 +24,7 @@ import (
 // parkSink acknowledges every event but the poison one until it is
 // repaired, and records the first acknowledgement of each event of the
 // watched aggregate in order. It takes one event per Publish (the
-// pipeline's BatchSize 1), so the poison's error is its alone: capture
-// packages do not import sink (TestImportsOneWay) for sink.BatchError.
+// pipeline's BatchSize 1), so the poison's error is its alone.
 type parkSink struct {
 	watch string
 	mu    sync.Mutex
