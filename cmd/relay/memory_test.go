@@ -67,7 +67,7 @@ func TestBigTransactionMemory(t *testing.T) {
 					t.Fatalf("relay exited %d", code)
 				}
 				switch {
-				case sk.dead:
+				case sk.dead, sk.name == "nats" && size > 32<<20: // a file stream stores no message over 32 MiB
 					if n := s.deadLetters(); n != rows {
 						t.Fatalf("%d dead letters, want %d", n, rows)
 					}
