@@ -15,7 +15,7 @@ RACE_PKGS = ./pipeline/... ./capture/... ./sink/...
 test: deps
 	status=0; \
 	$(GO) test -count=1 -timeout 15m -race $(RACE_PKGS) || status=1; \
-	$(GO) test -count=1 -timeout 15m $$($(GO) list ./... | grep -v -E '/relay/(pipeline|capture|sink)(/|$$)') || status=1; \
+	$(GO) test -count=1 -timeout 25m $$($(GO) list ./... | grep -v -E '/relay/(pipeline|capture|sink)(/|$$)') || status=1; \
 	(cd helpers && $(GO) test -count=1 -timeout 5m ./...) || status=1; \
 	(cd deploy/helm && $(GO) test -mod=mod -count=1 -timeout 5m ./...) || status=1; \
 	exit $$status
