@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: test deps demo build vet bench
+.PHONY: test deps demo build vet bench fuzz
 
 # RACE_PKGS are the packages with concurrency of their own (the pipeline,
 # the capture sources, the sinks): test runs them under the race detector.
@@ -19,6 +19,19 @@ test: deps
 	(cd helpers && $(GO) test -count=1 -timeout 5m ./...) || status=1; \
 	(cd deploy/helm && $(GO) test -mod=mod -count=1 -timeout 5m ./...) || status=1; \
 	exit $$status
+
+# fuzz runs the fuzz targets on the paths from a row's bytes to metric
+# labels, log lines, templates and headers, and from environment values to
+# the config, for FUZZTIME each (go test runs one -fuzz target per call);
+# make test runs every target on its seeds only.
+FUZZTIME ?= 5s
+FUZZ_TARGETS = FuzzClean:./internal/rowtext FuzzPublishedByType:./pipeline FuzzRowValuesLogged:./pipeline \
+	FuzzRender:./sink/template FuzzParseHeaders:./event FuzzEnvSecret:./config
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "fuzz: $${t%%:*} in $${t#*:} for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${t%%:*}$$" -fuzztime $(FUZZTIME) "$${t#*:}"; \
+	done
 
 deps:
 	bash scripts/deps.sh
