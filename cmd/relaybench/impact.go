@@ -8,8 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -336,39 +334,14 @@ func (b *bench) applicationLoad(ctx context.Context, d *database, res *ImpactRes
 		}
 		conns[i] = c
 	}
-	var count atomic.Int64
-	var mu sync.Mutex
-	var hist histogram
-	errs := make(chan error, clients)
-	start := time.Now()
-	stop := start.Add(b.opts.ImpactFor)
-	var wg sync.WaitGroup
-	for w, c := range conns {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), 13))
-			var local histogram
-			for i := 0; time.Now().Before(stop); i++ {
-				t := time.Now()
-				if err := accountTransaction(ctx, c, rng, uint32(w), i, b.opts.Aggregates, b.opts.Payload); err != nil {
-					errs <- err
-					return
-				}
-				local.record(time.Since(t))
-				count.Add(1)
-			}
-			mu.Lock()
-			hist.merge(&local)
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	el := time.Since(start)
-	close(errs)
-	res.Transactions = count.Load()
+	n, el, hist, err := closedLoop(clients, 13, b.opts.ImpactFor, func(w int, rng *rand.Rand, i int) error {
+		return accountTransaction(ctx, conns[w], rng, uint32(w), i, b.opts.Aggregates, b.opts.Payload)
+	})
+	res.Transactions = n
 	res.Seconds = el.Seconds()
-	res.TPS = newRate(res.Transactions, el).PerSecond
+	res.TPS = newRate(n, el).PerSecond
 	res.Latency = hist.summary()
-	return <-errs
+	return err
 }
 
 // accountTransaction commits one application transaction: an account's

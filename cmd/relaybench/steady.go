@@ -60,9 +60,6 @@ func measureCommitRate(ctx context.Context, d *database, writers int, payload, a
 	if err := resetOutbox(ctx, d); err != nil {
 		return res, err
 	}
-	var count atomic.Int64
-	var mu sync.Mutex
-	var hist histogram
 	errs := make(chan error, writers)
 	// Warm the connections and the statement cache first.
 	var wg sync.WaitGroup
@@ -75,15 +72,40 @@ func measureCommitRate(ctx context.Context, d *database, writers int, payload, a
 		})
 	}
 	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return res, err
+	}
+	n, el, hist, err := closedLoop(writers, 11, dur, func(w int, rng *rand.Rand, i int) error {
+		return insertEvent(ctx, d, rng, 0xfffffffe, i, aggregates, payload)
+	})
+	if err != nil {
+		return res, err
+	}
+	res.rate = newRate(n, el)
+	res.Latency = hist.summary()
+	return res, resetOutbox(ctx, d)
+}
+
+// closedLoop runs workers goroutines, each calling do with its index, a
+// random source seeded with seed and a count, as fast as it can for dur. It
+// returns the calls made, the time taken, their latencies and the first
+// error, which stops its worker.
+func closedLoop(workers int, seed uint64, dur time.Duration, do func(w int, rng *rand.Rand, i int) error) (int64, time.Duration, histogram, error) {
+	var count atomic.Int64
+	var mu sync.Mutex
+	var hist histogram
+	errs := make(chan error, workers)
 	start := time.Now()
 	stop := start.Add(dur)
-	for w := range writers {
+	var wg sync.WaitGroup
+	for w := range workers {
 		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), 11))
+			rng := rand.New(rand.NewPCG(uint64(w), seed))
 			var local histogram
 			for i := 0; time.Now().Before(stop); i++ {
 				t := time.Now()
-				if err := insertEvent(ctx, d, rng, 0xfffffffe, i, aggregates, payload); err != nil {
+				if err := do(w, rng, i); err != nil {
 					errs <- err
 					return
 				}
@@ -98,12 +120,7 @@ func measureCommitRate(ctx context.Context, d *database, writers int, payload, a
 	wg.Wait()
 	el := time.Since(start)
 	close(errs)
-	if err := <-errs; err != nil {
-		return res, err
-	}
-	res.rate = newRate(count.Load(), el)
-	res.Latency = hist.summary()
-	return res, resetOutbox(ctx, d)
+	return count.Load(), el, hist, <-errs
 }
 
 // insertEvent commits one single-row transaction (autocommit INSERT).
