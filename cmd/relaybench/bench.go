@@ -348,9 +348,9 @@ func (b *bench) ratios(context.Context) error {
 }
 
 // profiles drains once more per mode with this binary as a profiling relay
-// (-cpuprofile).
+// (-cpuprofile with the drain phase).
 func (b *bench) profiles(ctx context.Context) error {
-	if b.opts.ProfileDir == "" {
+	if b.opts.ProfileDir == "" || !b.opts.has("drain") {
 		return nil
 	}
 	for _, mode := range b.modes {

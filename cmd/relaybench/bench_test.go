@@ -203,7 +203,7 @@ func TestImpactSmoke(t *testing.T) {
 	var log bytes.Buffer
 	opts := Options{
 		Events: 1000, Aggregates: 500, Payload: 200, Modes: []string{"poll", "wal"}, Sinks: []string{"nats"},
-		Phases: []string{"impact"}, Relays: 1, ImpactFor: 2 * time.Second, ImpactClients: 4,
+		Phases: []string{"impact"}, Relays: 1, ImpactFor: 2 * time.Second, ImpactClients: 4, ImpactSink: "nats",
 		Log: &log, Args: []string{"relaybench", "(impact smoke test)"},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -229,5 +229,44 @@ func TestImpactSmoke(t *testing.T) {
 	}
 	if !strings.Contains(table.String(), "IMPACT ON THE APPLICATION") {
 		t.Errorf("no impact table:\n%s", table.String())
+	}
+}
+
+// TestMain lets the test binary run as a profiling relay: -cpuprofile
+// re-executes the running binary with -as-relay.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "-as-relay" {
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// TestImpactProfileKafka runs the impact phase's wal run into kfake with
+// -cpuprofile: every committed event reaches the topics and the profiling
+// relay writes its CPU profile to DIR/impact-wal.
+func TestImpactProfileKafka(t *testing.T) {
+	var log bytes.Buffer
+	dir := t.TempDir()
+	opts := Options{
+		Events: 1000, Aggregates: 500, Payload: 200, Modes: []string{"wal"}, Sinks: []string{"nats"},
+		Phases: []string{"impact"}, Relays: 1, ImpactFor: 2 * time.Second, ImpactClients: 4, ImpactSink: "kafka",
+		ProfileDir: dir, Log: &log, Args: []string{"relaybench", "(impact profile test)"},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, opts)
+	if err != nil {
+		t.Fatalf("bench: %v\nlog:\n%s", err, log.String())
+	}
+	if res.Impact == nil || len(res.Impact.Runs) != 2 {
+		t.Fatalf("impact: %+v", res.Impact)
+	}
+	r := res.Impact.Runs[1]
+	if r.Sink != "kafka" || !r.Complete || r.EventsRelayed != r.Transactions || r.RelayCPUSeconds <= 0 {
+		t.Errorf("impact run %s into %s: relayed %d of %d, relay CPU %.2fs", r.Relay, r.Sink, r.EventsRelayed, r.Transactions, r.RelayCPUSeconds)
+	}
+	fi, err := os.Stat(filepath.Join(dir, "impact-wal", "cpu.pprof"))
+	if err != nil || fi.Size() == 0 {
+		t.Errorf("cpu profile: %v, %v", fi, err)
 	}
 }

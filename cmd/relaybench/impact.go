@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -37,10 +38,11 @@ type Impact struct {
 // ImpactResult is one run of the impact phase: Clients connections each
 // committing `UPDATE accounts …; INSERT INTO outbox …` transactions in a
 // loop for Seconds, with Relay ("none", "poll" or "wal") relaying the
-// outbox into NATS. The costs per 100,000 events are over the load and
+// outbox into Sink (NATS JetStream, or kfake with -impact-sink kafka). The costs per 100,000 events are over the load and
 // the relay's catch-up after it.
 type ImpactResult struct {
 	Relay           string      `json:"relay"`
+	Sink            string      `json:"sink"`
 	Clients         int         `json:"clients"`
 	Seconds         float64     `json:"seconds"`
 	Transactions    int64       `json:"transactions"`
@@ -183,41 +185,18 @@ func walLSN(ctx context.Context, d *database) (int64, error) {
 // impactRun runs the load once in a fresh database with the relay of run
 // ("none": no relay).
 func (b *bench) impactRun(ctx context.Context, run string) (ImpactResult, error) {
-	res := ImpactResult{Relay: run, Clients: b.opts.ImpactClients}
-	mode := run
-	if run == "none" {
-		mode = "poll" // `relay init` creates the outbox; no relay runs
-	}
-	d, err := b.newDatabase(ctx, "impact_"+run, mode)
+	res := ImpactResult{Relay: run, Sink: b.opts.ImpactSink, Clients: b.opts.ImpactClients}
+	d, err := b.impactDatabase(ctx, run)
 	if err != nil {
 		return res, err
 	}
 	defer b.dropDatabase(d)
-	if err := b.initRelay(ctx, d); err != nil {
-		return res, err
-	}
-	if err := d.exec(ctx, accountsDDL); err != nil {
-		return res, err
-	}
-	if err := d.exec(ctx, `INSERT INTO accounts (id) SELECT generate_series(1, $1)`, accountRows); err != nil {
-		return res, err
-	}
-	if err := prepareBacklog(ctx, d); err != nil { // vacuums the outbox; accounts below
-		return res, err
-	}
-	if err := d.exec(ctx, "VACUUM ANALYZE accounts"); err != nil {
-		return res, err
-	}
 	var relay *relayProc
 	if run != "none" {
-		b.deleteStream(ctx)
-		if relay, err = b.startRelay(d, "impact_"+run); err != nil {
+		if relay, err = b.impactRelay(ctx, d, run); err != nil {
 			return res, err
 		}
 		defer relay.stop()
-		if err := relay.waitReady(ctx, 2*time.Minute); err != nil {
-			return res, err
-		}
 	}
 	st0, err := readOutboxStats(ctx, d)
 	if err != nil {
@@ -227,24 +206,26 @@ func (b *bench) impactRun(ctx context.Context, run string) (ImpactResult, error)
 	if err != nil {
 		return res, err
 	}
-	relay0 := relayCPU(relay)
-	cpu0 := sampleCPU()
+	var sink0 uint64
+	if relay != nil {
+		if sink0, err = b.sinkCount(ctx, d); err != nil {
+			return res, err
+		}
+	}
+	relay0, cpu0 := relayCPU(relay), sampleCPU()
 	if err := b.applicationLoad(ctx, d, &res); err != nil {
 		return res, err
 	}
-	if relay != nil {
-		if err := b.waitRelayed(ctx, relay, &res); err != nil {
-			return res, err
-		}
-	} else {
-		res.Complete = true
+	if err := b.waitRelayed(ctx, d, relay, sink0, &res); err != nil {
+		return res, err
 	}
-	relayCPUs := relayCPU(relay) - relay0
-	res.CPU = cpuBetween(cpu0, sampleCPU(), relayCPUs)
+	res.RelayCPUSeconds = relayCPU(relay) - relay0
+	res.CPU = cpuBetween(cpu0, sampleCPU(), res.RelayCPUSeconds)
 	wal1, err := walLSN(ctx, d)
 	if err != nil {
 		return res, err
 	}
+	res.WALBytes = wal1 - wal0
 	if relay != nil {
 		if err := relay.stop(); err != nil {
 			return res, err
@@ -257,23 +238,83 @@ func (b *bench) impactRun(ctx context.Context, run string) (ImpactResult, error)
 	if err != nil {
 		return res, err
 	}
+	res.perEvent(st0, st1)
+	return res, nil
+}
+
+// perEvent sets the run's costs per 100,000 events from its totals and the
+// outbox's statistics before (st0) and after (st1) it.
+func (res *ImpactResult) perEvent(st0, st1 outboxStats) {
 	events := res.EventsRelayed
-	if relay == nil {
+	if res.Relay == "none" {
 		events = res.Transactions
 	}
 	per := func(v float64) float64 { return v * 100_000 / max(float64(events), 1) }
-	res.RelayCPUSeconds = relayCPUs
-	if relay != nil {
-		res.RelayCPUPer100k = per(relayCPUs)
+	if res.Relay != "none" {
+		res.RelayCPUPer100k = per(res.RelayCPUSeconds)
 	}
 	res.PostgresPer100k = per(res.CPU.PostgresSeconds)
-	res.WALBytes = wal1 - wal0
 	res.WALBytesPer100k = per(float64(res.WALBytes))
 	res.DeadTuples = st1.dead
 	res.DeadPer100k = per(float64(st1.dead))
 	res.DeletesPer100k = per(float64(st1.del - st0.del))
 	res.UpdatesPer100k = per(float64(st1.upd - st0.upd))
-	return res, nil
+}
+
+// impactDatabase creates the fresh database of one impact run with `relay
+// init` (the outbox of run's mode; "none" gets poll's) and the
+// application's accounts table, vacuumed.
+func (b *bench) impactDatabase(ctx context.Context, run string) (*database, error) {
+	mode := run
+	if run == "none" {
+		mode = "poll"
+	}
+	d, err := b.newSinkDatabase(ctx, "impact_"+run, mode, b.opts.ImpactSink)
+	if err != nil {
+		return nil, err
+	}
+	for _, step := range []func() error{
+		func() error { return b.initRelay(ctx, d) },
+		func() error { return d.exec(ctx, accountsDDL) },
+		func() error {
+			return d.exec(ctx, `INSERT INTO accounts (id) SELECT generate_series(1, $1)`, accountRows)
+		},
+		func() error { return prepareBacklog(ctx, d) }, // vacuums the outbox
+		func() error { return d.exec(ctx, "VACUUM ANALYZE accounts") },
+	} {
+		if err := step(); err != nil {
+			b.dropDatabase(d)
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+// impactRelay starts the relay of an impact run on d and waits until it is
+// ready. With -cpuprofile the relay is this binary re-executed as a
+// profiling relay, writing DIR/impact-<run>/cpu.pprof and allocs.pprof.
+func (b *bench) impactRelay(ctx context.Context, d *database, run string) (*relayProc, error) {
+	start := relayStarter(b.startRelay)
+	if b.opts.ProfileDir != "" {
+		dir := filepath.Join(b.opts.ProfileDir, "impact-"+run)
+		var err error
+		if start, err = b.selfRelay(dir); err != nil {
+			return nil, err
+		}
+		b.opts.logf("impact, relay %s: profiling relay (this binary with -as-relay), profiles to %s", run, dir)
+	}
+	if d.sink == "nats" {
+		b.deleteStream(ctx)
+	}
+	relay, err := start(d, "impact_"+run)
+	if err != nil {
+		return nil, err
+	}
+	if err := relay.waitReady(ctx, 2*time.Minute); err != nil {
+		relay.stop()
+		return nil, err
+	}
+	return relay, nil
 }
 
 // relayCPU returns the CPU seconds of relay so far; 0 without a relay.
@@ -285,14 +326,19 @@ func relayCPU(relay *relayProc) float64 {
 	return ps.CPUSeconds
 }
 
-// waitRelayed waits up to two minutes until the stream holds every
-// committed event.
-func (b *bench) waitRelayed(ctx context.Context, relay *relayProc, res *ImpactResult) error {
+// waitRelayed waits up to two minutes until the sink of d holds every
+// committed event past the sink0 messages it held before the load; without
+// a relay it returns at once.
+func (b *bench) waitRelayed(ctx context.Context, d *database, relay *relayProc, sink0 uint64, res *ImpactResult) error {
+	if relay == nil {
+		res.Complete = true
+		return nil
+	}
 	t0 := time.Now()
 	for {
-		n, err := b.streamMsgs(ctx)
+		n, err := b.sinkCount(ctx, d)
 		if err == nil {
-			res.EventsRelayed = int64(n)
+			res.EventsRelayed = int64(n - sink0)
 		}
 		if res.EventsRelayed >= res.Transactions {
 			res.Complete = true

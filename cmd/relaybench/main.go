@@ -18,7 +18,7 @@
 //
 //	go run ./cmd/relaybench [-events N] [-aggregates N] [-payload BYTES]
 //	    [-out results.json] [-modes poll,wal] [-quick] [-steady 15s]
-//	    [-cpuprofile DIR] [-relay-gomaxprocs N]
+//	    [-cpuprofile DIR] [-relay-gomaxprocs N] [-impact-sink nats|kafka]
 package main
 
 import (
@@ -55,13 +55,14 @@ type Options struct {
 	BatchSize     int           // capture.poll.batch_size; 0: the relay's default
 	Background    time.Duration // how long to sample the machine's load before starting
 	Relays        int           // relays draining at once (poll mode shares the work)
-	ProfileDir    string        // when set: an extra in-process poll drain with CPU and allocation profiles written here
+	ProfileDir    string        // when set: profiling relays (an extra drain per mode, steady and impact runs) write their profiles here
 	RelayBin      string        // a prebuilt relay binary; empty: go build ./cmd/relay
 	RelayProcs    int           // GOMAXPROCS of the relay processes; 0: Go's default (the CPU count)
 	RSSEvents     int           // when above 0: a drain this large per mode measures the relay's peak RSS (-rss)
 	Consumer      bool          // also drain into NATS with a consumer reading the stream
 	ImpactFor     time.Duration // length of each run of the impact phase
 	ImpactClients int           // application connections of the impact phase
+	ImpactSink    string        // sink of the impact phase's relays: nats or kafka (kfake)
 	Log           io.Writer
 	Args          []string // the command line, for the results
 }
@@ -122,6 +123,10 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	o.Modes = splitList(*lists.modes)
 	o.Phases = splitList(*lists.phases)
 	o.Sinks = splitList(*lists.sinks)
+	if o.ImpactSink != "nats" && o.ImpactSink != "kafka" {
+		fmt.Fprintf(stderr, "relaybench: -impact-sink: unknown sink %q (nats, kafka)\n", o.ImpactSink)
+		return o, fmt.Errorf("usage")
+	}
 	for _, c := range []struct {
 		flag, what string
 		got, known []string
@@ -171,12 +176,13 @@ func defineFlags(fs *flag.FlagSet, o *Options) listFlags {
 	fs.IntVar(&o.BatchSize, "batch-size", 0, "capture.poll.batch_size of the relay (default: the relay's default)")
 	fs.IntVar(&o.ScaleEvents, "scale-events", 200_000, "events in each drain of the scaling curves (-phases scaling); one aggregate drains a tenth")
 	fs.BoolVar(&o.Quick, "quick", false, "100,000 events and 4s steady phases (unless -events/-steady are given)")
-	fs.StringVar(&o.ProfileDir, "cpuprofile", "", "also drain a backlog in each mode with a profiling relay (this binary re-executed as the relay) and write DIR/<mode>/cpu.pprof and allocs.pprof")
+	fs.StringVar(&o.ProfileDir, "cpuprofile", "", "run the relays with CPU and allocation profiles (this binary re-executed as the relay): with -phases drain an extra drain per mode writes DIR/<mode>/cpu.pprof and allocs.pprof, steady writes DIR/steady-<mode>/, impact DIR/impact-<mode>/")
 	fs.StringVar(&o.RelayBin, "relay", "", "prebuilt relay binary (default: go build ./cmd/relay)")
 	fs.IntVar(&o.RelayProcs, "relay-gomaxprocs", 0, "GOMAXPROCS of the relay processes (default: Go's, the CPU count)")
 	fs.IntVar(&o.RSSEvents, "rss-events", 0, "events of each -rss drain (default 1,000,000; setting it implies -rss)")
 	fs.BoolVar(&o.Consumer, "consumer", true, "also drain each mode into NATS while a consumer reads the stream (the CPU and allocations table has a row for each)")
 	fs.DurationVar(&o.ImpactFor, "impact-for", 20*time.Second, "length of each run of -phases impact (no relay, then one per mode)")
+	fs.StringVar(&o.ImpactSink, "impact-sink", "nats", "sink of the relays of -phases impact: nats (embedded JetStream) or kafka (kfake)")
 	fs.IntVar(&o.ImpactClients, "impact-clients", 16, "application connections of -phases impact, each committing UPDATE accounts + INSERT INTO outbox transactions in a loop")
 	return l
 }
