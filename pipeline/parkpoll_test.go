@@ -109,7 +109,7 @@ func TestParkAggregateRedriveUnderLoad(t *testing.T) {
 			f := schema.DeadLetterFilter{Aggregate: "p"}
 			want := []string{p[1], p[2], p[3], p[4]}
 			if action == "redrive" {
-				_, err = layout.Redrive(ctx, tx, f, true)
+				_, _, err = layout.Redrive(ctx, tx, f, true)
 			} else {
 				_, err = layout.DropDeadLetters(ctx, tx, f, true)
 				want = []string{p[1], p[3], p[4]}

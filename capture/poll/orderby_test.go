@@ -121,7 +121,7 @@ func TestOrderByDeadLetterAndPark(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(context.Background())
-	if n, err := tenantLayout.Redrive(context.Background(), tx, schema.DeadLetterFilter{}, true); err != nil || n != 1 {
+	if n, _, err := tenantLayout.Redrive(context.Background(), tx, schema.DeadLetterFilter{}, true); err != nil || n != 1 {
 		t.Fatalf("redrive: %d, %v", n, err)
 	}
 	if err := tx.Commit(context.Background()); err != nil {

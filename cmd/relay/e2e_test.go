@@ -151,7 +151,8 @@ func TestDeadLetterRedrive(t *testing.T) {
 	if _, err := s.pool.Exec(ctx, `UPDATE outbox_dead_letter SET headers = '{"trace":"t"}' WHERE id = $1`, poison); err != nil {
 		t.Fatal(err)
 	}
-	if out, code := runRelay(t, "dlq", "redrive", "--config", s.cfgPath, "--id", poison); code != 0 || !strings.Contains(out, "redrove 1") {
+	if out, code := runRelay(t, "dlq", "redrive", "--config", s.cfgPath, "--id", poison); code != 0 || !strings.Contains(out, "redrove 1") ||
+		!strings.Contains(out, "redrive: 1/1 dead letters done, 1 back in the outbox") {
 		t.Fatalf("dlq redrive: exit %d\n%s", code, out)
 	}
 	s.waitDrained(30 * time.Second)

@@ -103,6 +103,7 @@ func configCommand(ctx context.Context, cmd string, args []string, stdout, stder
 	log := app.NewLogger(cfg.Log, stderr)
 	switch cmd {
 	case "init":
+		initOpts.Progress = stderr
 		return app.Init(ctx, cfg, initOpts, stdout, log)
 	case "check":
 		return app.Check(ctx, cfg, stdout, log)
@@ -173,7 +174,7 @@ func dlqCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	return app.DLQ(ctx, cfg, action, f, *limit, stdout)
+	return app.DLQ(ctx, cfg, action, f, app.DLQOptions{Limit: *limit, Progress: stderr}, stdout)
 }
 
 // status prints err and maps it to the exit status: 0 success, 1 runtime

@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/progress"
 	"github.com/outboxrelay/relay/internal/rowtext"
 	"github.com/outboxrelay/relay/internal/schema"
 )
@@ -24,9 +26,25 @@ const (
 	DLQDrop    DLQAction = "drop"
 )
 
+// DLQOptions vary DLQ.
+type DLQOptions struct {
+	// Limit is how many rows list prints, at most.
+	Limit int
+	// Progress, when set, receives redrive's progress lines (see package
+	// progress), ProgressEvery apart when it is not a terminal (default
+	// progress.DefaultEvery).
+	Progress      io.Writer
+	ProgressEvery time.Duration
+}
+
+// redriveKeys is how many ordering keys one redrive transaction moves.
+const redriveKeys = 500
+
 // DLQ lists, redrives or drops the dead letters matching f and reports to
-// w. list prints at most limit rows as a table.
-func DLQ(ctx context.Context, cfg *config.Config, action DLQAction, f schema.DeadLetterFilter, limit int, w io.Writer) error {
+// w. list prints at most opts.Limit rows as a table. redrive works in
+// transactions of up to 500 ordering keys each, every key's dead letters in
+// one, and reports its progress to opts.Progress.
+func DLQ(ctx context.Context, cfg *config.Config, action DLQAction, f schema.DeadLetterFilter, opts DLQOptions, w io.Writer) error {
 	l := layoutOf(cfg)
 	pool, err := connect(ctx, cfg.Postgres, 2)
 	if err != nil {
@@ -43,11 +61,7 @@ func DLQ(ctx context.Context, cfg *config.Config, action DLQAction, f schema.Dea
 	}
 	switch action {
 	case DLQRedrive:
-		var n int64
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
-			n, err = l.Redrive(ctx, tx, f, cfg.DeadLetter.ParkAggregate)
-			return err
-		})
+		n, err := redrive(ctx, pool, l, f, cfg.DeadLetter.ParkAggregate, opts)
 		if err != nil {
 			return err
 		}
@@ -63,7 +77,7 @@ func DLQ(ctx context.Context, cfg *config.Config, action DLQAction, f schema.Dea
 		}
 		fmt.Fprintf(w, "dropped %d dead letters from %s\n", n, l.DeadLetter)
 	default:
-		dls, err := l.ListDeadLetters(ctx, pool, f, limit)
+		dls, err := l.ListDeadLetters(ctx, pool, f, opts.Limit)
 		if err != nil {
 			return err
 		}
@@ -88,4 +102,50 @@ func printDeadLetters(w io.Writer, dls []schema.DeadLetter) {
 			d.LastFailed.UTC().Format(time.RFC3339), rowtext.Clean(d.Error, 80))
 	}
 	tw.Flush()
+}
+
+// redrive redrives the dead letters matching f in batches of redriveKeys
+// ordering keys, one transaction each, then those without a key (and any
+// dead-lettered meanwhile), reporting progress; it returns how many went
+// back into the outbox.
+func redrive(ctx context.Context, pool *pgxpool.Pool, l schema.Layout, f schema.DeadLetterFilter, resequence bool, opts DLQOptions) (int64, error) {
+	total, err := l.CountDeadLetters(ctx, pool, f)
+	if err != nil {
+		return 0, err
+	}
+	out := opts.Progress
+	if out == nil {
+		out = io.Discard
+	}
+	rep := progress.New(out, "redrive", opts.ProgressEvery)
+	var redriven, removed int64
+	batch := func(f schema.DeadLetterFilter) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			n, m, err := l.Redrive(ctx, tx, f, resequence)
+			redriven, removed = redriven+n, removed+m
+			return err
+		})
+	}
+	keys := f
+	for {
+		keys.Through = nil
+		through, ok, err := l.NextKeys(ctx, pool, keys, redriveKeys)
+		if err != nil {
+			return redriven, err
+		}
+		if !ok {
+			break
+		}
+		keys.Through = &through
+		if err := batch(keys); err != nil {
+			return redriven, err
+		}
+		rep.Update("", removed, max(total, removed), "dead letters")
+		keys.After = &through
+	}
+	if err := batch(f); err != nil {
+		return redriven, err
+	}
+	rep.Finish(fmt.Sprintf("%d/%d dead letters done, %d back in the outbox", removed, max(total, removed), redriven))
+	return redriven, nil
 }

@@ -10,9 +10,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/progress"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/internal/schema"
 )
@@ -29,6 +31,14 @@ type InitOptions struct {
 	// queues the application's writes behind it for longer. Default
 	// DefaultLockTimeout.
 	LockTimeout time.Duration
+	// Progress, when set, receives the progress of index builds (phase,
+	// blocks or tuples done of total, rate, ETA, the transactions a build
+	// waits for) from pg_stat_progress_create_index, sampled every
+	// ProgressPoll (default 500ms) and printed ProgressEvery apart when it
+	// is not a terminal (default progress.DefaultEvery).
+	Progress      io.Writer
+	ProgressEvery time.Duration
+	ProgressPoll  time.Duration
 }
 
 // DefaultLockTimeout is InitOptions.LockTimeout's default.
@@ -53,7 +63,8 @@ func Init(ctx context.Context, cfg *config.Config, opts InitOptions, w io.Writer
 	if opts.DryRun {
 		return initDryRun(ctx, cfg, l, opts.Role, w)
 	}
-	pool, err := connect(ctx, cfg.Postgres, 1)
+	// A second connection samples index builds' progress.
+	pool, err := connect(ctx, cfg.Postgres, 2)
 	if err != nil {
 		return err
 	}
@@ -76,7 +87,7 @@ func Init(ctx context.Context, cfg *config.Config, opts InitOptions, w io.Writer
 	}
 	// The other tables take the existing outbox's column types.
 	for _, s := range l.InitSteps(notify(cfg), cfg.Archive.Mode, info.Types)[1:] {
-		if err := s.Run(ctx, conn); err != nil {
+		if err := runStep(ctx, pool, conn, s, opts); err != nil {
 			return err
 		}
 	}
@@ -108,6 +119,21 @@ func Init(ctx context.Context, cfg *config.Config, opts InitOptions, w io.Writer
 	}
 	fmt.Fprintln(w, done)
 	return nil
+}
+
+// runStep runs s on conn; an index build reports its progress to
+// opts.Progress.
+func runStep(ctx context.Context, pool *pgxpool.Pool, conn *pgxpool.Conn, s schema.Step, opts InitOptions) error {
+	run := func() error { return s.Run(ctx, conn) }
+	if s.Repair == "" || opts.Progress == nil {
+		return run()
+	}
+	poll := opts.ProgressPoll
+	if poll <= 0 {
+		poll = defaultIndexPoll
+	}
+	rep := progress.New(opts.Progress, s.Object, opts.ProgressEvery)
+	return runIndexStep(ctx, pool, run, conn.Conn().PgConn().PID(), rep, poll)
 }
 
 // initDryRun prints the SQL of Init and, with role, the grants. When the

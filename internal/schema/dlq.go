@@ -17,6 +17,11 @@ type DeadLetterFilter struct {
 	Aggregate string
 	// OlderThan selects dead letters whose last failure is older than this.
 	OlderThan time.Duration
+	// After and Through, when set, narrow the selection to ordering keys
+	// (Columns.Key) greater than After and at most Through: one batch of
+	// a redrive (see NextKeys). Dead letters without a key are outside
+	// every such range.
+	After, Through *string
 }
 
 // Empty reports whether f selects every dead letter.
@@ -35,11 +40,13 @@ func (l Layout) where(f DeadLetterFilter) (string, []any) {
 	if f.OlderThan > 0 {
 		older = &f.OlderThan
 	}
-	cond := fmt.Sprintf(`($1::text[] IS NULL OR %s::text = ANY($1))
-		AND ($2 = '' OR %s = $2)
-		AND ($3::interval IS NULL OR last_failed_at < now() - $3::interval)`,
-		Q(l.Cols.ID), Q(l.Cols.AggregateID))
-	return cond, []any{ids, f.Aggregate, older}
+	cond := fmt.Sprintf(`($1::text[] IS NULL OR %[1]s::text = ANY($1))
+		AND ($2 = '' OR %[2]s = $2)
+		AND ($3::interval IS NULL OR last_failed_at < now() - $3::interval)
+		AND ($4::text IS NULL OR %[3]s > $4::text)
+		AND ($5::text IS NULL OR %[3]s <= $5::text)`,
+		Q(l.Cols.ID), Q(l.Cols.AggregateID), l.Cols.Key(""))
+	return cond, []any{ids, f.Aggregate, older, f.After, f.Through}
 }
 
 // DeadLetter is one row of the dead-letter table.
@@ -69,44 +76,68 @@ func (l Layout) ListDeadLetters(ctx context.Context, q Querier, f DeadLetterFilt
 	})
 }
 
+// CountDeadLetters returns how many dead letters match f.
+func (l Layout) CountDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter) (int64, error) {
+	cond, args := l.where(f)
+	var n int64
+	if err := q.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE %s`, l.DeadLetter.Ident(), cond), args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count dead letters in %s: %w", l.DeadLetter, err)
+	}
+	return n, nil
+}
+
+// NextKeys returns the bound of the next batch of a redrive: the greatest
+// of the first keys ordering keys (Columns.Key, in the database's text
+// order) of the dead letters matching f, which Through must be nil in.
+// ok is false when no dead letter with a key is left.
+func (l Layout) NextKeys(ctx context.Context, q Querier, f DeadLetterFilter, keys int) (through string, ok bool, err error) {
+	cond, args := l.where(f)
+	var bound *string
+	err = q.QueryRow(ctx, fmt.Sprintf(`SELECT max(k) FROM (SELECT DISTINCT %[1]s AS k FROM %[2]s WHERE %[3]s AND %[1]s IS NOT NULL ORDER BY k LIMIT %[4]d) s`,
+		l.Cols.Key(""), l.DeadLetter.Ident(), cond, keys), args...).Scan(&bound)
+	if err != nil {
+		return "", false, fmt.Errorf("find the next dead letters to redrive in %s: %w", l.DeadLetter, err)
+	}
+	if bound == nil {
+		return "", false, nil
+	}
+	return *bound, true, nil
+}
+
 // Redrive moves the dead letters matching f back into the outbox with
 // their original ids, so consumers still deduplicate them, in their
 // original seq order. A dead letter whose id is already in the outbox is
 // only removed. With resequence (dead_letter.park_aggregate), the rows their
 // aggregates left parked in the outbox are re-inserted after them, so they
 // follow the redriven events in seq (and WAL) order. q should be a
-// transaction. It returns how many rows went back into the outbox.
-func (l Layout) Redrive(ctx context.Context, q Querier, f DeadLetterFilter, resequence bool) (int64, error) {
+// transaction. It returns how many rows went back into the outbox
+// (redriven) and how many dead letters it removed.
+func (l Layout) Redrive(ctx context.Context, q Querier, f DeadLetterFilter, resequence bool) (redriven, removed int64, err error) {
 	cond, args := l.where(f)
 	c := l.Cols
-	rows, err := q.Query(ctx, fmt.Sprintf(`WITH moved AS (
+	var ids, aggs []string
+	err = q.QueryRow(ctx, fmt.Sprintf(`WITH moved AS (
 		DELETE FROM %[1]s WHERE %[2]s RETURNING *
 	), latest AS (
 		SELECT DISTINCT ON (%[3]s) * FROM moved ORDER BY %[3]s, dead_lettered_at DESC
+	), inserted AS (
+		INSERT INTO %[4]s (%[5]s)
+		SELECT %[5]s FROM latest
+		WHERE NOT EXISTS (SELECT 1 FROM %[4]s o WHERE o.%[3]s = latest.%[3]s)
+		ORDER BY %[6]s
+		RETURNING %[3]s::text AS id, %[7]s AS key
 	)
-	INSERT INTO %[4]s (%[5]s)
-	SELECT %[5]s FROM latest
-	WHERE NOT EXISTS (SELECT 1 FROM %[4]s o WHERE o.%[3]s = latest.%[3]s)
-	ORDER BY %[6]s
-	RETURNING %[3]s::text, %[7]s`, l.DeadLetter.Ident(), cond, Q(c.ID), l.Outbox.Ident(), l.insertColumns(), Q(c.Seq),
-		c.Key("")), args...)
+	SELECT (SELECT count(*) FROM moved), coalesce(array_agg(id), '{}'), coalesce(array_agg(key), '{}') FROM inserted`,
+		l.DeadLetter.Ident(), cond, Q(c.ID), l.Outbox.Ident(), l.insertColumns(), Q(c.Seq), c.Key("")), args...).Scan(&removed, &ids, &aggs)
 	if err != nil {
-		return 0, fmt.Errorf("redrive dead letters from %s into %s: %w", l.DeadLetter, l.Outbox, err)
-	}
-	var ids, aggs []string
-	var id, agg string
-	if _, err := pgx.ForEachRow(rows, []any{&id, &agg}, func() error {
-		ids, aggs = append(ids, id), append(aggs, agg)
-		return nil
-	}); err != nil {
-		return 0, fmt.Errorf("redrive dead letters from %s into %s: %w", l.DeadLetter, l.Outbox, err)
+		return 0, 0, fmt.Errorf("redrive dead letters from %s into %s: %w", l.DeadLetter, l.Outbox, err)
 	}
 	if resequence && len(ids) > 0 {
 		if err := l.resequence(ctx, q, ids, aggs); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
-	return int64(len(ids)), nil
+	return int64(len(ids)), removed, nil
 }
 
 // resequence re-inserts the outbox rows of ordering keys keys (see
