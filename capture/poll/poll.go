@@ -1,60 +1,38 @@
-// Package poll captures outbox rows by polling: each batch is claimed with
-// SELECT … FOR UPDATE SKIP LOCKED in seq order in a short transaction that
-// commits before the batch is published, and its published rows are
-// archived and its failed ones dead-lettered in another short transaction
-// once the pipeline settled it. No transaction stays open while events are
-// published; docs/design.md explains why order and exclusivity still hold.
+// Package poll captures outbox rows by polling the outbox table: each batch
+// is claimed with SELECT … FOR UPDATE SKIP LOCKED in seq order in a short
+// transaction that commits before the batch is published, and its published
+// rows are archived and its failed ones dead-lettered in another short
+// transaction once the pipeline settled it. No transaction stays open while
+// events are published; docs/design.md explains why order and exclusivity
+// still hold, and "Late commits" in capture/internal/claim/source.go why a
+// row committed late is never overtaken.
 //
-// # Late commits
-//
-// seq values are taken when a row is inserted, but transactions commit in
-// any order: a transaction holding seq 5 can still be open when one holding
-// seq 6 has committed. Publishing 6 then would put an aggregate's newer event
-// before an older one. Poll capture therefore only claims rows up to a safe
-// watermark, computed like this on every poll:
-//
-//  1. H := the last value handed out by the seq column's sequence.
-//  2. L := the transactions (virtual ids) that hold RowExclusiveLock on the
-//     outbox table, i.e. every transaction that has inserted into it and is
-//     still open. An INSERT takes that lock before it draws its seq value
-//     and keeps it until the transaction ends.
-//
-// Every row with seq ≤ H was drawn by a transaction that either ended before
-// step 2 (its rows are final) or is in L. So once no transaction of L holds
-// the lock any more, every row with seq ≤ H is committed or gone, and rows
-// up to H can be published in seq order. Pending (H, L) pairs are kept until
-// they are released by a later poll: the claiming transaction checks them
-// in a statement of its own before the claim, so the claim's snapshot sees
-// the rows of every writer that check found ended. Unlike a filter on xmin
-// against the snapshot's xmin, this waits neither for unrelated long
-// transactions nor misses a writer whose xid is newer than the committed
-// row's; it waits only for open transactions that wrote to the outbox.
+// The claiming and archiving live in capture/internal/claim, which wal
+// capture also uses to drain the rows older than its slot; this package
+// adds what is poll mode's own: the capture configuration lock every poll
+// relay on one outbox shares (see schema.JoinMode).
 package poll
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
-	"slices"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/relay/capture"
-	"github.com/outboxrelay/relay/fault"
+	"github.com/outboxrelay/relay/capture/internal/claim"
 	"github.com/outboxrelay/relay/internal/schema"
-	"github.com/outboxrelay/relay/internal/wait"
 )
 
 // Options configures a Source. Zero values take the defaults given.
 type Options struct {
 	// Pool serves the claiming and archiving transactions, each holding a
 	// connection for a few round trips only, so any size works. The lease
-	// connection (partition leases and LISTEN) is opened separately with
-	// the pool's config: see DedicatedConns.
+	// connection (partition leases, LISTEN and the capture configuration
+	// lock) is opened separately with the pool's config: see
+	// DedicatedConns.
 	Pool *pgxpool.Pool
 	// Layout names the outbox and dead-letter tables.
 	Layout schema.Layout
@@ -75,8 +53,8 @@ type Options struct {
 	Interval time.Duration
 	// Partitions is how many partitions the outbox is split into by a hash
 	// of the ordering key (schema.Columns.Key), the unit of work shared
-	// between relays (see Scale-out in lease.go). Every relay on one outbox
-	// must use the same number.
+	// between relays (see Scale-out in capture/internal/claim/lease.go).
+	// Every relay on one outbox must use the same number.
 	// Default 16.
 	Partitions int
 	// ArchiveMode is what happens to published rows: schema.ArchiveDelete,
@@ -85,356 +63,43 @@ type Options struct {
 	// ParkAggregates skips aggregates that have a row in the dead-letter
 	// table (dead_letter.park_aggregate). Default false.
 	ParkAggregates bool
-	// MaxSeq, when above zero, bounds the claims to rows with seq ≤ MaxSeq,
-	// and Next returns ErrDrained once they are all claimed.
-	// wal capture drains the rows older than its slot this way. Default 0:
-	// no bound.
-	MaxSeq int64
-	// WALDrain marks the source a wal relay runs to drain the rows
-	// committed before its slot: it does not take poll mode's capture
-	// configuration lock (schema.JoinMode), since the wal relay holds its
-	// own. Default false.
-	WALDrain bool
 	// Logger receives the source's logs. Default slog.Default().
 	Logger *slog.Logger
 }
 
 // DedicatedConns is how many connections a Source opens besides its pool:
 // the lease connection.
-const DedicatedConns = 1
-
-// blockedInterval is the longest the poller waits while rows are held back
-// by an open writer: a row becomes claimable one poll after the writers
-// that were open when its seq was read have ended, and single-row
-// transactions end within milliseconds. The wait keeps its pace while the
-// run of empty claims held back by open writers is younger than
-// blockedInterval, then doubles with every empty claim (see backOff), so
-// open writers cost at most one claim per blockedInterval.
-const blockedInterval = 10 * time.Millisecond
-
-// busyInterval is the wait after a claim that found rows but did not fill a
-// batch. Each claim that finds nothing doubles the wait, up to
-// Options.Interval, so a steady trickle is picked up within a few
-// milliseconds and an idle outbox costs a few queries a second.
-const busyInterval = time.Millisecond
+const DedicatedConns = claim.DedicatedConns
 
 // Source is a poll-mode capture.Source. Next must be called from one
 // goroutine; batches may be completed from others.
-type Source struct {
-	opts    Options
-	log     *slog.Logger
-	info    schema.Info
-	sql     queries
-	lease   leases
-	marks   watermarks
-	flight  inFlight    // rows of batches not settled yet
-	cursor  int64       // claims continue after this seq until reset
-	rewind  atomic.Bool // set when rows below cursor may be claimable again
-	idle    bool        // the last claim did not fill a batch
-	blocked bool        // the last claim was held back by an open writer
-	quiet   int         // claims in a row that found nothing
-	// heldSince is when the current run of empty claims held back by open
-	// writers began; zero outside such a run.
-	heldSince time.Time
-	from      int64 // the cursor the last claim started from
-	limit     int   // see claimLimit
-	// claimedTo is the safe seq that bounded the last claim.
-	claimedTo int64
-	// skipped is set when the last claim skipped rows another transaction
-	// had locked: they are still to be claimed.
-	skipped bool
-}
-
-// ErrDrained is returned by Next, with Options.MaxSeq set, when a claim
-// found no row although every row with seq ≤ MaxSeq is committed (no open
-// writer holds one back), this relay leases every partition and the claim
-// looked from the start, or batches are still open. Rows of open batches
-// are not claimed again: once every batch was completed, a claim that again
-// finds nothing means every row up to MaxSeq was published, dead-lettered
-// or deleted.
-// Calling Next again claims again.
-var ErrDrained = errors.New("every outbox row up to the bound was claimed")
+type Source struct{ src *claim.Source }
 
 // New inspects the outbox table, creates the dead-letter table when it is
 // missing and returns a source. A missing outbox table is a permanent error.
 func New(ctx context.Context, opts Options) (*Source, error) {
-	if opts.BatchSize <= 0 {
-		opts.BatchSize = 500
-	}
-	if opts.MaxBatchBytes <= 0 {
-		opts.MaxBatchBytes = 8 << 20
-	}
-	if opts.Interval <= 0 {
-		opts.Interval = 200 * time.Millisecond
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.Partitions <= 0 {
-		opts.Partitions = 16
-	}
-	info, err := schema.Inspect(ctx, opts.Pool, opts.Layout)
+	src, err := claim.New(ctx, claim.Options{Pool: opts.Pool, Layout: opts.Layout, BatchSize: opts.BatchSize,
+		MaxBatchBytes: opts.MaxBatchBytes, Interval: opts.Interval, Partitions: opts.Partitions,
+		ArchiveMode: opts.ArchiveMode, ParkAggregates: opts.ParkAggregates, Logger: opts.Logger,
+		Join: func(ctx context.Context, conn *pgx.Conn, partitions int) error {
+			return schema.JoinMode(ctx, conn, opts.Layout, partitions)
+		}})
 	if err != nil {
-		if errors.Is(err, schema.ErrNoOutbox) {
-			err = fault.AsPermanent(err)
-		}
 		return nil, err
 	}
-	if info.SeqSequence == "" {
-		return nil, fault.AsPermanent(fmt.Errorf("outbox table %s: column %s has no sequence (declare it GENERATED ALWAYS AS IDENTITY)",
-			opts.Layout.Outbox, opts.Layout.Cols.Seq))
-	}
-	if err := schema.EnsureDeadLetter(ctx, opts.Pool, opts.Layout, info); err != nil {
-		return nil, err
-	}
-	if err := schema.EnsureArchive(ctx, opts.Pool, opts.Layout, opts.ArchiveMode, info); err != nil {
-		return nil, err
-	}
-	s := &Source{opts: opts, log: opts.Logger, info: info, sql: buildQueries(opts.Layout, opts.ArchiveMode, opts.ParkAggregates, info.Types, opts.MaxBatchBytes)}
-	s.lease = leases{keys: newLockKeys(opts.Layout.Outbox.String()), n: opts.Partitions, log: opts.Logger,
-		onGained: func() { s.rewind.Store(true) }}
-	return s, nil
+	return &Source{src: src}, nil
 }
 
 // Next claims the next batch of the partitions this relay leases, waiting
-// while the outbox is idle or this relay holds no partition.
-func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
-	for {
-		if err := s.connect(ctx); err != nil {
-			return nil, err
-		}
-		if err := s.lease.rebalance(ctx); err != nil {
-			s.disconnect(ctx)
-			return nil, err
-		}
-		if len(s.lease.owned) == 0 {
-			if err := wait.Sleep(ctx, rebalanceInterval); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		if s.idle {
-			s.idle = false
-			if err := s.wait(ctx); err != nil {
-				return nil, err
-			}
-		}
-		if err := s.flight.waitRoom(ctx, maxUnsettledBatches*s.opts.BatchSize, unsettledBatchBytes*s.opts.MaxBatchBytes); err != nil {
-			return nil, err
-		}
-		b, err := s.claim(ctx)
-		if err != nil {
-			return nil, err
-		}
-		if b != nil {
-			return b, nil
-		}
-		if s.opts.MaxSeq > 0 {
-			if s.drained() {
-				return nil, ErrDrained
-			}
-			if s.from > 0 && s.flight.empty() {
-				continue // rows below the cursor may be claimable again: look from the start
-			}
-		}
-		s.idle = true
-	}
-}
+// while the outbox is idle or this relay holds no partition. A capture
+// configuration lock that another relay's settings conflict with is
+// returned as *schema.ModeConflict.
+func (s *Source) Next(ctx context.Context) (capture.Batch, error) { return s.src.Next(ctx) }
 
-// drained reports whether the last claim, which found nothing, proves that
-// every row up to MaxSeq was claimed (see ErrDrained). While batches are in
-// flight a claim from the cursor is enough: the caller waits for them to
-// settle and asks again, and then the claim looks from the start.
-func (s *Source) drained() bool {
-	return (s.from == 0 || !s.flight.empty()) && !s.skipped && len(s.lease.owned) == s.opts.Partitions && s.claimedTo >= s.opts.MaxSeq
-}
-
-// Close releases the lease connection, which gives up every partition.
-func (s *Source) Close() error {
-	if s.lease.conn == nil {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	return s.lease.conn.Close(ctx)
-}
+// Close releases the lease connection, which gives up every partition and
+// the capture configuration lock.
+func (s *Source) Close() error { return s.src.Close() }
 
 // Partitions returns how many partitions this relay leases and claims, of
 // all. It is safe for concurrent use.
-func (s *Source) Partitions() (held, total int) {
-	return int(s.lease.nOwned.Load()), s.opts.Partitions
-}
-
-// connect makes sure the lease connection is up: it LISTENs for inserts and
-// holds this relay's membership and partition leases.
-func (s *Source) connect(ctx context.Context) error {
-	if s.lease.conn != nil && !s.lease.conn.IsClosed() {
-		return nil
-	}
-	s.lease.lost()
-	conn, err := pgx.ConnectConfig(ctx, s.opts.Pool.Config().ConnConfig.Copy())
-	if err != nil {
-		return fmt.Errorf("connect lease connection: %w", err)
-	}
-	if _, err := conn.Exec(ctx, "LISTEN "+schema.Q(s.opts.Layout.NotifyChannel())); err != nil {
-		conn.Close(ctx)
-		return fmt.Errorf("listen: %w", err)
-	}
-	if !s.opts.WALDrain {
-		if err := schema.JoinMode(ctx, conn, s.opts.Layout, s.opts.Partitions); err != nil {
-			conn.Close(ctx)
-			return err
-		}
-	}
-	if err := s.lease.join(ctx, conn); err != nil {
-		conn.Close(ctx)
-		return err
-	}
-	return nil
-}
-
-// disconnect closes the lease connection after an error on it.
-func (s *Source) disconnect(ctx context.Context) {
-	if s.lease.conn != nil {
-		s.lease.conn.Close(context.WithoutCancel(ctx))
-	}
-	s.lease.lost()
-}
-
-// wait blocks until an insert is notified (with the trigger of
-// capture.poll.notify) or the current poll interval passes: busyInterval
-// after rows were found, doubling with every empty claim up to
-// Options.Interval.
-func (s *Source) wait(ctx context.Context) error {
-	wctx, cancel := context.WithTimeout(ctx, s.pause())
-	defer cancel()
-
-	_, err := s.lease.conn.WaitForNotification(wctx)
-	switch {
-	case ctx.Err() != nil:
-		return ctx.Err()
-	case err != nil && wctx.Err() == nil:
-		s.disconnect(ctx) // Next reconnects
-	}
-	return nil
-}
-
-// backOff records, at now, a claim that found nothing: the next wait
-// doubles, unless rows are held back by open writers and the run of empty
-// claims held back like this began less than blockedInterval ago. Such
-// writers are most likely single-row transactions that end within
-// milliseconds, so the poller keeps looking at the pace of the last wait;
-// once the run is older, whether one writer stays open or short writers
-// keep replacing each other, the wait doubles again, so they cost at most
-// one claim per blockedInterval.
-func (s *Source) backOff(now time.Time) {
-	if !s.marks.held() {
-		s.heldSince = time.Time{}
-		s.quiet++
-		return
-	}
-	if s.heldSince.IsZero() {
-		s.heldSince = now
-	}
-	if now.Sub(s.heldSince) >= blockedInterval {
-		s.quiet++
-	}
-}
-
-// pause returns how long wait waits at most: busyInterval after a claim
-// that found rows, doubling with every empty claim up to Options.Interval,
-// or up to blockedInterval while rows are held back by open writers.
-func (s *Source) pause() time.Duration {
-	d := min(busyInterval<<min(s.quiet, 16), s.opts.Interval)
-	if s.blocked {
-		d = min(d, blockedInterval)
-	}
-	return d
-}
-
-// watermarks are the pending (H, L) pairs of the package doc.
-type watermarks struct {
-	safe    int64
-	pending []watermark
-}
-
-type watermark struct {
-	seq     int64
-	writers []string
-}
-
-// maxPending bounds the pending list; beyond it the two oldest entries are
-// merged, which only makes the wait longer, never shorter.
-const maxPending = 64
-
-// advance records the pair (h, writers), just read, releases the pending
-// pairs none of whose writers is in writers any more, and raises the safe
-// seq to the highest released one.
-func (w *watermarks) advance(h int64, writers []string) {
-	w.pending = append(w.pending, watermark{seq: h, writers: writers})
-	keep := w.pending[:0]
-	for _, m := range w.pending {
-		if !overlaps(m.writers, writers) {
-			w.safe = max(w.safe, m.seq)
-		} else if m.seq > w.safe {
-			m.writers = still(m.writers, writers)
-			keep = append(keep, m)
-		}
-	}
-	w.pending = keep
-	if len(w.pending) > maxPending {
-		a, b := w.pending[0], w.pending[1]
-		w.pending[1] = watermark{seq: b.seq, writers: union(a.writers, b.writers)}
-		w.pending = w.pending[1:]
-	}
-}
-
-// flat returns the pending pairs as the safeBound statement's parameters: one
-// element per pair and writer.
-func (w *watermarks) flat() (seqs []int64, writers []string) {
-	for _, m := range w.pending {
-		for _, x := range m.writers {
-			seqs, writers = append(seqs, m.seq), append(writers, x)
-		}
-	}
-	return seqs, writers
-}
-
-// still returns the writers of a that are in open. A writer that is not
-// open any more has ended, and a virtual transaction id is not reused, so
-// it can be dropped from every pair: each pair keeps at most len(open).
-func still(a, open []string) []string {
-	if !slices.ContainsFunc(a, func(x string) bool { return !slices.Contains(open, x) }) {
-		return a
-	}
-	var out []string
-	for _, x := range a {
-		if slices.Contains(open, x) {
-			out = append(out, x)
-		}
-	}
-	return out
-}
-
-// union returns the writers of a and b, each once, in a new slice.
-func union(a, b []string) []string {
-	out := slices.Clone(a)
-	for _, x := range b {
-		if !slices.Contains(out, x) {
-			out = append(out, x)
-		}
-	}
-	return out
-}
-
-// held reports whether rows are waiting for open writers.
-func (w *watermarks) held() bool { return len(w.pending) > 0 }
-
-func overlaps(a, b []string) bool {
-	for _, x := range a {
-		if slices.Contains(b, x) {
-			return true
-		}
-	}
-	return false
-}
+func (s *Source) Partitions() (held, total int) { return s.src.Partitions() }

@@ -8,16 +8,17 @@ import (
 	"time"
 
 	"github.com/outboxrelay/relay/capture"
-	"github.com/outboxrelay/relay/capture/poll"
+	"github.com/outboxrelay/relay/capture/internal/claim"
 )
 
-// drain publishes the outbox rows with seq ≤ to through the poll path,
-// before streaming from a slot that was created after they were committed.
+// drain publishes the outbox rows with seq ≤ to by claiming them from the
+// table (capture/internal/claim, as poll capture does), before streaming
+// from a slot that was created after they were committed.
 // It is used by the goroutine calling Next; its batches are completed from
 // others.
 type drain struct {
 	owner       *Source
-	src         *poll.Source
+	src         *claim.Source
 	to          int64
 	outstanding atomic.Int64  // drained batches not completed or abandoned
 	settled     chan struct{} // signalled when a drained batch settles
@@ -26,8 +27,8 @@ type drain struct {
 }
 
 func (s *Source) newDrain(ctx context.Context, to int64) (*drain, error) {
-	src, err := poll.New(ctx, poll.Options{Pool: s.opts.Pool, Layout: s.opts.Layout, BatchSize: s.opts.BatchSize,
-		MaxBatchBytes: s.opts.MaxBatchBytes, ArchiveMode: s.opts.ArchiveMode, MaxSeq: to, WALDrain: true, Logger: s.log})
+	src, err := claim.New(ctx, claim.Options{Pool: s.opts.Pool, Layout: s.opts.Layout, BatchSize: s.opts.BatchSize,
+		MaxBatchBytes: s.opts.MaxBatchBytes, ArchiveMode: s.opts.ArchiveMode, MaxSeq: to, Logger: s.log})
 	if err != nil {
 		return nil, fmt.Errorf("drain: %w", err)
 	}
@@ -51,9 +52,9 @@ func (d *drain) next(ctx, term context.Context) (capture.Batch, error) {
 				b.Abandon(context.WithoutCancel(ctx))
 			}
 			return nil, errors.New("lost the wal capture lock while draining")
-		case errors.Is(err, poll.ErrDrained) && settled:
+		case errors.Is(err, claim.ErrDrained) && settled:
 			return nil, nil
-		case errors.Is(err, poll.ErrDrained):
+		case errors.Is(err, claim.ErrDrained):
 			select {
 			case <-d.settled:
 			case <-ctx.Done():
@@ -87,7 +88,7 @@ type drained struct {
 	settled atomic.Bool
 }
 
-// Complete archives the batch through the poll path.
+// Complete archives the batch as the claim's own batches are archived.
 func (b *drained) Complete(ctx context.Context, o capture.Outcome) error {
 	if !b.settle() {
 		return errors.New("drained batch already abandoned")

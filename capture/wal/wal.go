@@ -34,7 +34,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/relay/capture"
-	"github.com/outboxrelay/relay/capture/poll"
+	"github.com/outboxrelay/relay/capture/internal/claim"
 	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/schema"
 )
@@ -93,8 +93,8 @@ type Options struct {
 
 // DedicatedConns is how many connections a Source opens besides its pool:
 // the replication connection, the leader lock's connection and, while rows
-// older than the slot are drained, the poll path's lease connection.
-const DedicatedConns = 2 + poll.DedicatedConns
+// older than the slot are drained, the table claim's lease connection.
+const DedicatedConns = 2 + claim.DedicatedConns
 
 var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 

@@ -24,16 +24,16 @@ func TestNoTestCodeInBinary(t *testing.T) {
 // TestImportsOneWay checks the layering between config, sink, capture and
 // internal/schema: settings flow down from config through internal/app, so
 // no sink package (or its tests) imports config, no capture package imports
-// a sink package, internal/schema imports neither config nor sink, and the
-// leaves fault and sink/template import nothing else of the module but
-// event.
+// a sink package, the capture modes capture/poll and capture/wal do not
+// import each other (what both need lives in capture/internal), internal/schema
+// imports neither config nor sink, and the leaves fault and sink/template
+// import nothing else of the module but event.
 func TestImportsOneWay(t *testing.T) {
 	const mod = "github.com/outboxrelay/relay/"
 	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}`, mod+"...").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
-	under := func(pkg, root string) bool { return pkg == root || strings.HasPrefix(pkg, root+"/") }
 	for line := range strings.Lines(string(out)) {
 		fields := strings.Fields(line)
 		pkg := strings.TrimPrefix(fields[0], mod)
@@ -47,7 +47,7 @@ func TestImportsOneWay(t *testing.T) {
 			case under(pkg, "sink"):
 				broken = under(dep, "config") || pkg == "sink/template" && dep != "event"
 			case under(pkg, "capture"):
-				broken = under(dep, "sink")
+				broken = under(dep, "sink") || otherMode(pkg, dep)
 			case pkg == "internal/schema":
 				broken = under(dep, "config") || under(dep, "sink")
 			case pkg == "fault":
@@ -59,3 +59,12 @@ func TestImportsOneWay(t *testing.T) {
 		}
 	}
 }
+
+// otherMode reports whether pkg is (a package under) one capture mode and
+// dep (a package under) the other.
+func otherMode(pkg, dep string) bool {
+	return under(pkg, "capture/poll") && under(dep, "capture/wal") || under(pkg, "capture/wal") && under(dep, "capture/poll")
+}
+
+// under reports whether pkg is root or a package below it.
+func under(pkg, root string) bool { return pkg == root || strings.HasPrefix(pkg, root+"/") }

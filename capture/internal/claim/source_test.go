@@ -1,4 +1,4 @@
-package poll_test
+package claim_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/relay/capture"
-	"github.com/outboxrelay/relay/capture/poll"
+	"github.com/outboxrelay/relay/capture/internal/claim"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/internal/testenv"
@@ -55,9 +55,9 @@ func mustExec(t testing.TB, q schema.Querier, sql string, args ...any) {
 	}
 }
 
-func newSource(t testing.TB, pool *pgxpool.Pool, l schema.Layout, batch int) *poll.Source {
+func newSource(t testing.TB, pool *pgxpool.Pool, l schema.Layout, batch int) *claim.Source {
 	t.Helper()
-	src, err := poll.New(context.Background(), poll.Options{Pool: pool, Layout: l, BatchSize: batch, Interval: 20 * time.Millisecond})
+	src, err := claim.New(context.Background(), claim.Options{Pool: pool, Layout: l, BatchSize: batch, Interval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func insert(t *testing.T, q schema.Querier, agg string, step int) string {
 }
 
 // next claims a batch, waiting at most d; it returns nil when none came.
-func next(t *testing.T, src *poll.Source, d time.Duration) capture.Batch {
+func next(t *testing.T, src *claim.Source, d time.Duration) capture.Batch {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
@@ -323,7 +323,7 @@ func TestMissingOutboxIsNamed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	_, err = poll.New(context.Background(), poll.Options{Pool: pool, Layout: layout})
+	_, err = claim.New(context.Background(), claim.Options{Pool: pool, Layout: layout})
 	if err == nil || !strings.Contains(err.Error(), "public.outbox") {
 		t.Fatalf("err = %v, want it to name public.outbox", err)
 	}

@@ -1,4 +1,4 @@
-package poll_test
+package claim_test
 
 import (
 	"context"

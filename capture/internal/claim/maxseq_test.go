@@ -1,4 +1,4 @@
-package poll_test
+package claim_test
 
 import (
 	"context"
@@ -10,12 +10,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/relay/capture"
-	"github.com/outboxrelay/relay/capture/poll"
+	"github.com/outboxrelay/relay/capture/internal/claim"
 )
 
-func newBoundedSource(t *testing.T, pool *pgxpool.Pool, maxSeq int64) *poll.Source {
+func newBoundedSource(t *testing.T, pool *pgxpool.Pool, maxSeq int64) *claim.Source {
 	t.Helper()
-	src, err := poll.New(context.Background(), poll.Options{Pool: pool, Layout: layout, BatchSize: 10,
+	src, err := claim.New(context.Background(), claim.Options{Pool: pool, Layout: layout, BatchSize: 10,
 		Interval: 20 * time.Millisecond, MaxSeq: maxSeq})
 	if err != nil {
 		t.Fatal(err)
@@ -25,12 +25,12 @@ func newBoundedSource(t *testing.T, pool *pgxpool.Pool, maxSeq int64) *poll.Sour
 }
 
 // nextOrDrained claims with a timeout and reports ErrDrained.
-func nextOrDrained(t *testing.T, src *poll.Source, d time.Duration) (capture.Batch, bool) {
+func nextOrDrained(t *testing.T, src *claim.Source, d time.Duration) (capture.Batch, bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	b, err := src.Next(ctx)
-	if errors.Is(err, poll.ErrDrained) {
+	if errors.Is(err, claim.ErrDrained) {
 		return nil, true
 	}
 	if err != nil && ctx.Err() == nil {

@@ -1,4 +1,4 @@
-package poll_test
+package claim_test
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/outboxrelay/relay/capture"
-	"github.com/outboxrelay/relay/capture/poll"
+	"github.com/outboxrelay/relay/capture/internal/claim"
 )
 
 // TestUnsettledRowsBounded: once 24 full batches are claimed and not
@@ -58,7 +58,7 @@ func TestClaimBytes(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pool := setup(t, layout)
-			src, err := poll.New(context.Background(), poll.Options{Pool: pool, Layout: layout, BatchSize: 500,
+			src, err := claim.New(context.Background(), claim.Options{Pool: pool, Layout: layout, BatchSize: 500,
 				Interval: 20 * time.Millisecond, MaxBatchBytes: 300 << 10})
 			if err != nil {
 				t.Fatal(err)

@@ -1,4 +1,4 @@
-package poll_test
+package claim_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/relay/capture"
-	"github.com/outboxrelay/relay/capture/poll"
+	"github.com/outboxrelay/relay/capture/internal/claim"
 	"github.com/outboxrelay/relay/internal/schema"
 )
 
@@ -142,9 +142,9 @@ func TestOrderByDeadLetterAndPark(t *testing.T) {
 	}
 }
 
-func newTenantSource(t *testing.T, pool *pgxpool.Pool, park bool) *poll.Source {
+func newTenantSource(t *testing.T, pool *pgxpool.Pool, park bool) *claim.Source {
 	t.Helper()
-	src, err := poll.New(context.Background(), poll.Options{Pool: pool, Layout: tenantLayout, BatchSize: 1000,
+	src, err := claim.New(context.Background(), claim.Options{Pool: pool, Layout: tenantLayout, BatchSize: 1000,
 		Interval: 20 * time.Millisecond, ParkAggregates: park})
 	if err != nil {
 		t.Fatal(err)
