@@ -283,6 +283,18 @@ type SQS struct {
 	// 1048576; zero means 262144, which every SQS-compatible server
 	// accepts (AWS itself takes 1048576).
 	MaxBatchBytes int `yaml:"max_batch_bytes"`
+	// RoleARN, when set, is an IAM role the relay assumes with STS
+	// (AssumeRole) using the default chain's credentials, and whose
+	// temporary credentials sign every SQS request; they are renewed
+	// before they expire. Default empty: the default chain's credentials
+	// sign the requests themselves.
+	RoleARN string `yaml:"role_arn"`
+	// ExternalID is the external id the role's trust policy may require.
+	// Only with RoleARN.
+	ExternalID string `yaml:"external_id"`
+	// RoleSessionName names the assumed role's session in CloudTrail. Only
+	// with RoleARN; default "outbox-relay".
+	RoleSessionName string `yaml:"role_session_name"`
 }
 
 // Webhook configures the webhook sink. See docs/webhook.md.

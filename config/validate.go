@@ -442,7 +442,40 @@ func (l *loader) checkSQS(s SQS) {
 	if s.MaxBatchBytes != 0 && (s.MaxBatchBytes < 1024 || s.MaxBatchBytes > 1<<20) {
 		l.invalid("sink.sqs.max_batch_bytes", "must be between 1024 and 1048576, got %d", s.MaxBatchBytes)
 	}
+	l.checkRole(s)
 }
+
+// roleARN matches an IAM role ARN in any partition; sessionName a valid
+// STS role session name.
+var (
+	roleARN     = regexp.MustCompile(`^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}$`)
+	sessionName = regexp.MustCompile(`^[\w+=,.@-]{2,64}$`)
+)
+
+// checkRole checks sink.sqs.role_arn and the keys that go with it.
+func (l *loader) checkRole(s SQS) {
+	if s.RoleARN == "" {
+		if s.ExternalID != "" {
+			l.invalid("sink.sqs.external_id", "has no effect without sink.sqs.role_arn")
+		}
+		if s.RoleSessionName != "" {
+			l.invalid("sink.sqs.role_session_name", "has no effect without sink.sqs.role_arn")
+		}
+		return
+	}
+	if !roleARN.MatchString(s.RoleARN) {
+		l.invalid("sink.sqs.role_arn", "must be an IAM role ARN like arn:aws:iam::123456789012:role/outbox-relay, got %q", s.RoleARN)
+	}
+	if s.ExternalID != "" && !externalID.MatchString(s.ExternalID) {
+		l.invalid("sink.sqs.external_id", "must be 2 to 1224 characters of letters, digits and +=,.@:/-")
+	}
+	if s.RoleSessionName != "" && !sessionName.MatchString(s.RoleSessionName) {
+		l.invalid("sink.sqs.role_session_name", "must be 2 to 64 characters of letters, digits and +=,.@_-, got %q", s.RoleSessionName)
+	}
+}
+
+// externalID matches a valid STS external id.
+var externalID = regexp.MustCompile(`^[\w+=,.@:/-]{2,1224}$`)
 
 // checkRetry checks the backoff bounds and the attempt limit.
 func (l *loader) checkRetry(r Retry) {

@@ -163,7 +163,8 @@ func transactionalID(cfg *config.Config) string {
 
 // sqsConfig maps sink.sqs to the SQS sink's settings.
 func sqsConfig(c config.SQS) sqssink.Config {
-	return sqssink.Config{Region: c.Region, Endpoint: c.Endpoint, QueueURL: c.QueueURL, Queue: c.Queue, MaxBatchBytes: c.MaxBatchBytes}
+	return sqssink.Config{Region: c.Region, Endpoint: c.Endpoint, QueueURL: c.QueueURL, Queue: c.Queue, MaxBatchBytes: c.MaxBatchBytes,
+		RoleARN: c.RoleARN, ExternalID: c.ExternalID, RoleSessionName: c.RoleSessionName}
 }
 
 // webhookConfig maps sink.webhook to the webhook sink's settings.

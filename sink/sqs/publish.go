@@ -289,7 +289,7 @@ func (s *Sink) classify(ctx context.Context, err error) error {
 	var credErr *credentialsError
 	switch {
 	case errors.As(err, &credErr):
-		return fault.AsUnavailable(fmt.Errorf("%w; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, a web identity or an instance role", err))
+		return fault.AsUnavailable(fmt.Errorf("%w; %s", err, s.credentialsHint()))
 	case unavailable[code], status >= 500, status == 401, status == 403:
 		return fault.AsUnavailable(err)
 	case malformed[code]:

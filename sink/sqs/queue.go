@@ -117,7 +117,7 @@ func (s *Sink) Check(ctx context.Context) error {
 		return errors.New("no AWS credentials provider; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE")
 	}
 	if _, err := s.creds.Retrieve(ctx); err != nil {
-		return fmt.Errorf("no usable AWS credentials (%v); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or run with a web identity (AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE) or an instance or task role", err)
+		return fmt.Errorf("no usable AWS credentials (%v); %s", err, s.credentialsHint())
 	}
 	if s.fixed.url == "" && strings.Contains(s.cfg.Queue, "{") {
 		return s.checkTemplate(ctx)
@@ -141,6 +141,15 @@ func (s *Sink) Check(ctx context.Context) error {
 		return fmt.Errorf("sqs queue %s: FifoQueue is %v but its name %s ends in .fifo only for FIFO queues; check sink.sqs.queue_url", ref.url, fifo, ref.name)
 	}
 	return nil
+}
+
+// credentialsHint says how to fix a failure to obtain credentials.
+func (s *Sink) credentialsHint() string {
+	chain := "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or run with a web identity (AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE) or an instance or task role"
+	if s.cfg.RoleARN == "" {
+		return chain
+	}
+	return "check that the role " + s.cfg.RoleARN + " (sink.sqs.role_arn) trusts the relay's credentials for sts:AssumeRole (and its sts:ExternalId condition matches sink.sqs.external_id), and that those credentials exist: " + chain
 }
 
 // checkTemplate checks a queue template with placeholders.

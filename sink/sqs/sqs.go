@@ -28,7 +28,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials/stscreds"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sts"
 
 	"github.com/outboxrelay/relay/internal/destname"
 	"github.com/outboxrelay/relay/sink"
@@ -65,6 +67,16 @@ type Config struct {
 	// bodies plus attribute names, types and values. Zero means 262144,
 	// which every SQS-compatible server accepts.
 	MaxBatchBytes int
+	// RoleARN, when set, is a role assumed with STS AssumeRole by the
+	// default chain's credentials (or Options.Credentials); its temporary
+	// credentials sign the SQS requests and are renewed before they
+	// expire. STS is reached at its regional endpoint, or where
+	// AWS_ENDPOINT_URL_STS points. Default empty: no role is assumed.
+	RoleARN string
+	// ExternalID is sent with AssumeRole when set.
+	ExternalID string
+	// RoleSessionName names the role session; default "outbox-relay".
+	RoleSessionName string
 }
 
 // Options tunes a Sink. The zero value uses the defaults documented on each
@@ -214,6 +226,9 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 	awsCfg.HTTPClient = s.http
+	if cfg.RoleARN != "" {
+		awsCfg.Credentials = assumeRole(awsCfg, cfg)
+	}
 	if awsCfg.Credentials != nil {
 		awsCfg.Credentials = markedCredentials{awsCfg.Credentials}
 	}
@@ -225,6 +240,22 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 	})
 	s.closed, s.closeNow = context.WithCancelCause(context.Background())
 	return s, nil
+}
+
+// assumeRole returns the credentials of cfg.RoleARN, assumed with STS by
+// awsCfg's credentials over its HTTP client, cached until shortly before
+// they expire.
+func assumeRole(awsCfg aws.Config, cfg Config) aws.CredentialsProvider {
+	session := cfg.RoleSessionName
+	if session == "" {
+		session = "outbox-relay"
+	}
+	return aws.NewCredentialsCache(stscreds.NewAssumeRoleProvider(sts.NewFromConfig(awsCfg), cfg.RoleARN, func(o *stscreds.AssumeRoleOptions) {
+		o.RoleSessionName = session
+		if cfg.ExternalID != "" {
+			o.ExternalID = aws.String(cfg.ExternalID)
+		}
+	}))
 }
 
 // newHTTPClient returns the HTTP client configuration of a sink:
