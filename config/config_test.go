@@ -237,6 +237,9 @@ func TestErrors(t *testing.T) {
 		{"sqs no queue", sinkCase("sqs", "  sqs:\n    region: r\n"), 7, "sink.sqs.queue_url", "required (or sink.sqs.queue, a queue name template)"},
 		{"sqs both queues", sinkCase("sqs", "  sqs:\n    region: r\n    queue_url: http://q\n    queue: q\n"), 10, "sink.sqs.queue", "set either sink.sqs.queue_url or sink.sqs.queue, not both"},
 		{"webhook url missing", sinkCase("webhook", "  webhook:\n    timeout: 1s\n"), 7, "sink.webhook.url", "required"},
+		{"sqs role_arn not a role", sinkCase("sqs", "  sqs:\n    region: r\n    queue: q\n    role_arn: arn:aws:iam::123:user/x\n"), 10, "sink.sqs.role_arn", `must be an IAM role ARN like arn:aws:iam::123456789012:role/outbox-relay, got "arn:aws:iam::123:user/x"`},
+		{"sqs external_id without role", sinkCase("sqs", "  sqs:\n    region: r\n    queue: q\n    external_id: e-1\n"), 10, "sink.sqs.external_id", "has no effect without sink.sqs.role_arn"},
+		{"sqs role_session_name bad", sinkCase("sqs", "  sqs:\n    region: r\n    queue: q\n    role_arn: arn:aws-cn:iam::123456789012:role/a/b\n    role_session_name: a b\n"), 11, "sink.sqs.role_session_name", `must be 2 to 64 characters of letters, digits and +=,.@_-, got "a b"`},
 		// Choices, ranges and names.
 		{"archive.mode", minimal + "archive:\n  mode: keep\n", 8, "archive.mode", `must be delete, mark or move, got "keep"`},
 		{"log.format", minimal + "log:\n  format: xml\n", 8, "log.format", `must be text or json, got "xml"`},

@@ -466,7 +466,7 @@ func (l *loader) checkRole(s SQS) {
 	if !roleARN.MatchString(s.RoleARN) {
 		l.invalid("sink.sqs.role_arn", "must be an IAM role ARN like arn:aws:iam::123456789012:role/outbox-relay, got %q", s.RoleARN)
 	}
-	if s.ExternalID != "" && !externalID.MatchString(s.ExternalID) {
+	if n := len(s.ExternalID); n > 0 && (n < 2 || n > 1224 || !externalID.MatchString(s.ExternalID)) {
 		l.invalid("sink.sqs.external_id", "must be 2 to 1224 characters of letters, digits and +=,.@:/-")
 	}
 	if s.RoleSessionName != "" && !sessionName.MatchString(s.RoleSessionName) {
@@ -475,7 +475,7 @@ func (l *loader) checkRole(s SQS) {
 }
 
 // externalID matches a valid STS external id.
-var externalID = regexp.MustCompile(`^[\w+=,.@:/-]{2,1224}$`)
+var externalID = regexp.MustCompile(`^[\w+=,.@:/-]+$`)
 
 // checkRetry checks the backoff bounds and the attempt limit.
 func (l *loader) checkRetry(r Retry) {
