@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/relay/capture/poll"
+	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/schema"
@@ -75,7 +76,7 @@ func TestParkAggregateRedriveUnderLoad(t *testing.T) {
 		t.Run(action, func(t *testing.T) {
 			ctx := context.Background()
 			pool := outboxDB(t)
-			src, err := poll.New(ctx, poll.Options{Pool: pool, Layout: layout, BatchSize: 50,
+			src, err := poll.New(ctx, poll.Options{Pool: pool, Layout: table.Layout(layout), BatchSize: 50,
 				Interval: 20 * time.Millisecond, ParkAggregates: true, Logger: quiet})
 			if err != nil {
 				t.Fatal(err)

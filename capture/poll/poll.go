@@ -23,6 +23,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/capture/internal/claim"
+	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/internal/schema"
 )
 
@@ -34,8 +35,9 @@ type Options struct {
 	// lock) is opened separately with the pool's config: see
 	// DedicatedConns.
 	Pool *pgxpool.Pool
-	// Layout names the outbox and dead-letter tables.
-	Layout schema.Layout
+	// Layout names the outbox and dead-letter tables (and the archive
+	// table of archive mode move).
+	Layout table.Layout
 	// BatchSize is the most rows one claim takes. Default 500.
 	BatchSize int
 	// MaxBatchBytes ends a claim once its rows hold this many bytes
@@ -52,7 +54,7 @@ type Options struct {
 	// (capture.poll.notify) is installed. Default 200ms.
 	Interval time.Duration
 	// Partitions is how many partitions the outbox is split into by a hash
-	// of the ordering key (schema.Columns.Key), the unit of work shared
+	// of the ordering key (table.Columns.Key), the unit of work shared
 	// between relays (see Scale-out in capture/internal/claim/lease.go).
 	// Every relay on one outbox must use the same number.
 	// Default 16.
@@ -78,11 +80,12 @@ type Source struct{ src *claim.Source }
 // New inspects the outbox table, creates the dead-letter table when it is
 // missing and returns a source. A missing outbox table is a permanent error.
 func New(ctx context.Context, opts Options) (*Source, error) {
-	src, err := claim.New(ctx, claim.Options{Pool: opts.Pool, Layout: opts.Layout, BatchSize: opts.BatchSize,
+	l := schema.Layout(opts.Layout)
+	src, err := claim.New(ctx, claim.Options{Pool: opts.Pool, Layout: l, BatchSize: opts.BatchSize,
 		MaxBatchBytes: opts.MaxBatchBytes, Interval: opts.Interval, Partitions: opts.Partitions,
 		ArchiveMode: opts.ArchiveMode, ParkAggregates: opts.ParkAggregates, Logger: opts.Logger,
 		Join: func(ctx context.Context, conn *pgx.Conn, partitions int) error {
-			return schema.JoinMode(ctx, conn, opts.Layout, partitions)
+			return schema.JoinMode(ctx, conn, l, partitions)
 		}})
 	if err != nil {
 		return nil, err

@@ -27,7 +27,7 @@ type drain struct {
 }
 
 func (s *Source) newDrain(ctx context.Context, to int64) (*drain, error) {
-	src, err := claim.New(ctx, claim.Options{Pool: s.opts.Pool, Layout: s.opts.Layout, BatchSize: s.opts.BatchSize,
+	src, err := claim.New(ctx, claim.Options{Pool: s.opts.Pool, Layout: s.layout, BatchSize: s.opts.BatchSize,
 		MaxBatchBytes: s.opts.MaxBatchBytes, ArchiveMode: s.opts.ArchiveMode, MaxSeq: to, Logger: s.log})
 	if err != nil {
 		return nil, fmt.Errorf("drain: %w", err)

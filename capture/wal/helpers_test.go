@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/relay/capture"
+	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/internal/schema"
@@ -97,7 +98,7 @@ func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, ni
 // options returns source options for tests: a fresh slot, fast status
 // updates.
 func options(t testing.TB, pool *pgxpool.Pool, l schema.Layout, batch int) wal.Options {
-	return wal.Options{Pool: pool, Layout: l, Slot: newSlotName(), Publication: "relay_pub", BatchSize: batch,
+	return wal.Options{Pool: pool, Layout: table.Layout(l), Slot: newSlotName(), Publication: "relay_pub", BatchSize: batch,
 		StatusInterval: 100 * time.Millisecond, GuardInterval: 100 * time.Millisecond, Logger: testLog(t)}
 }
 

@@ -64,7 +64,7 @@ const maxUnarchivedBatches = 24
 const unarchivedBatchBytes = 3
 
 func newStream(src *Source, conn *pgconn.PgConn, start, replayTo pglogrepl.LSN, every time.Duration) *stream {
-	st := &stream{src: src, conn: conn, dec: newDecoder(src.opts.Layout), every: every, log: src.log,
+	st := &stream{src: src, conn: conn, dec: newDecoder(src.layout), every: every, log: src.log,
 		ready: make(chan struct{}, 1), taken: make(chan struct{}, 1), done: make(chan struct{}), flushed: start,
 		replayTo: replayTo}
 	st.open = st.newBatch()

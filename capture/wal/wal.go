@@ -35,6 +35,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/capture/internal/claim"
+	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/schema"
 )
@@ -50,8 +51,10 @@ type Options struct {
 	// pool's connection config. A copy is used, with replication=database,
 	// DateStyle ISO, TimeZone UTC and bytea_output hex set.
 	ReplConfig *pgconn.Config
-	// Layout names the outbox, dead-letter and drain tables.
-	Layout schema.Layout
+	// Layout names the outbox and dead-letter tables (and the archive
+	// table of archive mode move); the drain table is named after the
+	// outbox.
+	Layout table.Layout
 	// Slot is the logical replication slot (pgoutput), created when
 	// missing. Required; lowercase letters, digits and _, at most 63.
 	Slot string
@@ -133,15 +136,16 @@ func (o *Options) setDefaults() error {
 // goroutine; batches may be completed from others; Slot is safe for
 // concurrent use.
 type Source struct {
-	opts  Options
-	log   *slog.Logger
-	sql   queries
-	arch  *archiver
-	repl  *pgconn.Config
-	lead  *leadership
-	guard guard
-	stop  context.CancelFunc
-	wg    sync.WaitGroup
+	opts   Options
+	layout schema.Layout // opts.Layout
+	log    *slog.Logger
+	sql    queries
+	arch   *archiver
+	repl   *pgconn.Config
+	lead   *leadership
+	guard  guard
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
 
 	// Shared between Next and the guard: the last stream opened, the
 	// cancellation of a stream being opened, whether a drain runs, and a
@@ -179,7 +183,8 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, fault.AsPermanent(err)
 	}
-	info, err := schema.Inspect(ctx, opts.Pool, opts.Layout)
+	l := schema.Layout(opts.Layout)
+	info, err := schema.Inspect(ctx, opts.Pool, l)
 	if err != nil {
 		if errors.Is(err, schema.ErrNoOutbox) {
 			err = fault.AsPermanent(err)
@@ -188,7 +193,7 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	}
 	if info.SeqSequence == "" {
 		return nil, fault.AsPermanent(fmt.Errorf("outbox table %s: column %s has no sequence (declare it GENERATED ALWAYS AS IDENTITY)",
-			opts.Layout.Outbox, opts.Layout.Cols.Seq))
+			l.Outbox, l.Cols.Seq))
 	}
 	if err := checkServer(ctx, opts.Pool); err != nil {
 		return nil, err
@@ -196,16 +201,16 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	if err := checkFailover(ctx, opts.Pool, opts.Failover); err != nil {
 		return nil, err
 	}
-	if err := prepare(ctx, opts.Pool, opts.Layout, info, opts.Publication); err != nil {
+	if err := prepare(ctx, opts.Pool, l, info, opts.Publication); err != nil {
 		return nil, err
 	}
-	if err := schema.EnsureArchive(ctx, opts.Pool, opts.Layout, opts.ArchiveMode, info); err != nil {
+	if err := schema.EnsureArchive(ctx, opts.Pool, l, opts.ArchiveMode, info); err != nil {
 		return nil, err
 	}
-	s := &Source{opts: opts, log: opts.Logger, sql: buildQueries(opts.Layout, opts.ArchiveMode, info), repl: replConfig(opts),
+	s := &Source{opts: opts, layout: l, log: opts.Logger, sql: buildQueries(l, opts.ArchiveMode, info), repl: replConfig(opts),
 		unsettled: map[*drained]bool{}, recreated: map[string]*atomic.Int64{},
-		lead: newLeadership(opts.Pool.Config().ConnConfig.Copy(), opts.Layout, opts.Logger)}
-	s.guard = *newGuard(opts.Layout, opts.ArchiveMode)
+		lead: newLeadership(opts.Pool.Config().ConnConfig.Copy(), l, opts.Logger)}
+	s.guard = *newGuard(l, opts.ArchiveMode)
 	for _, r := range SlotRecreateReasons {
 		s.recreated[r] = new(atomic.Int64)
 	}
@@ -332,7 +337,7 @@ func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
 // start prepares the slot, recreating it when it is missing or lost, and
 // then begins the pending drain or the stream.
 func (s *Source) start(ctx, term context.Context) error {
-	pool, l, name := s.opts.Pool, s.opts.Layout, s.opts.Slot
+	pool, l, name := s.opts.Pool, s.layout, s.opts.Slot
 	slot, err := inspectSlot(ctx, pool, name)
 	if err != nil {
 		return err
@@ -408,7 +413,7 @@ func (s *Source) drainNext(ctx, term context.Context) (capture.Batch, error) {
 	if b != nil {
 		return b, nil
 	}
-	if err := finishDrain(ctx, s.opts.Pool, s.opts.Layout, s.opts.Slot, d.to); err != nil {
+	if err := finishDrain(ctx, s.opts.Pool, s.layout, s.opts.Slot, d.to); err != nil {
 		return nil, err
 	}
 	s.log.Info("outbox backlog published; streaming", "slot", s.opts.Slot, "events", d.events,

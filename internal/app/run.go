@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/capture/poll"
+	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/redact"
@@ -169,13 +170,13 @@ func recorded(src capture.Source, snk *brokerSink, cfg *config.Config) capture.S
 func openSource(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, log *slog.Logger) (capture.Source, error) {
 	l := layoutOf(cfg)
 	if cfg.Capture.Mode == "wal" {
-		return wal.New(ctx, wal.Options{Pool: pool, Layout: l,
+		return wal.New(ctx, wal.Options{Pool: pool, Layout: table.Layout(l),
 			Slot: cfg.Capture.WAL.Slot, Publication: cfg.Capture.WAL.Publication,
 			ArchiveMode: cfg.Archive.Mode, BatchSize: cfg.Capture.Poll.BatchSize, MaxBatchBytes: cfg.Capture.MaxBatchBytes,
 			Failover: cfg.Capture.WAL.Failover, Logger: log})
 	}
 	return poll.New(ctx, poll.Options{
-		Pool: pool, Layout: l, BatchSize: cfg.Capture.Poll.BatchSize, MaxBatchBytes: cfg.Capture.MaxBatchBytes,
+		Pool: pool, Layout: table.Layout(l), BatchSize: cfg.Capture.Poll.BatchSize, MaxBatchBytes: cfg.Capture.MaxBatchBytes,
 		Interval: cfg.Capture.Poll.Interval.D(), Partitions: cfg.Capture.Poll.Partitions,
 		ParkAggregates: cfg.DeadLetter.ParkAggregate, ArchiveMode: cfg.Archive.Mode, Logger: log,
 	})

@@ -1,6 +1,8 @@
 package schema
 
 import (
+	"github.com/outboxrelay/relay/capture/table"
+
 	"context"
 	"fmt"
 	"slices"
@@ -29,10 +31,10 @@ func TestArchiveByKeyPerMode(t *testing.T) {
 		for _, form := range []string{"keys", "range"} {
 			t.Run(mode+"/"+form, func(t *testing.T) {
 				l := Layout{
-					Outbox: ParseTable("outbox_" + mode + "_" + form),
+					Outbox: table.ParseName("outbox_" + mode + "_" + form),
 					Cols: Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", EventType: "event_type",
 						Payload: "payload", Headers: "headers", CreatedAt: "created_at", Seq: "seq"},
-					Archive: ParseTable("archive_" + mode + "_" + form),
+					Archive: table.ParseName("archive_" + mode + "_" + form),
 				}
 				for _, stmt := range append([]string{l.CreateOutbox()}, l.ArchiveDDL(mode, nil)...) {
 					if _, err := conn.Exec(ctx, stmt); err != nil {

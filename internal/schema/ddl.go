@@ -118,7 +118,7 @@ func (l Layout) notifyStep(notify bool) Step {
 // insert trigger that notifies NotifyChannel, so poll capture wakes at once.
 // Postgres folds identical notifications of one transaction into one.
 func (l Layout) CreateNotifyTrigger() []string {
-	fn := l.Outbox.sibling("_relay_notify")
+	fn := sibling(l.Outbox, "_relay_notify")
 	body := fmt.Sprintf("\nBEGIN\n  PERFORM pg_notify(%s, '');\n  RETURN NULL;\nEND\n", Literal(l.NotifyChannel()))
 	return []string{
 		fmt.Sprintf(`CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS %s`, fn, Literal(body)),
@@ -132,7 +132,7 @@ func (l Layout) CreateNotifyTrigger() []string {
 func (l Layout) DropNotifyTrigger() []string {
 	return []string{
 		fmt.Sprintf(`DROP TRIGGER IF EXISTS %s ON %s`, Q(derived(l.Outbox.Name, "_relay_notify")), l.Outbox.Ident()),
-		fmt.Sprintf(`DROP FUNCTION IF EXISTS %s()`, l.Outbox.sibling("_relay_notify")),
+		fmt.Sprintf(`DROP FUNCTION IF EXISTS %s()`, sibling(l.Outbox, "_relay_notify")),
 	}
 }
 

@@ -1,6 +1,8 @@
 package schema
 
 import (
+	"github.com/outboxrelay/relay/capture/table"
+
 	"context"
 	"slices"
 	"testing"
@@ -25,7 +27,7 @@ func TestDeadLetterFilter(t *testing.T) {
 	l := Layout{
 		Cols: Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", EventType: "event_type",
 			Payload: "payload", Headers: "headers", CreatedAt: "created_at", Seq: "seq"},
-		DeadLetter: ParseTable("dead"),
+		DeadLetter: table.ParseName("dead"),
 	}
 	for _, stmt := range l.CreateDeadLetter(nil) {
 		if _, err := conn.Exec(ctx, stmt); err != nil {

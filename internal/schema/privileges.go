@@ -71,7 +71,7 @@ func (l Layout) RunPrivileges(n RunNeeds) []Privilege {
 	add("TABLE", l.DeadLetter.Ident(), "", "SELECT", "INSERT", "DELETE")
 	seq := n.Sequence
 	if seq == "" {
-		seq = l.Outbox.sibling("_" + l.Cols.Seq + "_seq")
+		seq = sibling(l.Outbox, "_"+l.Cols.Seq+"_seq")
 	}
 	add("SEQUENCE", seq, "", "SELECT")
 	if n.WAL {

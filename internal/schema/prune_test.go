@@ -1,6 +1,8 @@
 package schema
 
 import (
+	"github.com/outboxrelay/relay/capture/table"
+
 	"context"
 	"testing"
 
@@ -19,7 +21,7 @@ func TestPruneArchiveBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	l := Layout{Archive: ParseTable("public.arch")}
+	l := Layout{Archive: table.ParseName("public.arch")}
 	if _, err := conn.Exec(ctx, `CREATE TABLE arch (id int, archived_at timestamptz NOT NULL);
 		INSERT INTO arch SELECT i, now() - interval '2 hours' FROM generate_series(1, 7) i;
 		INSERT INTO arch SELECT i, now() FROM generate_series(8, 9) i`); err != nil {

@@ -8,11 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/internal/rowtext"
 )
@@ -26,24 +26,10 @@ type Querier interface {
 }
 
 // Table is a schema-qualified table name.
-type Table struct{ Schema, Name string }
-
-// ParseTable splits "schema.name" ("public" when no schema is given).
-func ParseTable(qualified string) Table {
-	if s, n, ok := strings.Cut(qualified, "."); ok {
-		return Table{Schema: s, Name: n}
-	}
-	return Table{Schema: "public", Name: qualified}
-}
-
-// Ident returns the quoted identifier for SQL.
-func (t Table) Ident() string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
-
-// String returns schema.name for messages.
-func (t Table) String() string { return t.Schema + "." + t.Name }
+type Table = table.Name
 
 // sibling returns a quoted object name in t's schema made of t's name and suffix.
-func (t Table) sibling(suffix string) string {
+func sibling(t Table, suffix string) string {
 	return pgx.Identifier{t.Schema, derived(t.Name, suffix)}.Sanitize()
 }
 
@@ -65,61 +51,15 @@ func derived(name, suffix string) string {
 }
 
 // Columns are the outbox's column names after the config's remapping.
-type Columns struct {
-	ID, AggregateType, AggregateID, EventType, Payload, Headers, CreatedAt, Seq string
-	// OrderBy is the order column (outbox.order_by) when it is not
-	// AggregateID, empty otherwise. It may have any type; it is read as
-	// text.
-	OrderBy string
-}
-
-// List returns the column names in contract order, then OrderBy when set:
-// the columns the relay reads and carries into the dead-letter and archive
-// tables.
-func (c Columns) List() []string {
-	l := []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload, c.Headers, c.CreatedAt, c.Seq}
-	if c.OrderBy != "" {
-		l = append(l, c.OrderBy)
-	}
-	return l
-}
-
-// Key returns the SQL expression of a row's ordering key (event.Event.Key)
-// on table alias (none when empty): the order column's text unless it is
-// NULL or empty, else the aggregate id.
-func (c Columns) Key(alias string) string {
-	if alias != "" {
-		alias += "."
-	}
-	if c.OrderBy == "" {
-		return alias + Q(c.AggregateID)
-	}
-	return fmt.Sprintf("coalesce(nullif(%s%s::text, ''), %s%s)", alias, Q(c.OrderBy), alias, Q(c.AggregateID))
-}
-
-// Quoted returns the column names in contract order, quoted and joined by
-// ", ", prefixed with alias and a dot when alias is not empty.
-func (c Columns) Quoted(alias string) string {
-	cols := c.List()
-	for i, n := range cols {
-		cols[i] = pgx.Identifier{n}.Sanitize()
-		if alias != "" {
-			cols[i] = alias + "." + cols[i]
-		}
-	}
-	return strings.Join(cols, ", ")
-}
+type Columns = table.Columns
 
 // Q quotes one column name.
 func Q(name string) string { return pgx.Identifier{name}.Sanitize() }
 
-// Layout is every table the relay touches.
-type Layout struct {
-	Outbox     Table
-	Cols       Columns
-	DeadLetter Table
-	Archive    Table
-}
+// Layout is every table the relay touches: the public table.Layout, with
+// the methods of this package (DDL, inspection, dead-letter queries).
+// Convert between the two with Layout(l) and table.Layout(l).
+type Layout table.Layout
 
 // NotifyChannel is the channel the insert trigger notifies and poll capture
 // listens on.

@@ -53,7 +53,7 @@ func (ix index) create(concurrently bool) string {
 // step returns the step building the index concurrently, after dropping
 // an INVALID copy.
 func (ix index) step() Step {
-	qualified := ix.table.sibling(ix.suffix)
+	qualified := sibling(ix.table, ix.suffix)
 	return Step{
 		Object: fmt.Sprintf("index %s on %s", ix.name(), ix.table),
 		Probe: fmt.Sprintf(`SELECT NOT EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = to_regclass(%s) AND indisvalid)`,
