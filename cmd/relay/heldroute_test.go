@@ -125,8 +125,7 @@ func TestArchiveFailureBacksOff(t *testing.T) {
 			if code := relay.stop(t, 15*time.Second); code != 0 {
 				t.Fatalf("exit %d", code)
 			}
-			// The failure's window: up to the line that ends it.
-			logs, _, _ := strings.Cut(relay.logs.String(), "archiving works again")
+			logs := relay.logs.String()
 			for _, line := range []string{"archiving fails", "archive failed; the batch's events"} {
 				if n := strings.Count(logs, line); n != 1 {
 					t.Errorf("%d log lines %q, want 1", n, line)
@@ -134,9 +133,6 @@ func TestArchiveFailureBacksOff(t *testing.T) {
 			}
 			if strings.Contains(logs, "capture failed, retrying") {
 				t.Error("the failed archive was logged again as a capture failure")
-			}
-			if t.Failed() {
-				t.Logf("relay log:\n%s", relay.logs.String())
 			}
 			t.Logf("%s: %d deliveries of %d events while archives failed and after", mode, s.wire.Deliveries(), events)
 		})

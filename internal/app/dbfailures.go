@@ -30,7 +30,10 @@ import (
 // lasting failure Next returns a permanent error, which stops the relay
 // with exit status 1; other archive failures are retried as long as they
 // last. A successful claim ends a claim's failure, a successful archive any
-// failure. Next is called from one goroutine; batches complete on others.
+// failure. A source's Next error marked capture.ErrArchive (wal ends its
+// stream after a failed archive) is not a failure of its own: the batch's
+// Complete reported it, and it may be older than an archive that worked
+// since. Next is called from one goroutine; batches complete on others.
 type dbFailures struct {
 	capture.Source
 	log          *slog.Logger
@@ -59,7 +62,10 @@ func (g *dbFailures) Next(ctx context.Context) (capture.Batch, error) {
 		b, err := g.Source.Next(ctx)
 		switch {
 		case err != nil && errors.Is(err, capture.ErrArchive):
-			g.fail(err, true) // the batch's Complete reports it too
+			// The batch's Complete reported this failure already, and a
+			// later archive may have worked since: the source ends its
+			// stream after the fact, so this is no news of its own.
+			continue
 		case err != nil && pgerr.Lasting(err):
 			g.fail(err, false)
 		case err != nil:
