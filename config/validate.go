@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"net"
-	"net/textproto"
 	"net/url"
 	"regexp"
 	"slices"
@@ -18,6 +17,7 @@ import (
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink/envelope"
 	"github.com/outboxrelay/relay/sink/template"
+	"github.com/outboxrelay/relay/sink/webhook"
 )
 
 // columnNames are the contract's outbox columns, the keys of outbox.columns.
@@ -220,17 +220,6 @@ func (l *loader) checkEnvelope(s Sink) {
 // maxWebhookConcurrency bounds sink.webhook.max_concurrency.
 const maxWebhookConcurrency = 10000
 
-// webhookReserved are the headers sink.webhook.headers cannot set, in
-// canonical form: the ones the webhook sink sets and the ones net/http
-// manages or that concern one connection. TestReservedMatchesSink checks
-// that this list matches the webhook sink's.
-var webhookReserved = []string{
-	"Idempotency-Key", "Message_id", "Event_type", "Aggregate_type", "Aggregate_id",
-	"Webhook-Id", "Webhook-Timestamp", "Webhook-Signature", "Content-Type",
-	"Host", "Content-Length", "Transfer-Encoding", "Trailer", "Te", "Expect",
-	"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization", "Upgrade",
-}
-
 // checkWebhook checks the webhook sink: an absolute http or https URL with
 // placeholders only in its path and query, a secret of at least 16 bytes
 // when the key is present (an unset ${VAR} must not silently turn signing
@@ -251,14 +240,8 @@ func (l *loader) checkWebhook(w Webhook) {
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(w.Headers)) {
-		key := "sink.webhook.headers." + name
-		switch canonical := textproto.CanonicalMIMEHeaderKey(name); {
-		case !headerToken.MatchString(name):
-			l.invalid(key, "not a valid HTTP header name")
-		case slices.Contains(webhookReserved, canonical):
-			l.invalid(key, "%s is set by the relay or by HTTP itself and cannot be configured", canonical)
-		case strings.ContainsFunc(w.Headers[name], func(r rune) bool { return (r < ' ' && r != '\t') || r == 0x7f }):
-			l.invalid(key, "the value has a control character")
+		if err := webhook.CheckStaticHeader(name, w.Headers[name]); err != nil {
+			l.invalid("sink.webhook.headers."+name, "%s", err)
 		}
 	}
 	if _, set := l.lines["sink.webhook.health_url"]; set && l.required("sink.webhook.health_url", w.HealthURL, "remove the key to leave an idle receiver unchecked") {
@@ -272,9 +255,6 @@ func (l *loader) checkWebhook(w Webhook) {
 		l.invalid("sink.webhook.max_concurrency", "must be between 1 and %d (0 or unset: 64), got %d", maxWebhookConcurrency, w.MaxConcurrency)
 	}
 }
-
-// headerToken matches an HTTP header name (an RFC 9110 token).
-var headerToken = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
 
 // Kafka limits: partition counts are int32 and replication factors int16
 // on the wire.

@@ -261,37 +261,22 @@ func headerValue(v string) string {
 	}, v)
 }
 
-// reserved holds, in canonical form, the headers a row or
-// sink.webhook.headers cannot set: the contract's, the signature, and the
-// ones net/http manages or that concern only one connection (hop-by-hop).
-var reserved = map[string]bool{}
+// staticRules is the filter of sink.webhook.headers: a static header may
+// not be one the relay never forwards from a row (sink.RelayHeaders and
+// sink.HTTPRules), except User-Agent, which it may set.
+var staticRules = sink.NewHeaderFilter(sink.HTTPRules, "", nil)
 
-func init() {
-	for _, k := range []string{
-		HeaderIdempotencyKey, HeaderMessageID, HeaderEventType, HeaderAggregateType, HeaderAggregateID,
-		HeaderWebhookID, HeaderWebhookTimestamp, HeaderSignature, "Content-Type",
-		"Host", "Content-Length", "Transfer-Encoding", "Trailer", "Te", "Expect",
-		"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization", "Upgrade",
-	} {
-		reserved[textproto.CanonicalMIMEHeaderKey(k)] = true
-	}
-}
-
-// ReservedHeader reports whether name is a header that neither an outbox
-// row nor sink.webhook.headers can set. The comparison ignores case.
-func ReservedHeader(name string) bool {
-	return reserved[textproto.CanonicalMIMEHeaderKey(name)]
-}
-
-// checkStaticHeader checks one entry of sink.webhook.headers.
-func checkStaticHeader(name, value string) error {
+// CheckStaticHeader returns why sink.webhook.headers cannot hold the entry
+// name: value, or nil when it can. The error repeats neither the value nor
+// the name other than in canonical form.
+func CheckStaticHeader(name, value string) error {
 	switch {
 	case !validHeaderName(name):
-		return fmt.Errorf("%q is not a valid HTTP header name", name)
-	case ReservedHeader(name):
-		return fmt.Errorf("%s is set by the relay or by HTTP itself and cannot be configured", name)
+		return errors.New("not a valid HTTP header name")
+	case !strings.EqualFold(name, "User-Agent") && staticRules.Reason(name) != "":
+		return fmt.Errorf("%s is set by the relay or by HTTP itself and cannot be configured", textproto.CanonicalMIMEHeaderKey(name))
 	case !validHeaderValue(value):
-		return fmt.Errorf("the value has a control character")
+		return errors.New("the value has a control character")
 	}
 	return nil
 }

@@ -60,8 +60,8 @@ type Config struct {
 	// it. Default empty: requests are not signed.
 	Secret string
 	// Headers are added to every request, such as Authorization. They
-	// override the row's headers and cannot set a header ReservedHeader
-	// names. Default none.
+	// override the row's headers and cannot set a header CheckStaticHeader
+	// refuses. Default none.
 	Headers map[string]string
 	// MaxConcurrency caps the requests in flight at once. Default
 	// DefaultMaxConcurrency.
@@ -139,7 +139,7 @@ func New(cfg Config, opts Options) (*Sink, error) {
 	}
 	headers := make(http.Header, len(cfg.Headers))
 	for k, v := range cfg.Headers {
-		if err := checkStaticHeader(k, v); err != nil {
+		if err := CheckStaticHeader(k, v); err != nil {
 			return nil, fmt.Errorf("sink.webhook.headers.%s: %w", k, err)
 		}
 		headers.Set(k, v)
