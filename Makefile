@@ -21,12 +21,14 @@ test: deps
 	exit $$status
 
 # fuzz runs the fuzz targets on the paths from a row's bytes to metric
-# labels, log lines, templates and headers, and from environment values to
+# labels, log lines, templates and headers (Kafka record headers, SQS
+# message attributes), and from environment values to
 # the config, for FUZZTIME each (go test runs one -fuzz target per call);
 # make test runs every target on its seeds only.
 FUZZTIME ?= 5s
 FUZZ_TARGETS = FuzzClean:./internal/rowtext FuzzPublishedByType:./pipeline FuzzRowValuesLogged:./pipeline \
-	FuzzRender:./sink/template FuzzParseHeaders:./event FuzzEnvSecret:./config
+	FuzzRender:./sink/template FuzzParseHeaders:./event FuzzEnvSecret:./config \
+	FuzzRecordHeaders:./sink/kafka FuzzMessageAttributes:./sink/sqs
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "fuzz: $${t%%:*} in $${t#*:} for $(FUZZTIME)"; \

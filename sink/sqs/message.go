@@ -150,7 +150,8 @@ func (m *message) addHeaders(h map[string]string, filter *sink.HeaderFilter) {
 
 // headersJSON returns h as a JSON object with sorted keys, without HTML
 // escaping; encoding/json escapes control characters and replaces invalid
-// UTF-8, so the result is valid SQS text.
+// UTF-8, and notText escapes the two noncharacters SQS refuses, so the
+// result is valid SQS text.
 func headersJSON(h map[string]string) string {
 	keys := make([]string, 0, len(h))
 	for k := range h {
@@ -172,8 +173,13 @@ func headersJSON(h map[string]string) string {
 		b.Truncate(b.Len() - 1)
 	}
 	b.WriteByte('}')
-	return b.String()
+	return notText.Replace(b.String())
 }
+
+// notText escapes, in JSON text, the characters that are valid UTF-8 and
+// that encoding/json leaves as they are, but that SQS does not allow
+// (allowedRune): U+FFFE and U+FFFF.
+var notText = strings.NewReplacer("\ufffe", `\ufffe`, "\uffff", `\uffff`)
 
 // allowedRune reports whether SQS allows r in a message body or attribute
 // value: #x9 | #xA | #xD | #x20 to #xD7FF | #xE000 to #xFFFD | #x10000 to
