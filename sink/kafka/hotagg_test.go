@@ -186,3 +186,45 @@ func TestOversizedGoesAlone(t *testing.T) {
 		t.Errorf("oversized event alone: %v, want permanent", f)
 	}
 }
+
+// TestNoRecordAfterFailedBatch publishes 5,000 events of one aggregate in
+// one call while kfake rejects the second produce request as a corrupt
+// message, so the rejection comes back while Publish still produces: the
+// topic holds exactly the events before the first failed one, and Publish
+// reports every event from it on as failed. Before the sink stopped
+// producing an aggregate after a failure, the records produced after the
+// client had failed the partition's batches started a new sequence and were
+// stored ahead of the failed ones.
+func TestNoRecordAfterFailedBatch(t *testing.T) {
+	const n = 5000
+	c := newCluster(t)
+	withTopicLimit(t, c, "t", 1, 16*1024)
+	s := newSink(t, c.ListenAddrs(), "t", Options{})
+	failProduce(c, 2, kerr.CorruptMessage.Code)
+	batch := hotEvents(n)
+	err := s.Publish(context.Background(), batch)
+	first := 0
+	for first < n && sink.Failed(err, first) == nil {
+		first++
+	}
+	if first == n {
+		t.Fatal("no event failed")
+	}
+	for i := first; i < n; i++ {
+		if sink.Failed(err, i) == nil {
+			t.Fatalf("event %d reported published after event %d failed", i, first)
+		}
+	}
+	var got []string
+	for _, r := range readTopics(t, c.ListenAddrs(), "t") {
+		id, _ := header(r, "message_id")
+		got = append(got, id)
+	}
+	var want []string
+	for _, e := range batch[:first] {
+		want = append(want, e.ID)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("the topic holds %d records, want the %d before the first failed event; first difference at %d", len(got), first, firstDiff(got, want))
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -42,8 +43,11 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	topics := make([]string, len(batch))
 	errs := make([]error, len(batch))
 	prepared := make(map[string]error)
+	guards := newAggGuards(ctx, len(batch))
+	defer guards.release()
 	for i, e := range batch {
 		topics[i] = s.topicOf(e)
+		guards.count(topics[i] + "\x00" + e.Key())
 		if err := destname.KafkaTopic(topics[i]); err != nil {
 			errs[i], topics[i] = fault.AsPermanent(err), "an invalid topic"
 			continue
@@ -79,10 +83,11 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 		}
 		k := topics[i] + "\x00" + string(r.Key)
 		keys[i] = k
+		g := guards.of(k)
 		// The client fails a record too large for a batch on its own,
 		// without the records behind it: such a record goes alone.
 		large := s.mayBeTooLarge(r, topics[i])
-		if held[k] || large && seen[k] {
+		if held[k] || large && seen[k] || g.failed() {
 			errs[i], held[k] = sink.ErrHeldBack, true
 			continue
 		}
@@ -100,11 +105,11 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 		}
 		pending++
 		if t == nil {
-			s.cl.Produce(ctx, r, func(_ *kgo.Record, err error) { results <- result{i, err} })
+			s.cl.Produce(g.context(ctx), r, func(_ *kgo.Record, err error) { g.fail(err); results <- result{i, err} })
 			continue
 		}
 		t.add()
-		s.cl.Produce(ctx, r, func(_ *kgo.Record, err error) { t.ack(e.ID, err); results <- result{i, err} })
+		s.cl.Produce(g.context(ctx), r, func(_ *kgo.Record, err error) { g.fail(err); t.ack(e.ID, err); results <- result{i, err} })
 	}
 	if t != nil {
 		s.txn.leave()
@@ -150,6 +155,10 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 		if err == nil && !after {
 			continue
 		}
+		if err == nil && t == nil {
+			s.opts.Logger.Error("kafka: an event was stored after an earlier event of its aggregate failed; the aggregate's order on the topic may be broken",
+				"topic", topics[i], "event", e.ID)
+		}
 		failed = true
 		switch {
 		case after:
@@ -171,6 +180,76 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	}
 	return nil
 }
+
+// aggGuards stop the producing of an aggregate's records in one Publish
+// call once one of them failed. franz-go fails every record buffered behind
+// a failed batch of the partition, but a record produced after that starts
+// a new sequence under a new epoch, which the broker stores ahead of the
+// failed record's retry. So a record is not produced once an earlier record
+// of its aggregate failed, and the records of an aggregate share a context
+// that the failure cancels, which fails those produced meanwhile that are
+// not sent yet. The promise of the failure comes after the client failed
+// the batch, so a record produced and sent in between can still be stored:
+// Publish logs it as an error. Only aggregates with more than one record in
+// the call get a guard; a nil *aggGuard guards nothing.
+type aggGuards struct {
+	ctx    context.Context
+	counts map[string]int
+	guards map[string]*aggGuard
+}
+
+type aggGuard struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	bad    atomic.Bool
+}
+
+func newAggGuards(ctx context.Context, n int) *aggGuards {
+	return &aggGuards{ctx: ctx, counts: make(map[string]int, n), guards: make(map[string]*aggGuard)}
+}
+
+// count counts a record of aggregate key k.
+func (gs *aggGuards) count(k string) { gs.counts[k]++ }
+
+// of returns the guard of k, or nil when k has one record in the call.
+func (gs *aggGuards) of(k string) *aggGuard {
+	if gs.counts[k] < 2 {
+		return nil
+	}
+	g := gs.guards[k]
+	if g == nil {
+		g = &aggGuard{}
+		g.ctx, g.cancel = context.WithCancel(gs.ctx)
+		gs.guards[k] = g
+	}
+	return g
+}
+
+// release cancels every guard's context.
+func (gs *aggGuards) release() {
+	for _, g := range gs.guards {
+		g.cancel()
+	}
+}
+
+// context returns the context to produce a record of g's aggregate with.
+func (g *aggGuard) context(ctx context.Context) context.Context {
+	if g == nil {
+		return ctx
+	}
+	return g.ctx
+}
+
+// fail records err, the outcome of one of g's records, when it is a failure.
+func (g *aggGuard) fail(err error) {
+	if g != nil && err != nil {
+		g.bad.Store(true)
+		g.cancel()
+	}
+}
+
+// failed reports whether a record of g's aggregate failed.
+func (g *aggGuard) failed() bool { return g != nil && g.bad.Load() }
 
 // enterTxn returns the open transaction, which the caller must leave, or
 // nil when the sink is not transactional.
