@@ -3,6 +3,7 @@ package helm_test
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,9 +17,11 @@ import (
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 
@@ -87,6 +90,10 @@ type rendered struct {
 	pdb        *policyv1.PodDisruptionBudget
 	monitor    *monitoringv1.ServiceMonitor
 	rule       *monitoringv1.PrometheusRule
+	// The init Job's hook objects (init.enabled).
+	job        *batchv1.Job
+	initConfig *corev1.ConfigMap
+	initSecret *corev1.Secret
 }
 
 // render runs helm template with the values file (none for "") and
@@ -110,18 +117,24 @@ func render(t *testing.T, values string, set ...string) *rendered {
 		if strings.TrimSpace(stripComments(doc)) == "" {
 			continue
 		}
-		var head struct{ APIVersion, Kind string }
+		var head struct {
+			APIVersion, Kind string
+			Metadata         struct{ Name string }
+		}
 		if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
 			t.Fatalf("%s: %v\n%s", values, err, doc)
 		}
+		hook := strings.HasSuffix(head.Metadata.Name, "-init")
 		var target any
 		switch head.APIVersion + " " + head.Kind {
 		case "apps/v1 Deployment":
 			target = once(t, &r.deployment)
+		case "batch/v1 Job":
+			target = once(t, &r.job)
 		case "v1 ConfigMap":
-			target = once(t, &r.configMap)
+			target = once(t, pick(hook, &r.initConfig, &r.configMap))
 		case "v1 Secret":
-			target = once(t, &r.secret)
+			target = once(t, pick(hook, &r.initSecret, &r.secret))
 		case "v1 Service":
 			target = once(t, &r.service)
 		case "v1 ServiceAccount":
@@ -140,6 +153,14 @@ func render(t *testing.T, values string, set ...string) *rendered {
 		}
 	}
 	return r
+}
+
+// pick returns a when cond holds, else b.
+func pick[T any](cond bool, a, b T) T {
+	if cond {
+		return a
+	}
+	return b
 }
 
 // once allocates *p and returns it, failing when the kind was seen before.
@@ -195,6 +216,9 @@ func TestRender(t *testing.T) {
 			checkPod(t, r)
 			checkConfig(t, r)
 			checkSelectors(t, r)
+			if r.job != nil {
+				checkInit(t, r)
+			}
 		})
 	}
 }
@@ -220,14 +244,7 @@ func checkPod(t *testing.T, r *rendered) {
 			t.Errorf("probe %+v: want httpGet %s on port http", probe, want)
 		}
 	}
-	psc, sc := pod.SecurityContext, c.SecurityContext
-	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.RunAsUser == nil || *psc.RunAsUser == 0 {
-		t.Errorf("pod security context %+v: want non-root", psc)
-	}
-	if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.AllowPrivilegeEscalation == nil ||
-		*sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
-		t.Errorf("container security context %+v: want a read-only root, no privilege escalation, no capabilities", sc)
-	}
+	checkSecurity(t, pod, c)
 	if mem, ok := c.Resources.Requests[corev1.ResourceMemory]; !ok || mem.Cmp(peakRSS) < 0 {
 		t.Errorf("memory request %v: below the measured peak RSS %v", mem.String(), peakRSS.String())
 	}
@@ -240,29 +257,67 @@ func checkPod(t *testing.T, r *rendered) {
 	}
 }
 
+// checkSecurity checks that container c of pod runs non-root on a
+// read-only root filesystem, without privilege escalation or capabilities.
+func checkSecurity(t *testing.T, pod corev1.PodSpec, c corev1.Container) {
+	psc, sc := pod.SecurityContext, c.SecurityContext
+	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.RunAsUser == nil || *psc.RunAsUser == 0 {
+		t.Errorf("%s: pod security context %+v: want non-root", c.Name, psc)
+	}
+	if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.AllowPrivilegeEscalation == nil ||
+		*sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("%s: container security context %+v: want a read-only root, no privilege escalation, no capabilities", c.Name, sc)
+	}
+}
+
 // checkConfig loads the ConfigMap's relay.yaml with the relay's loader, in
 // the environment the pod gets from the Secret (a referenced Secret the
 // chart does not make gets placeholder values), and compares it with the
 // pod.
 func checkConfig(t *testing.T, r *rendered) {
-	text, ok := r.configMap.Data["relay.yaml"]
-	if !ok || len(r.configMap.Data) != 1 {
-		t.Fatalf("ConfigMap data keys %v: want relay.yaml only", r.configMap.Data)
-	}
+	text := configText(t, r.configMap)
 	c := r.deployment.Spec.Template.Spec.Containers[0]
+	cfg := loadConfig(t, text, podEnv(t, c, text, r.secret), false)
+	if want := "0.0.0.0:" + strconv.Itoa(int(c.Ports[0].ContainerPort)); cfg.HTTP.Listen != want {
+		t.Errorf("http.listen %q, want %q: the probes and the Service use port %d", cfg.HTTP.Listen, want, c.Ports[0].ContainerPort)
+	}
+	grace := r.deployment.Spec.Template.Spec.TerminationGracePeriodSeconds
+	if grace == nil || time.Duration(*grace)*time.Second <= cfg.ShutdownTimeout.D() {
+		t.Errorf("terminationGracePeriodSeconds %v is not above shutdown_timeout %s", grace, cfg.ShutdownTimeout.D())
+	}
+}
+
+// configText returns the relay.yaml of cm, its only key.
+func configText(t *testing.T, cm *corev1.ConfigMap) string {
+	text, ok := cm.Data["relay.yaml"]
+	if !ok || len(cm.Data) != 1 {
+		t.Fatalf("ConfigMap %s data keys %v: want relay.yaml only", cm.Name, cm.Data)
+	}
+	return text
+}
+
+// variable matches a ${VAR} or ${VAR:-default} reference.
+var variable = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(:-[^}]*)?\}`)
+
+// podEnv returns the environment container c gets: the variables of its
+// envFrom Secrets, later ones winning (a Secret of made, which the chart
+// renders, gives its data; any other must be an existing Secret named in
+// the values, assumed to hold every variable text refers to), then env.
+func podEnv(t *testing.T, c corev1.Container, text string, made ...*corev1.Secret) map[string]string {
 	env := map[string]string{}
 	for _, from := range c.EnvFrom {
+		if from.SecretRef == nil {
+			t.Errorf("%s: envFrom %+v: want a Secret", c.Name, from)
+			continue
+		}
+		i := slices.IndexFunc(made, func(s *corev1.Secret) bool { return s != nil && s.Name == from.SecretRef.Name })
 		switch {
-		case from.SecretRef == nil:
-			t.Errorf("envFrom %+v: want a Secret", from)
-		case r.secret != nil && from.SecretRef.Name == r.secret.Name:
-			for k, v := range r.secret.StringData {
-				env[k] = v
-			}
-		case r.secret != nil:
-			t.Errorf("envFrom names Secret %s, the chart made %s", from.SecretRef.Name, r.secret.Name)
-		default: // an existing Secret: its keys are what the config refers to
-			for _, m := range regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`).FindAllStringSubmatch(text, -1) {
+		case i >= 0:
+			maps.Copy(env, made[i].StringData)
+		case strings.HasPrefix(from.SecretRef.Name, "orders-"):
+			t.Errorf("%s: envFrom names Secret %s, which the chart does not render", c.Name, from.SecretRef.Name)
+		default:
+			for _, m := range variable.FindAllStringSubmatch(text, -1) {
 				env[m[1]] = "from-existing-secret"
 			}
 		}
@@ -270,8 +325,21 @@ func checkConfig(t *testing.T, r *rendered) {
 	for _, e := range c.Env {
 		env[e.Name] = e.Value
 	}
-	for k, v := range env {
-		t.Setenv(k, v)
+	return env
+}
+
+// loadConfig loads text with the relay's loader in the environment env
+// only; with strict, it fails when text refers to a variable without a
+// default that env lacks (the chart's defaults leave PGPASSWORD to the
+// user).
+func loadConfig(t *testing.T, text string, env map[string]string, strict bool) *config.Config {
+	for _, m := range variable.FindAllStringSubmatch(text, -1) {
+		if _, ok := env[m[1]]; strict && !ok && m[2] == "" {
+			t.Errorf("the config refers to ${%s}, which the pod's environment lacks", m[1])
+		}
+	}
+	for _, m := range variable.FindAllStringSubmatch(text, -1) {
+		t.Setenv(m[1], env[m[1]])
 	}
 	path := filepath.Join(t.TempDir(), "relay.yaml")
 	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
@@ -284,12 +352,76 @@ func checkConfig(t *testing.T, r *rendered) {
 	if strings.Contains(cfg.Postgres.URL, "${") {
 		t.Errorf("postgres.url not expanded: %s", cfg.Postgres.URL)
 	}
-	if want := "0.0.0.0:" + strconv.Itoa(int(c.Ports[0].ContainerPort)); cfg.HTTP.Listen != want {
-		t.Errorf("http.listen %q, want %q: the probes and the Service use port %d", cfg.HTTP.Listen, want, c.Ports[0].ContainerPort)
+	return cfg
+}
+
+// checkInit checks the init Job: a pre-install and pre-upgrade hook after
+// its ConfigMap and Secret, running `relay init` non-root on its own
+// config, which loads with the Job's environment and differs from the
+// relay's only in postgres (the owner role); the owner's variables reach
+// the Job and never the relay's pods; no selector of the relay selects
+// the Job's pod.
+func checkInit(t *testing.T, r *rendered) {
+	if r.initConfig == nil {
+		t.Fatal("an init Job without its ConfigMap")
 	}
-	grace := r.deployment.Spec.Template.Spec.TerminationGracePeriodSeconds
-	if grace == nil || time.Duration(*grace)*time.Second <= cfg.ShutdownTimeout.D() {
-		t.Errorf("terminationGracePeriodSeconds %v is not above shutdown_timeout %s", grace, cfg.ShutdownTimeout.D())
+	weight := func(o metav1.ObjectMeta) int {
+		if !slices.Equal(strings.Split(o.Annotations["helm.sh/hook"], ","), []string{"pre-install", "pre-upgrade"}) {
+			t.Errorf("%s: hook %q, want pre-install,pre-upgrade", o.Name, o.Annotations["helm.sh/hook"])
+		}
+		w, err := strconv.Atoi(o.Annotations["helm.sh/hook-weight"])
+		if err != nil {
+			t.Errorf("%s: hook weight %v", o.Name, err)
+		}
+		return w
+	}
+	jw := weight(r.job.ObjectMeta)
+	for _, o := range []metav1.Object{r.initConfig, r.initSecret} {
+		if o != nil && !reflect.ValueOf(o).IsNil() && weight(metav1.ObjectMeta{Name: o.GetName(), Annotations: o.GetAnnotations()}) >= jw {
+			t.Errorf("%s is created after the Job that needs it", o.GetName())
+		}
+	}
+	pod := r.job.Spec.Template.Spec
+	if pod.RestartPolicy != corev1.RestartPolicyNever || len(pod.Containers) != 1 {
+		t.Fatalf("Job pod: restartPolicy %q, %d containers", pod.RestartPolicy, len(pod.Containers))
+	}
+	c := pod.Containers[0]
+	if !slices.Equal(c.Args[:3], []string{"init", "--config", "/etc/relay/relay.yaml"}) {
+		t.Errorf("Job args %q", c.Args)
+	}
+	if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].MountPath != "/etc/relay" || len(pod.Volumes) != 1 ||
+		pod.Volumes[0].ConfigMap == nil || pod.Volumes[0].ConfigMap.Name != r.initConfig.Name {
+		t.Errorf("the Job's config mount: %+v %+v", c.VolumeMounts, pod.Volumes)
+	}
+	checkSecurity(t, pod, c)
+
+	runText, initText := configText(t, r.configMap), configText(t, r.initConfig)
+	relayEnv := podEnv(t, r.deployment.Spec.Template.Spec.Containers[0], runText, r.secret)
+	run := loadConfig(t, runText, relayEnv, false)
+	init := loadConfig(t, initText, podEnv(t, c, initText, r.secret, r.initSecret), true)
+	if init.Postgres.URL == run.Postgres.URL {
+		t.Errorf("the Job signs in as the relay's role (%s): want the owner's, init.postgres.url", run.Postgres.URL)
+	}
+	init.Postgres = run.Postgres
+	if !reflect.DeepEqual(init, run) {
+		t.Errorf("the Job's config differs from the relay's beyond postgres:\n%s\n%s", initText, runText)
+	}
+	for _, m := range variable.FindAllStringSubmatch(initText, -1) {
+		if _, ok := relayEnv[m[1]]; ok && !strings.Contains(runText, m[0]) {
+			t.Errorf("the relay's pods get ${%s}, which only the Job's config (the owner role) uses", m[1])
+		}
+	}
+	for _, from := range r.deployment.Spec.Template.Spec.Containers[0].EnvFrom {
+		if r.initSecret != nil && from.SecretRef != nil && from.SecretRef.Name == r.initSecret.Name {
+			t.Errorf("the relay's pods get the Job's Secret %s", r.initSecret.Name)
+		}
+	}
+	jobPod := labels.Set(r.job.Spec.Template.Labels)
+	for what, sel := range map[string]map[string]string{"Deployment": r.deployment.Spec.Selector.MatchLabels,
+		"Service": r.service.Spec.Selector, "PodDisruptionBudget": r.pdb.Spec.Selector.MatchLabels} {
+		if labels.SelectorFromSet(sel).Matches(jobPod) {
+			t.Errorf("the %s selects the init Job's pod", what)
+		}
 	}
 }
 
@@ -336,7 +468,7 @@ func checkRules(t *testing.T, rule *monitoringv1.PrometheusRule) {
 // sets itself, an unknown key, a wrong type.
 func TestValuesRejected(t *testing.T) {
 	for _, set := range []string{"config.http.listen=127.0.0.1:9090", "config.shutdown_timeout=20s", "replicas=2",
-		"replicaCount=two", "config.capture.mode=stream", "service.port=0"} {
+		"replicaCount=two", "config.capture.mode=stream", "service.port=0", "init.enabled=true", "init.lockTimeout=5"} {
 		if out, err := runHelm(t, "template", "orders", chart, "--set", set); err == nil || !strings.Contains(err.Error(), "schema") {
 			t.Errorf("--set %s: want a schema error, got %v\n%s", set, err, out)
 		}
@@ -355,4 +487,43 @@ func TestRulesOneSource(t *testing.T) {
 		t.Fatal("no PrometheusRule")
 	}
 	checkRules(t, r.rule)
+}
+
+// TestInitJobSecrets renders the init Job with the Secrets the values can
+// name: the relay's existing Secret and the owner's, in that order after
+// the Job's own, so the owner's variables win; the relay's pods get only
+// theirs. Without any secret (e.g. RDS IAM authentication for the owner)
+// the Job has no envFrom.
+func TestInitJobSecrets(t *testing.T) {
+	example := filepath.Join(chart, "examples", "wal-kafka-init.yaml")
+	for _, c := range []struct {
+		values   string
+		set      []string
+		job, run []string
+	}{
+		{example, nil, []string{"orders-relay-init"}, []string{"orders-relay"}},
+		{example, []string{"existingSecret=relay-creds", "init.existingSecret=owner-creds"},
+			[]string{"relay-creds", "orders-relay-init", "owner-creds"}, []string{"relay-creds"}},
+		{example, []string{"existingSecret=relay-creds", "init.existingSecret=owner-creds", "init.secretEnv=null"},
+			[]string{"relay-creds", "owner-creds"}, []string{"relay-creds"}},
+		{"", []string{"init.enabled=true", "init.postgres.url=postgres://owner@db:5432/app"}, nil, nil},
+	} {
+		r := render(t, c.values, c.set...)
+		if r.job == nil {
+			t.Fatalf("%v: no init Job", c.set)
+		}
+		names := func(c corev1.Container) (n []string) {
+			for _, f := range c.EnvFrom {
+				n = append(n, f.SecretRef.Name)
+			}
+			return n
+		}
+		if got := names(r.job.Spec.Template.Spec.Containers[0]); !slices.Equal(got, c.job) {
+			t.Errorf("%v: the Job's Secrets %q, want %q", c.set, got, c.job)
+		}
+		if got := names(r.deployment.Spec.Template.Spec.Containers[0]); !slices.Equal(got, c.run) {
+			t.Errorf("%v: the relay's Secrets %q, want %q", c.set, got, c.run)
+		}
+		checkInit(t, r)
+	}
 }

@@ -46,3 +46,47 @@ terminationGracePeriodSeconds stays above it.
 {{- $_ := set $cfg "shutdown_timeout" (printf "%ds" (int .Values.shutdownTimeoutSeconds)) -}}
 {{- toYaml $cfg -}}
 {{- end -}}
+
+{{/*
+The pod and container security contexts of the relay and its init Job:
+non-root, read-only root filesystem, no privilege escalation or
+capabilities.
+*/}}
+{{- define "relay.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "relay.containerSecurityContext" -}}
+readOnlyRootFilesystem: true
+allowPrivilegeEscalation: false
+capabilities:
+  drop: ["ALL"]
+{{- end -}}
+
+{{- define "relay.image" -}}
+"{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
+{{- end -}}
+
+{{/*
+The init Job's config file: the relay's, with init.postgres merged over
+postgres (the owner role's URL).
+*/}}
+{{- define "relay.initConfig" -}}
+{{- $cfg := include "relay.config" . | fromYaml -}}
+{{- $_ := set $cfg "postgres" (mergeOverwrite (get $cfg "postgres") (deepCopy .Values.init.postgres)) -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{/*
+The variables of the init Job's Secret: secretEnv (unless existingSecret
+holds the relay's) with init.secretEnv over it.
+*/}}
+{{- define "relay.initSecretEnv" -}}
+{{- $env := dict -}}
+{{- if not .Values.existingSecret -}}{{- $env = deepCopy (.Values.secretEnv | default dict) -}}{{- end -}}
+{{- toYaml (mergeOverwrite $env (deepCopy (.Values.init.secretEnv | default dict))) -}}
+{{- end -}}
