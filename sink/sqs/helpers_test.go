@@ -233,7 +233,7 @@ func testEvent(n int, aggregateType, aggregateID string) *event.Event {
 }
 
 // recorder is a reverse proxy in front of the emulator that records the
-// action and body of every request.
+// action, body and signer of every request.
 type recorder struct {
 	srv *httptest.Server
 	mu  sync.Mutex
@@ -243,6 +243,7 @@ type recorder struct {
 type recorded struct {
 	action string
 	body   []byte
+	signer string // the access key id and session token that signed it
 }
 
 func newRecorder(t *testing.T, target string) *recorder {
@@ -258,7 +259,7 @@ func newRecorder(t *testing.T, target string) *recorder {
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		action := strings.TrimPrefix(req.Header.Get("X-Amz-Target"), "AmazonSQS.")
 		r.mu.Lock()
-		r.req = append(r.req, recorded{action, body})
+		r.req = append(r.req, recorded{action, body, accessKey(req.Header.Get("Authorization")) + " " + req.Header.Get("X-Amz-Security-Token")})
 		r.mu.Unlock()
 		proxy.ServeHTTP(w, req)
 	}))

@@ -1,13 +1,10 @@
 package sqs
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
 	"net/url"
 	"regexp"
 	"strings"
@@ -80,39 +77,6 @@ func accessKey(auth string) string {
 	return m[1]
 }
 
-// signer records the access key id and session token of every request to
-// the emulator, through a reverse proxy.
-type signer struct {
-	mu   sync.Mutex
-	keys []string // "key token" per request
-}
-
-func (s *signer) proxy(t *testing.T, target string) string {
-	u, err := url.Parse(target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rp := httputil.NewSingleHostReverseProxy(u)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		s.mu.Lock()
-		s.keys = append(s.keys, accessKey(r.Header.Get("Authorization"))+" "+r.Header.Get("X-Amz-Security-Token"))
-		s.mu.Unlock()
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	return srv.URL
-}
-
-func (s *signer) take() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	k := s.keys
-	s.keys = nil
-	return k
-}
-
 // TestAssumeRole sets Config.RoleARN with base credentials "base": the
 // sink calls AssumeRole at the STS endpoint (AWS_ENDPOINT_URL_STS), signed
 // with the base credentials and carrying the role, session name and
@@ -127,8 +91,8 @@ func TestAssumeRole(t *testing.T) {
 	queue := createQueue(t, c, "assumed", nil)
 	sts := newFakeSTS(t, 2*time.Second)
 	t.Setenv("AWS_ENDPOINT_URL_STS", sts.srv.URL)
-	var seen signer
-	endpoint := seen.proxy(t, srv.Endpoint())
+	rec := newRecorder(t, srv.Endpoint())
+	endpoint := rec.srv.URL
 	const role = "arn:aws:iam::123456789012:role/outbox-relay"
 	s := newTestSink(t, endpoint, Config{QueueURL: queue, RoleARN: role, ExternalID: "ext-42", RoleSessionName: "relay-test"}, Options{})
 	ctx := context.Background()
@@ -149,11 +113,7 @@ func TestAssumeRole(t *testing.T) {
 			t.Errorf("AssumeRole %s = %q, want %q", k, got, want)
 		}
 	}
-	for _, k := range seen.take() {
-		if k != "ASIAROLE1 token-1" {
-			t.Fatalf("an SQS request was signed with %q, want the assumed role's ASIAROLE1 and its token", k)
-		}
-	}
+	checkSigner(t, rec, "ASIAROLE1 token-1")
 	publish(2)
 	if n := len(sts.recorded()); n != 1 {
 		t.Fatalf("AssumeRole called %d times while the credentials are valid, want 1", n)
@@ -161,16 +121,12 @@ func TestAssumeRole(t *testing.T) {
 	// Wait until the first credentials expired; the next publish renews them.
 	for expiry := time.Now().Add(2 * time.Second); time.Now().Before(expiry); time.Sleep(50 * time.Millisecond) {
 	}
-	seen.take()
+	rec.take("")
 	publish(3)
 	if n := len(sts.recorded()); n != 2 {
 		t.Fatalf("AssumeRole called %d times after the credentials expired, want 2", n)
 	}
-	for _, k := range seen.take() {
-		if k != "ASIAROLE2 token-2" {
-			t.Fatalf("after renewal an SQS request was signed with %q, want ASIAROLE2 token-2", k)
-		}
-	}
+	checkSigner(t, rec, "ASIAROLE2 token-2")
 	if got := len(receiveAll(t, c, queue)); got != 3 {
 		t.Fatalf("queue holds %d messages, want 3", got)
 	}
@@ -186,5 +142,20 @@ func TestAssumeRole(t *testing.T) {
 	}
 	if err := denied.Check(ctx); err == nil || !strings.Contains(err.Error(), "trusts the relay's credentials for sts:AssumeRole") {
 		t.Fatalf("Check with a role STS refuses: %v", err)
+	}
+}
+
+// checkSigner checks that the SendMessageBatch requests rec recorded since
+// the last take were signed with want, "key token", and forgets them.
+func checkSigner(t *testing.T, rec *recorder, want string) {
+	t.Helper()
+	reqs := rec.take("SendMessageBatch")
+	if len(reqs) == 0 {
+		t.Fatal("no SendMessageBatch request")
+	}
+	for _, r := range reqs {
+		if r.signer != want {
+			t.Fatalf("a SendMessageBatch request was signed with %q, want the assumed role's %q", r.signer, want)
+		}
 	}
 }
