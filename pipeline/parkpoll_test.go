@@ -17,6 +17,7 @@ import (
 	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
+	"github.com/outboxrelay/relay/internal/outboxtest"
 	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/pipeline"
@@ -75,7 +76,7 @@ func TestParkAggregateRedriveUnderLoad(t *testing.T) {
 	for _, action := range []string{"redrive", "drop"} {
 		t.Run(action, func(t *testing.T) {
 			ctx := context.Background()
-			pool := outboxDB(t)
+			pool := outboxtest.DB(t, layout, nil)
 			src, err := poll.New(ctx, poll.Options{Pool: pool, Layout: table.Layout(layout), BatchSize: 50,
 				Interval: 20 * time.Millisecond, ParkAggregates: true, Logger: quiet})
 			if err != nil {
@@ -154,33 +155,9 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-var layout = schema.Layout{
-	Outbox: schema.Table{Schema: "public", Name: "outbox"},
-	Cols: schema.Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id",
-		EventType: "event_type", Payload: "payload", Headers: "headers", CreatedAt: "created_at", Seq: "seq"},
-	DeadLetter: schema.Table{Schema: "public", Name: "outbox_dead_letter"},
-}
+var layout = outboxtest.Layout()
 
-// outboxDB creates the outbox of layout with its poll index in a fresh
-// database and returns a pool on it.
-func outboxDB(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(context.Background(), testenv.NewDB(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	mustExec(t, pool, layout.CreateOutbox())
-	mustExec(t, pool, layout.CreatePollIndex())
-	return pool
-}
-
-func mustExec(t *testing.T, q schema.Querier, sql string, args ...any) {
-	t.Helper()
-	if _, err := q.Exec(context.Background(), sql, args...); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-}
+var mustExec = outboxtest.Exec
 
 // insert writes event step of aggregate agg and returns its id.
 func insert(t *testing.T, q schema.Querier, agg string, step int) string {

@@ -20,6 +20,7 @@ import (
 	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/internal/outboxtest"
 	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/internal/testenv"
 	"github.com/outboxrelay/relay/internal/verify"
@@ -28,37 +29,13 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-var layout = schema.Layout{
-	Outbox: schema.Table{Schema: "public", Name: "outbox"},
-	Cols: schema.Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id",
-		EventType: "event_type", Payload: "payload", Headers: "headers", CreatedAt: "created_at", Seq: "seq"},
-	DeadLetter: schema.Table{Schema: "public", Name: "outbox_dead_letter"},
-	Archive:    schema.Table{Schema: "public", Name: "outbox_archive"},
-}
+var layout = outboxtest.Layout()
 
 // setup creates the outbox of layout l in a fresh database and returns a
 // pool on it.
-func setup(t testing.TB, l schema.Layout) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(context.Background(), testenv.NewDB(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if l.Outbox.Schema != "public" {
-		mustExec(t, pool, "CREATE SCHEMA "+schema.Q(l.Outbox.Schema))
-	}
-	mustExec(t, pool, l.CreateOutbox())
-	mustExec(t, pool, l.CreatePollIndex())
-	return pool
-}
+func setup(t testing.TB, l schema.Layout) *pgxpool.Pool { return outboxtest.DB(t, l, nil) }
 
-func mustExec(t testing.TB, q schema.Querier, sql string, args ...any) {
-	t.Helper()
-	if _, err := q.Exec(context.Background(), sql, args...); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-}
+var mustExec = outboxtest.Exec
 
 var slotSeq atomic.Int64
 

@@ -3,13 +3,11 @@ package wal_test
 import (
 	"context"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/outboxrelay/relay/capture"
+	"github.com/outboxrelay/relay/internal/outboxtest"
 )
 
 // TestTextIDsArchivedAsStored uses a text id column holding UUIDs as an
@@ -20,20 +18,15 @@ import (
 // one with a dead event.
 func TestTextIDsArchivedAsStored(t *testing.T) {
 	pool := setup(t, layout)
-	mustExec(t, pool, `ALTER TABLE outbox ALTER COLUMN id TYPE text`)
+	outboxtest.TextIDs(t, pool)
 	mustExec(t, pool, `CREATE TABLE outbox_dead_letter (LIKE outbox)`)
 	mustExec(t, pool, `ALTER TABLE outbox_dead_letter ADD dead_lettered_at timestamptz NOT NULL DEFAULT now(),
 		ADD error text, ADD error_class text, ADD attempts int, ADD first_failed_at timestamptz, ADD last_failed_at timestamptz`)
 	src := newStreaming(t, options(t, pool, layout, 10))
 	ctx := context.Background()
-	write := func(stored string) string {
-		t.Helper()
-		mustExec(t, pool, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, 't', 'a', 'e', '{}')`, stored)
-		return strings.ToLower(strings.Trim(stored, "{}"))
-	}
-	upper := strings.ToUpper(uuid.NewString())
-	braced := "{" + uuid.NewString() + "}"
-	both := "{" + strings.ToUpper(uuid.NewString()) + "}"
+	write := func(stored string) string { return outboxtest.InsertStoredID(t, pool, stored) }
+	stored := outboxtest.StoredIDs(4)
+	upper, braced, both := stored[0], stored[1], stored[2]
 	want := []string{write(upper), write(braced)}
 	bs := collect(t, src, 2, 10*time.Second)
 	if got := ids(events(bs)); !slices.Equal(got, want) {
@@ -45,7 +38,7 @@ func TestTextIDsArchivedAsStored(t *testing.T) {
 	if n := count(t, pool, "outbox"); n != 0 {
 		t.Fatalf("%d rows left in the outbox after publishing the only rows", n)
 	}
-	dead, kept := write(both), write(strings.ToUpper(uuid.NewString()))
+	dead, kept := write(both), write(stored[3])
 	bs = collect(t, src, 2, 10*time.Second)
 	if got := ids(events(bs)); !slices.Equal(got, []string{dead, kept}) {
 		t.Fatalf("event ids %v, want [%s %s]", got, dead, kept)
@@ -79,13 +72,12 @@ func TestTextIDsArchivedAsStored(t *testing.T) {
 // events are delivered again rather than taken for archived.
 func TestTextIDsReplayedAsStored(t *testing.T) {
 	pool := setup(t, layout)
-	mustExec(t, pool, `ALTER TABLE outbox ALTER COLUMN id TYPE text`)
+	outboxtest.TextIDs(t, pool)
 	o := options(t, pool, layout, 10)
 	src := newStreaming(t, o)
 	var want []string
-	for _, stored := range []string{strings.ToUpper(uuid.NewString()), "{" + uuid.NewString() + "}"} {
-		mustExec(t, pool, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, 't', 'a', 'e', '{}')`, stored)
-		want = append(want, strings.ToLower(strings.Trim(stored, "{}")))
+	for _, stored := range outboxtest.StoredIDs(2) {
+		want = append(want, outboxtest.InsertStoredID(t, pool, stored))
 	}
 	collect(t, src, 2, 10*time.Second)
 	src.Close()

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outboxrelay/relay/internal/schema"
+	"github.com/outboxrelay/relay/internal/outboxtest"
 )
 
 // TestClaimOfPartitions: the claim without the partition filter serves
@@ -14,9 +14,7 @@ import (
 // filters rows by partition, so relays sharing an outbox never claim each
 // other's rows.
 func TestClaimOfPartitions(t *testing.T) {
-	q := buildQueries(schema.Layout{Outbox: schema.Table{Schema: "public", Name: "outbox"},
-		Cols: schema.Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", EventType: "event_type",
-			Payload: "payload", Headers: "headers", CreatedAt: "created_at", Seq: "seq"}}, "delete", false, nil, 8<<20)
+	q := buildQueries(outboxtest.Layout(), "delete", false, nil, 8<<20)
 	all := []int32{3, 1, 0, 2}
 	for _, tc := range []struct {
 		parts    []int32

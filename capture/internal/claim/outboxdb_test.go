@@ -6,8 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxrelay/relay/internal/outboxtest"
 	"github.com/outboxrelay/relay/internal/schema"
-	"github.com/outboxrelay/relay/internal/testenv"
 )
 
 // outboxDB returns a pool on a new database holding the outbox table with
@@ -15,31 +15,8 @@ import (
 // the table's layout.
 func outboxDB(t *testing.T, params map[string]string) (*pgxpool.Pool, schema.Layout) {
 	t.Helper()
-	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(testenv.NewDB(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, v := range params {
-		cfg.ConnConfig.RuntimeParams[k] = v
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	l := schema.Layout{
-		Outbox: schema.Table{Schema: "public", Name: "outbox"},
-		Cols: schema.Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id",
-			EventType: "event_type", Payload: "payload", Headers: "headers", CreatedAt: "created_at", Seq: "seq"},
-		DeadLetter: schema.Table{Schema: "public", Name: "outbox_dead_letter"},
-	}
-	for _, q := range []string{l.CreateOutbox(), l.CreatePollIndex()} {
-		if _, err := pool.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return pool, l
+	l := outboxtest.Layout()
+	return outboxtest.DB(t, l, params), l
 }
 
 // leasedSource returns a source on pool that joined and leased its

@@ -3,13 +3,11 @@ package claim_test
 import (
 	"context"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/outboxrelay/relay/capture"
+	"github.com/outboxrelay/relay/internal/outboxtest"
 )
 
 // TestTextIDsArchivedAsStored uses a text id column holding UUIDs as an
@@ -19,13 +17,12 @@ import (
 func TestTextIDsArchivedAsStored(t *testing.T) {
 	ctx := context.Background()
 	pool := setup(t, layout)
-	mustExec(t, pool, `ALTER TABLE outbox ALTER COLUMN id TYPE text`)
+	outboxtest.TextIDs(t, pool)
 	src := newSource(t, pool, layout, 10)
-	stored := []string{strings.ToUpper(uuid.NewString()), "{" + uuid.NewString() + "}", "{" + strings.ToUpper(uuid.NewString()) + "}"}
+	stored := outboxtest.StoredIDs(3)
 	var want []string
 	for _, id := range stored {
-		mustExec(t, pool, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, 't', 'a', 'e', '{}')`, id)
-		want = append(want, strings.ToLower(strings.Trim(id, "{}")))
+		want = append(want, outboxtest.InsertStoredID(t, pool, id))
 	}
 	b := next(t, src, 10*time.Second)
 	if b == nil || !slices.Equal(ids(b.Events()), want) {
