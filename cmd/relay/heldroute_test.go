@@ -3,51 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/outboxrelay/relay/internal/verify"
 )
-
-// pausingReceiver is a webhook receiver that answers 429 with Retry-After
-// for the aggregates pause names, and records every other delivery.
-type pausingReceiver struct {
-	*httptest.Server
-	mu     sync.Mutex
-	ds     []verify.Delivery
-	pauses atomic.Int64
-}
-
-func startPausingReceiver(t *testing.T, retryAfter string, pause func(aggregateID string) bool) *pausingReceiver {
-	rc := &pausingReceiver{}
-	rc.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		agg := r.Header.Get("aggregate_id")
-		if pause(agg) {
-			rc.pauses.Add(1)
-			w.Header().Set("Retry-After", retryAfter)
-			http.Error(w, "slow down", http.StatusTooManyRequests)
-			return
-		}
-		rc.mu.Lock()
-		rc.ds = append(rc.ds, payloadDelivery(r.Header.Get("message_id"), agg, body))
-		rc.mu.Unlock()
-	}))
-	t.Cleanup(rc.Close)
-	return rc
-}
-
-func (rc *pausingReceiver) deliveries() []verify.Delivery {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	return append([]verify.Delivery(nil), rc.ds...)
-}
 
 // TestRetryAfterPausesOneURL: with a URL per aggregate, the receiver answers
 // 429 with Retry-After: 60 for one aggregate's URL. That URL is paused; every
@@ -55,7 +16,12 @@ func (rc *pausingReceiver) deliveries() []verify.Delivery {
 // would have ended, and the paused URL got only the one request that asked
 // for the pause.
 func TestRetryAfterPausesOneURL(t *testing.T) {
-	rc := startPausingReceiver(t, "60", func(agg string) bool { return agg == "order-0" })
+	rc := startRefusingReceiver(t, func(agg string) (int, string) {
+		if agg == "order-0" {
+			return http.StatusTooManyRequests, "60"
+		}
+		return 0, ""
+	})
 	s := newStack(t, stackOptions{Collect: rc.deliveries,
 		Sink: fmt.Sprintf("sink:\n  type: webhook\n  webhook:\n    url: %s/events/{aggregate_id}\n", rc.URL)})
 	const events = 1000
@@ -67,13 +33,13 @@ func TestRetryAfterPausesOneURL(t *testing.T) {
 	relay := s.start()
 	start := time.Now()
 	for len(rc.deliveries()) < events-paused {
-		if rc.pauses.Load() > 0 && time.Since(start) > 45*time.Second {
+		if rc.refusals.Load() > 0 && time.Since(start) > 45*time.Second {
 			t.Fatalf("%d of %d events of the other URLs delivered 45s after start: the pause of one URL held the others",
 				len(rc.deliveries()), events-paused)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if n := rc.pauses.Load(); n != 1 {
+	if n := rc.refusals.Load(); n != 1 {
 		t.Errorf("the paused URL got %d requests within its pause, want 1", n)
 	}
 	if code := relay.stop(t, 15*time.Second); code != 0 {
@@ -146,7 +112,7 @@ func TestArchiveFailureBacksOff(t *testing.T) {
 // long, and the replication slot's confirmed position moves past them: the
 // slot keeps no WAL for a route that never comes back.
 func TestHeldMaxAgeReleasesWAL(t *testing.T) {
-	rc := startPausingReceiver(t, "", func(string) bool { return false })
+	rc := startRefusingReceiver(t, func(string) (int, string) { return 0, "" })
 	gone := httptest.NewServer(http.NotFoundHandler())
 	t.Cleanup(gone.Close)
 	mux := http.NewServeMux()

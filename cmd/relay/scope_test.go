@@ -25,24 +25,29 @@ import (
 	"github.com/outboxrelay/relay/internal/verify"
 )
 
-// refusingReceiver is a webhook receiver that records deliveries and can be
-// told to refuse requests with a status.
+// refusingReceiver is a webhook receiver that records the deliveries its
+// refusal function accepts and counts the requests it refuses.
 type refusingReceiver struct {
 	*httptest.Server
-	mu        sync.Mutex
-	ds        []verify.Delivery
-	refusals  atomic.Int64
-	status    atomic.Int64 // 0: accept
-	refuseFor func(aggregateID string) bool
+	mu       sync.Mutex
+	ds       []verify.Delivery
+	refusals atomic.Int64
 }
 
-func startRefusingReceiver(t *testing.T, refuseFor func(string) bool) *refusingReceiver {
-	rc := &refusingReceiver{refuseFor: refuseFor}
+// startRefusingReceiver starts a receiver that answers each request as
+// refuse says for its aggregate id: status 0 accepts and records the
+// delivery; any other status refuses the request, with Retry-After when
+// retryAfter is not empty.
+func startRefusingReceiver(t *testing.T, refuse func(aggregateID string) (status int, retryAfter string)) *refusingReceiver {
+	rc := &refusingReceiver{}
 	rc.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		agg := r.Header.Get("aggregate_id")
-		if code := int(rc.status.Load()); code != 0 && (rc.refuseFor == nil || rc.refuseFor(agg)) {
+		if code, retryAfter := refuse(agg); code != 0 {
 			rc.refusals.Add(1)
+			if retryAfter != "" {
+				w.Header().Set("Retry-After", retryAfter)
+			}
 			http.Error(w, "refused", code)
 			return
 		}
@@ -118,7 +123,8 @@ func TestReceiverRefusesMidStream(t *testing.T) {
 
 func receiverRefuses(t *testing.T, mode string) {
 	window, events := refusalWindow(t)
-	rc := startRefusingReceiver(t, nil)
+	var status atomic.Int64 // 0: accept
+	rc := startRefusingReceiver(t, func(string) (int, string) { return int(status.Load()), "" })
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	s := newStack(t, stackOptions{Mode: mode, Collect: rc.deliveries,
 		Sink:  fmt.Sprintf("sink:\n  type: webhook\n  webhook:\n    url: %s/events/{aggregate_type}\n", rc.URL),
@@ -132,7 +138,7 @@ func receiverRefuses(t *testing.T, mode string) {
 
 	start := time.Now()
 	for i, code := range []int{401, 403, 404} {
-		rc.status.Store(int64(code))
+		status.Store(int64(code))
 		if i == 0 {
 			waitFor(t, func() bool {
 				code, body := readyzBody(addr)
@@ -143,7 +149,7 @@ func receiverRefuses(t *testing.T, mode string) {
 		time.Sleep(time.Until(start.Add(window * time.Duration(i+1) / 3)))
 	}
 	during := len(rc.deliveries())
-	rc.status.Store(0)
+	status.Store(0)
 	waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
 	<-produced
 	s.waitDrained(120 * time.Second)
@@ -168,8 +174,14 @@ func receiverRefuses(t *testing.T, mode string) {
 // dead-lettered.
 func TestOneBrokenURLDoesNotStopOthers(t *testing.T) {
 	broken := map[string]bool{"order-0": true, "order-1": true, "order-2": true}
-	rc := startRefusingReceiver(t, func(agg string) bool { return broken[agg] })
-	rc.status.Store(http.StatusUnauthorized)
+	var status atomic.Int64
+	status.Store(http.StatusUnauthorized)
+	rc := startRefusingReceiver(t, func(agg string) (int, string) {
+		if broken[agg] {
+			return int(status.Load()), ""
+		}
+		return 0, ""
+	})
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	s := newStack(t, stackOptions{Collect: rc.deliveries,
 		Sink:  fmt.Sprintf("sink:\n  type: webhook\n  webhook:\n    url: %s/events/{aggregate_id}\n", rc.URL),
@@ -184,7 +196,7 @@ func TestOneBrokenURLDoesNotStopOthers(t *testing.T) {
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, rc.URL+"/events/order-0") || strings.Contains(body, "order-3") {
 		t.Errorf("readyz %d %q, want 503 naming the broken URLs only", code, body)
 	}
-	rc.status.Store(0)
+	status.Store(0)
 	s.waitDrained(60 * time.Second)
 	waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
 	if code := relay.stop(t, 15*time.Second); code != 0 {
