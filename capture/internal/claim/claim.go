@@ -20,7 +20,7 @@ import (
 
 // queries are the source's SQL, built once with quoted identifiers.
 type queries struct {
-	lastSeq, writers, lockWork, claim, claimAll, claimOne, claimOneAll, skipped, skippedAll, archive, archiveRange, deadLetter, dropDead string
+	bound, lockWork, claim, claimAll, claimOne, claimOneAll, skipped, skippedAll, archive, archiveRange, deadLetter, dropDead string
 }
 
 func buildQueries(l schema.Layout, archiveMode string, park bool, types map[string]string, maxBytes int) queries {
@@ -71,11 +71,11 @@ func buildQueries(l schema.Layout, archiveMode string, park bool, types map[stri
 			"o."+seq, c.Key("o"), t, seq, seq, filter, seq, skip, l.Unpublished(archiveMode, "o"), parked, seq)
 	}
 	return queries{
-		lastSeq: `SELECT coalesce(pg_sequence_last_value($1::regclass), 0)`,
-		writers: `SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') FROM pg_locks
-			WHERE locktype = 'relation' AND relation = $1::regclass AND mode = 'RowExclusiveLock'
-			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-			AND pid IS DISTINCT FROM pg_backend_pid()`,
+		bound: fmt.Sprintf(`SELECT set_config('relay.h', coalesce(pg_sequence_last_value($1::regclass), 0)::text, true)::bigint,
+			set_config('relay.safe', ($2 + (SELECT coalesce(min(p.n) FILTER (WHERE p.seq <> $2 + p.n) - 1, count(*)) FROM (
+				SELECT s.seq, row_number() OVER (ORDER BY s.seq) AS n FROM (
+					SELECT %s AS seq FROM %s o WHERE %s > $2 ORDER BY %s LIMIT $3) s) p))::text, true)::bigint`,
+			"o."+seq, t, "o."+seq, "o."+seq),
 		lockWork: `SELECT pg_advisory_xact_lock_shared($1, p) FROM unnest($2::int[]) AS p`,
 		claim:    claimSQL(partitionFilter, 6, claimBytes(c, types)),
 		claimAll: claimSQL("", 4, claimBytes(c, types)),
@@ -192,59 +192,46 @@ const txLimits = `SELECT set_config('statement_timeout', $1, true), set_config('
 
 var txLimitsArg = strconv.FormatInt(txTimeout.Milliseconds(), 10)
 
-// headSeq reads H (see the package doc) at the start of the claiming
-// transaction and keeps it in the transaction's relay.h setting for safeBound.
-const headSeq = `SELECT set_config('relay.h', coalesce(pg_sequence_last_value($1::regclass), 0)::text, true)::bigint`
-
-// safeBound runs after the work locks are taken and before the claim, as a
-// statement of its own so that the claim's snapshot is taken after it. In
-// one read of pg_locks it counts the owned partitions this relay still
-// leases ($2 lease key, $3 lease connection pid, $4 owned partitions) and
-// reads L, the open writers of the outbox ($1); then it releases the
-// pending watermarks ($6 seqs, $7 their writers, one element per writer)
-// none of whose writers is open any more. It stores the safe seq, at least
-// $5 (or -1 when a lease was lost), in the transaction's relay.safe
-// setting, which bounds the claim.
+// safeBound runs, when the claim reads the open writers (see
+// Source.readWriters), after the bound statement and before the claim, as a
+// statement of its own so that the claim's snapshot is taken after it. It
+// reads L, the open writers of the outbox ($1), from pg_locks and releases
+// the pending watermarks ($2 seqs, $3 their writers, one element per
+// writer) none of whose writers is open any more; it raises the
+// transaction's relay.safe setting, which bounds the claim, to the highest
+// released seq, or to H (relay.h) when no writer is open.
 const safeBound = `WITH locks AS (
-	SELECT coalesce(array_agg(DISTINCT virtualtransaction) FILTER (WHERE locktype = 'relation' AND relation = $1::regclass
-		AND mode = 'RowExclusiveLock' AND pid IS DISTINCT FROM pg_backend_pid()), '{}') AS open,
-	count(*) FILTER (WHERE locktype = 'advisory' AND granted AND pid = $3 AND objsubid = 2
-		AND classid = $2::int::oid AND objid::int = ANY($4::int[]))::int AS leased
-	FROM pg_locks WHERE database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') AS open FROM pg_locks
+	WHERE locktype = 'relation' AND relation = $1::regclass AND mode = 'RowExclusiveLock' AND pid IS DISTINCT FROM pg_backend_pid()
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 ), released AS (
-	SELECT max(seq) AS seq FROM (SELECT u.seq FROM unnest($6::bigint[], $7::text[]) AS u(seq, vx), locks
+	SELECT max(seq) AS seq FROM (SELECT u.seq FROM unnest($2::bigint[], $3::text[]) AS u(seq, vx), locks
 		GROUP BY u.seq HAVING NOT bool_or(u.vx = ANY(locks.open))) r
 )
-SELECT leased, open, set_config('relay.safe', (CASE WHEN leased < cardinality($4::int[]) THEN -1
-	ELSE greatest($5::bigint, released.seq, CASE WHEN cardinality(open) = 0 THEN current_setting('relay.h')::bigint END) END)::text, true)::bigint
+SELECT open, set_config('relay.safe', greatest(current_setting('relay.safe')::bigint, released.seq,
+	CASE WHEN cardinality(open) = 0 THEN current_setting('relay.h')::bigint END)::text, true)::bigint
 FROM locks, released`
 
-// claim claims the next rows up to the safe watermark in one round trip: a
-// short transaction that takes the work locks, checks the leases, works
-// out the safe seq, claims and commits, followed by a read of H and L for
-// the next claim; see docs/design.md. It returns nil when there are none.
+// claim claims the next rows up to the safe watermark in one round trip on
+// the lease connection, whose session holds this relay's partition leases
+// (so a claim commits only while they are held): a short transaction that
+// takes the work locks, works out the safe seq, claims and commits; see
+// docs/design.md. It returns nil when there are none.
 func (s *Source) claim(ctx context.Context) (*batch, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*txTimeout)
 	defer cancel()
-	conn, err := s.opts.Pool.Acquire(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("claim: %w", err)
-	}
-	// A connection left inside the transaction after an error is closed
-	// on release, which rolls it back.
-	defer conn.Release()
 	if s.rewind.Swap(false) {
 		s.cursor = 0
 	}
 	s.from = s.cursor
 	b := &batch{s: s}
-	var r readings
-	br := s.prepare(&r)
 	bound := int64(math.MaxInt64)
 	if s.opts.MaxSeq > 0 {
 		bound = s.opts.MaxSeq
 	}
 	limit := s.claimLimit()
+	var r readings
+	br := s.prepare(&r, limit)
 	sql, skippedSQL, args := s.sql.claimOf(s.lease.owned, s.opts.Partitions, s.cursor, bound, limit, s.flight.above(s.cursor))
 	br.Queue(sql, args...).
 		Query(func(rows pgx.Rows) error {
@@ -268,27 +255,22 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 		return err
 	})
 	br.Queue("COMMIT")
-	br.Queue(s.sql.lastSeq, s.info.SeqSequence).QueryRow(func(row pgx.Row) error { return row.Scan(&r.tailH) })
-	br.Queue(s.sql.writers, s.opts.Layout.Outbox.Ident()).QueryRow(func(row pgx.Row) error { return row.Scan(&r.tailL) })
-	if err := conn.SendBatch(ctx, br).Close(); err != nil {
+	if err := s.lease.conn.SendBatch(ctx, br).Close(); err != nil {
 		s.limit = max(limit/4, 1) // e.g. a statement timeout sizing large rows
+		s.rollback(ctx)
 		return nil, fmt.Errorf("claim: %w", err)
 	}
-	s.recordReadings(&r, bound)
-	if r.leased < len(s.lease.owned) {
-		s.log.Warn("partition leases lost; claiming stops until they are leased again",
-			"leased", r.leased, "owned", len(s.lease.owned))
-		s.disconnect(ctx)
-	}
+	s.recordReadings(&r, bound, time.Now())
 	least := b.holdBack(skipped)
 	s.skipped = least > 0
 	n := len(b.seqs)
 	s.idle = n < limit
+	s.few = n > 0 && n < fillRows
 	s.limit = limit * 2
 	if b.bytes >= s.opts.MaxBatchBytes {
 		s.limit = n
 	}
-	s.blocked = s.marks.held()
+	s.blocked = s.held()
 	if n == 0 {
 		s.cursor = 0
 		s.backOff(time.Now())
@@ -368,41 +350,83 @@ func (s *Source) claimLimit() int {
 	return s.limit
 }
 
-// readings are what one claim's round trip read besides the rows: the
-// leased partitions, the safe seq that bounded the claim, and two (H, L)
-// pairs, one read before the claim and one after its commit.
-type readings struct {
-	leased       int
-	safe         int64
-	headH, tailH int64
-	headL, tailL []string
+// rollback ends the transaction a failed claim left open on the lease
+// connection; when that fails too, it closes the connection (Next
+// reconnects), which gives up the leases.
+func (s *Source) rollback(ctx context.Context) {
+	conn := s.lease.conn
+	if conn.IsClosed() || conn.PgConn().TxStatus() == 'I' {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), txTimeout)
+	defer cancel()
+	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+		s.disconnect(ctx)
+	}
 }
 
-// prepare returns the claiming transaction up to its claim: it begins,
-// takes the work locks of the owned partitions, reads H, and runs safeBound,
-// with the pending watermarks, which checks which partitions this relay
-// still leases (see Scale-out in lease.go) and works out the safe seq.
-func (s *Source) prepare(r *readings) *pgx.Batch {
-	seqs, writers := s.marks.flat()
-	k := s.lease.keys
+// readings are what one claim's round trip read besides the rows: H, the
+// safe seq that bounded the claim, and, when it read them (locks), the open
+// writers L.
+type readings struct {
+	locks bool
+	head  int64
+	safe  int64
+	open  []string
+}
+
+// prepare returns the claiming transaction up to its claim of at most limit
+// rows: it begins, takes the work locks of the owned partitions (see
+// Scale-out in lease.go), reads H and raises the safe seq over the seqs
+// above it that are all visible, and, when readWriters says so, runs
+// safeBound with the pending watermarks.
+func (s *Source) prepare(r *readings, limit int) *pgx.Batch {
 	br := &pgx.Batch{}
 	br.Queue(begin)
 	br.Queue(txLimits, txLimitsArg)
-	br.Queue(s.sql.lockWork, k.work, s.lease.owned)
-	br.Queue(headSeq, s.info.SeqSequence).QueryRow(func(row pgx.Row) error { return row.Scan(&r.headH) })
-	br.Queue(safeBound, s.opts.Layout.Outbox.Ident(), k.lease, s.lease.pid, s.lease.owned, s.marks.safe, seqs, writers).
-		QueryRow(func(row pgx.Row) error { return row.Scan(&r.leased, &r.headL, &r.safe) })
+	br.Queue(s.sql.lockWork, s.lease.keys.work, s.lease.owned)
+	br.Queue(s.sql.bound, s.info.SeqSequence, s.marks.safe, limit).
+		QueryRow(func(row pgx.Row) error { return row.Scan(&r.head, &r.safe) })
+	if r.locks = s.readWriters(time.Now()); r.locks {
+		seqs, writers := s.marks.flat()
+		br.Queue(safeBound, s.opts.Layout.Outbox.Ident(), seqs, writers).
+			QueryRow(func(row pgx.Row) error { return row.Scan(&r.open, &r.safe) })
+	}
 	return br
 }
 
-// recordReadings records what a claim bounded by bound read: the safe seq it
-// used and both (H, L) pairs.
-func (s *Source) recordReadings(r *readings, bound int64) {
-	s.claimedTo = min(r.safe, bound)
-	s.marks.safe = max(s.marks.safe, r.safe)
-	s.marks.advance(r.headH, r.headL)
-	s.marks.advance(r.tailH, r.tailL)
+// readWriters reports whether the claim at now reads the open writers of
+// the outbox (safeBound): while this relay does not lease every partition
+// (the rows other relays archived leave gaps in the seqs it sees), and once
+// the first seq above the safe seq has been missing for blockedInterval:
+// its writer rolled back, failed, or is still open. Otherwise the safe seq
+// only rises over visible seqs, which needs no read of pg_locks; the pairs
+// a read left pending wait for the next read, which a seq missing as long
+// brings about.
+func (s *Source) readWriters(now time.Time) bool {
+	return !coversAll(s.lease.owned, s.opts.Partitions) || s.gapAt > 0 && now.Sub(s.gapSince) >= blockedInterval
 }
+
+// recordReadings records, at now, what a claim bounded by bound read: the
+// safe seq it used, the (H, L) pair when it read L, and whether a seq above
+// the safe seq is missing (gapAt).
+func (s *Source) recordReadings(r *readings, bound int64, now time.Time) {
+	s.claimedTo = min(r.safe, bound)
+	s.marks.raise(r.safe)
+	if r.locks {
+		s.marks.advance(r.head, r.open)
+	}
+	switch {
+	case r.head <= s.marks.safe:
+		s.gapAt = 0
+	case s.gapAt != s.marks.safe+1:
+		s.gapAt, s.gapSince = s.marks.safe+1, now
+	}
+}
+
+// held reports whether rows may be waiting for writers: pending
+// watermarks, or a missing seq above the safe seq.
+func (s *Source) held() bool { return s.marks.held() || s.gapAt > 0 }
 
 // batch is a claimed set of rows. Its rows are not locked: this relay
 // leases their partitions and does not claim them again while the batch is

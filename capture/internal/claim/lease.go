@@ -24,14 +24,18 @@ import (
 //   - member (shared, on the lease connection): counts the live relays;
 //   - lease(p) (exclusive, on the lease connection): who owns partition p;
 //   - work(p): every claiming transaction takes it shared for the
-//     partitions it claims, and first checks (in the same transaction,
-//     after taking it) that its relay still holds lease(p).
+//     partitions it claims.
 //
-// A relay that gains p holds lease(p) and then takes work(p) exclusively
-// once, which succeeds only when no claiming transaction of a previous
-// owner is still open; only then does it claim p's rows, starting from the
-// oldest unarchived one. From then on the previous owner's claims fail the
-// lease check, so only one relay claims p's rows at a time; batches the
+// Claims run on the lease connection, in the session that holds lease(p):
+// a session keeps its advisory locks until it unlocks them or ends, and an
+// ending session rolls its open claim back, so a claim commits only while
+// its relay holds lease(p). A relay releases a partition between two of its
+// claims. A relay that gains p holds lease(p) and then takes work(p)
+// exclusively once, which succeeds only when no claiming transaction of a
+// previous owner is still open (relays of earlier versions claimed on other
+// connections and checked lease(p) in pg_locks; this barrier waits for
+// their claims); only then does it claim p's rows, starting from the oldest
+// unarchived one. So only one relay claims p's rows at a time; batches the
 // previous owner claimed earlier may still be in flight and are delivered
 // twice, each copy in seq order (docs/design.md). This holds through
 // rebalancing, crashes (kill -9 ends the session and its locks) and a lost
@@ -60,9 +64,8 @@ type leases struct {
 	keys     lockKeys
 	n        int
 	conn     *pgx.Conn // holds member and lease locks; also LISTENs
-	pid      uint32
-	owned    []int32 // leased and past the work barrier: claimable
-	waiting  []int32 // leased, waiting for an old owner's claims to end
+	owned    []int32   // leased and past the work barrier: claimable
+	waiting  []int32   // leased, waiting for an old owner's claims to end
 	next     time.Time
 	log      *slog.Logger
 	onGained func()       // called when partitions were gained
@@ -74,7 +77,7 @@ func (l *leases) join(ctx context.Context, conn *pgx.Conn) error {
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock_shared($1, 0)`, l.keys.member); err != nil {
 		return fmt.Errorf("join relays: %w", err)
 	}
-	l.conn, l.pid, l.owned, l.waiting, l.next = conn, conn.PgConn().PID(), nil, nil, time.Time{}
+	l.conn, l.owned, l.waiting, l.next = conn, nil, nil, time.Time{}
 	return nil
 }
 

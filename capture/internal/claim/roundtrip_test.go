@@ -3,6 +3,7 @@ package claim_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -62,4 +63,48 @@ func TestHeldBackRowsClaimedInOneRoundTrip(t *testing.T) {
 		t.Errorf("the claim took %d round trips, want 1", n)
 	}
 	complete(t, b)
+}
+
+// locksCounter counts the pipelined statements that read pg_locks.
+type locksCounter struct {
+	batchCounter
+	n atomic.Int64
+}
+
+func (c *locksCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	if strings.Contains(d.SQL, "pg_locks") {
+		c.n.Add(1)
+	}
+}
+
+// TestSteadyClaimsReadNoLocks: while every seq up to the sequence's last
+// value is committed, claims of a relay that leases every partition raise
+// their watermark over the visible seqs and read neither the open writers
+// nor the leases from pg_locks, whose every read takes all of the lock
+// manager's partition locks.
+func TestSteadyClaimsReadNoLocks(t *testing.T) {
+	ctx := context.Background()
+	cfg := setup(t, layout).Config()
+	counter := &locksCounter{}
+	cfg.ConnConfig.Tracer = counter
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	src := newSource(t, pool, layout, 100)
+	insert(t, pool, "a", 0)
+	complete(t, next(t, src, 5*time.Second)) // the first claim reads the writers
+	counter.n.Store(0)
+	for i := range 20 {
+		want := insert(t, pool, "a", i+1)
+		b := next(t, src, 5*time.Second)
+		if b == nil || fmt.Sprint(ids(b.Events())) != fmt.Sprint([]string{want}) {
+			t.Fatalf("claim %d: claimed %v, want [%s]", i, b, want)
+		}
+		complete(t, b)
+	}
+	if n := counter.n.Load(); n != 0 {
+		t.Errorf("20 claims of committed rows read pg_locks %d times, want 0", n)
+	}
 }

@@ -57,14 +57,13 @@ func TestReadyReleasesAsAdvance(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(ctx)
-		if _, err := tx.Exec(ctx, `SELECT set_config('relay.h', $1::bigint::text, true)`, h); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT set_config('relay.h', $1::bigint::text, true), set_config('relay.safe', $2::bigint::text, true)`,
+			h, w.safe); err != nil {
 			t.Fatal(err)
 		}
-		var leased int
 		var open []string
 		var safe int64
-		if err := tx.QueryRow(ctx, safeBound, l.Outbox.Ident(), int32(1), int32(0), []int32{}, w.safe, seqs, writers).
-			Scan(&leased, &open, &safe); err != nil {
+		if err := tx.QueryRow(ctx, safeBound, l.Outbox.Ident(), seqs, writers).Scan(&open, &safe); err != nil {
 			t.Fatal(err)
 		}
 		return open, safe

@@ -29,12 +29,21 @@
 // step 2 (its rows are final) or is in L. So once no transaction of L holds
 // the lock any more, every row with seq ≤ H is committed or gone, and rows
 // up to H can be published in seq order. Pending (H, L) pairs are kept until
-// they are released by a later poll: the claiming transaction checks them
-// in a statement of its own before the claim, so the claim's snapshot sees
-// the rows of every writer that check found ended. Unlike a filter on xmin
-// against the snapshot's xmin, this waits neither for unrelated long
+// they are released by a later read of L: the claiming transaction checks
+// them in a statement of its own before the claim, so the claim's snapshot
+// sees the rows of every writer that check found ended. Unlike a filter on
+// xmin against the snapshot's xmin, this waits neither for unrelated long
 // transactions nor misses a writer whose xid is newer than the committed
-// row's; it waits only for open transactions that wrote to the outbox.
+// row's; it waits only for open writers of the outbox.
+//
+// Reading L means reading pg_locks, which takes every lock-manager
+// partition lock of the server, so most claims do without it: each seq is
+// drawn once, so when every seq from the safe seq up to some s is visible,
+// every row up to s is committed and the safe seq rises to s. A claim reads
+// L only when the first seq above the safe seq has been missing for
+// blockedInterval (its writer is still open, or rolled back and left a gap
+// no row will fill) or when this relay does not lease every partition (the
+// rows other relays archived leave gaps).
 package claim
 
 import (
@@ -95,11 +104,23 @@ const DedicatedConns = 1
 // open writers cost at most one claim per blockedInterval.
 const blockedInterval = 10 * time.Millisecond
 
-// busyInterval is the wait after a claim that found rows but did not fill a
-// batch. Each claim that finds nothing doubles the wait, up to
-// Options.Interval, so a steady trickle is picked up within a few
+// busyInterval is the wait after a claim that found at least fillRows rows
+// but did not fill a batch. Each claim that finds nothing doubles the wait,
+// up to Options.Interval, so a steady trickle is picked up within a few
 // milliseconds and an idle outbox costs a few queries a second.
 const busyInterval = time.Millisecond
+
+// fillWait is the wait after a claim that found rows, fewer than fillRows:
+// at a steady rate of small transactions each claim would otherwise take a
+// few rows, every few milliseconds, and every claim and its archive is a
+// transaction of its own in the database (a commit, a WAL flush) and a
+// round trip of the relay. Waiting fillWait lets the rows of fillWait
+// gather in the next claim, at the cost of at most fillWait of latency.
+// Notifications (capture.poll.notify) do not end this wait.
+const (
+	fillWait = 5 * time.Millisecond
+	fillRows = 32
+)
 
 // Source is a capture.Source that claims rows from the outbox table. Next
 // must be called from one goroutine; batches may be completed from others.
@@ -114,6 +135,7 @@ type Source struct {
 	cursor  int64       // claims continue after this seq until reset
 	rewind  atomic.Bool // set when rows below cursor may be claimable again
 	idle    bool        // the last claim did not fill a batch
+	few     bool        // the last claim found rows, fewer than fillRows
 	blocked bool        // the last claim was held back by an open writer
 	quiet   int         // claims in a row that found nothing
 	// heldSince is when the current run of empty claims held back by open
@@ -126,6 +148,11 @@ type Source struct {
 	// skipped is set when the last claim skipped rows another transaction
 	// had locked: they are still to be claimed.
 	skipped bool
+	// gapAt is the first seq above the safe seq, when the last claim found
+	// it missing although H is above it, and gapSince when a claim first
+	// found it missing; 0 when no seq up to H is missing.
+	gapAt    int64
+	gapSince time.Time
 }
 
 // ErrDrained is returned by Next, with Options.MaxSeq set, when a claim
@@ -173,7 +200,8 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	if err := schema.EnsureArchive(ctx, opts.Pool, opts.Layout, opts.ArchiveMode, info); err != nil {
 		return nil, err
 	}
-	s := &Source{opts: opts, log: opts.Logger, info: info, sql: buildQueries(opts.Layout, opts.ArchiveMode, opts.ParkAggregates, info.Types, opts.MaxBatchBytes)}
+	s := &Source{opts: opts, log: opts.Logger, info: info, sql: buildQueries(opts.Layout, opts.ArchiveMode, opts.ParkAggregates, info.Types, opts.MaxBatchBytes),
+		gapAt: 1} // as if a seq had been missing for long: the first claim reads the open writers
 	s.lease = leases{keys: newLockKeys(opts.Layout.Outbox.String()), n: opts.Partitions, log: opts.Logger,
 		onGained: func() { s.rewind.Store(true) }}
 	return s, nil
@@ -204,6 +232,9 @@ func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
 		}
 		if err := s.flight.waitRoom(ctx, maxUnsettledBatches*s.opts.BatchSize, unsettledBatchBytes*s.opts.MaxBatchBytes); err != nil {
 			return nil, err
+		}
+		if s.lease.conn == nil {
+			continue // the wait lost the lease connection, on which the claim runs
 		}
 		b, err := s.claim(ctx)
 		if err != nil {
@@ -284,11 +315,15 @@ func (s *Source) disconnect(ctx context.Context) {
 	s.lease.lost()
 }
 
-// wait blocks until an insert is notified (with the trigger of
-// capture.poll.notify) or the current poll interval passes: busyInterval
-// after rows were found, doubling with every empty claim up to
-// Options.Interval.
+// wait blocks for fillWait after a claim that found few rows, else until an
+// insert is notified (with the trigger of capture.poll.notify) or the
+// current poll interval passes: busyInterval after rows were found,
+// doubling with every empty claim up to Options.Interval. Then it drops the
+// notifications received so far: the claim that follows sees their rows.
 func (s *Source) wait(ctx context.Context) error {
+	if s.few && s.quiet == 0 {
+		return wait.Sleep(ctx, fillWait)
+	}
 	wctx, cancel := context.WithTimeout(ctx, s.pause())
 	defer cancel()
 
@@ -298,8 +333,15 @@ func (s *Source) wait(ctx context.Context) error {
 		return ctx.Err()
 	case err != nil && wctx.Err() == nil:
 		s.disconnect(ctx) // Next reconnects
+		return nil
 	}
-	return nil
+	done, stop := context.WithCancel(ctx)
+	stop()
+	for { // a done context returns the received notifications without reading
+		if _, err := s.lease.conn.WaitForNotification(done); err != nil {
+			return nil
+		}
+	}
 }
 
 // backOff records, at now, a claim that found nothing: the next wait
@@ -311,7 +353,7 @@ func (s *Source) wait(ctx context.Context) error {
 // keep replacing each other, the wait doubles again, so they cost at most
 // one claim per blockedInterval.
 func (s *Source) backOff(now time.Time) {
-	if !s.marks.held() {
+	if !s.held() {
 		s.heldSince = time.Time{}
 		s.quiet++
 		return
@@ -412,6 +454,16 @@ func union(a, b []string) []string {
 
 // held reports whether rows are waiting for open writers.
 func (w *watermarks) held() bool { return len(w.pending) > 0 }
+
+// raise raises the safe seq to safe, found by other means than a release
+// (every seq up to it is visible), and drops the pending pairs it covers.
+func (w *watermarks) raise(safe int64) {
+	if safe <= w.safe {
+		return
+	}
+	w.safe = safe
+	w.pending = slices.DeleteFunc(w.pending, func(m watermark) bool { return m.seq <= safe })
+}
 
 func overlaps(a, b []string) bool {
 	for _, x := range a {
