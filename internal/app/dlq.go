@@ -118,6 +118,7 @@ func redrive(ctx context.Context, pool *pgxpool.Pool, l schema.Layout, f schema.
 		out = io.Discard
 	}
 	rep := progress.New(out, "redrive", opts.ProgressEvery)
+	defer rep.Stop()
 	var redriven, removed int64
 	batch := func(f schema.DeadLetterFilter) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

@@ -31,6 +31,7 @@ type indexSample struct {
 // every poll and reports it to rep; a build it saw ends with a line
 // saying how long it took. Sampling failures only end the reporting.
 func runIndexStep(ctx context.Context, pool *pgxpool.Pool, run func() error, pid uint32, rep *progress.Reporter, poll time.Duration) error {
+	defer rep.Stop()
 	wctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	var seen bool

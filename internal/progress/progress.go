@@ -112,9 +112,22 @@ func (r *Reporter) Finish(msg string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.emit(r.what + ": " + msg)
+	r.endLine()
+}
+
+// Stop ends a terminal's line that Finish did not, so that what is
+// printed next (an error) starts on a line of its own.
+func (r *Reporter) Stop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.endLine()
+}
+
+// endLine ends a terminal's line being redrawn; r.mu is held.
+func (r *Reporter) endLine() {
 	if r.dirty {
 		fmt.Fprintln(r.w)
-		r.dirty = false
+		r.dirty, r.lastWidth = false, 0
 	}
 }
 

@@ -59,10 +59,19 @@ func TestTerminalLine(t *testing.T) {
 	r.Update("", 10, 100, "rows")
 	r.Update("", 100, 100, "rows")
 	r.Finish("done")
+	r.Stop()
 	got := b.String()
 	if !strings.HasPrefix(got, "\rredrive: 10/100 rows (10%)\rredrive: 100/100 rows (100%)\rredrive: done ") || !strings.HasSuffix(got, "\n") ||
 		strings.Count(got, "\n") != 1 {
 		t.Fatalf("got %q", got)
+	}
+	// An operation that fails ends its line before the error is printed.
+	b.Reset()
+	r.Update("", 1, 100, "rows")
+	r.Stop()
+	r.Stop()
+	if got := b.String(); got != "\rredrive: 1/100 rows (1%)\n" {
+		t.Fatalf("after Stop: %q", got)
 	}
 }
 
