@@ -9,10 +9,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	xrate "golang.org/x/time/rate"
 )
 
 // accountRows is the size of the application's accounts table in the
@@ -30,9 +32,12 @@ const updateAccount = `UPDATE accounts SET balance = balance + 1 WHERE id = $1`
 type Impact struct {
 	// Pinning says whether the PostgreSQL server was pinned to CPU 0 and
 	// this bench (with NATS and the relay) to the other CPUs, and if not why.
-	Pinning string         `json:"pinning"`
-	Pinned  bool           `json:"pinned"`
-	Runs    []ImpactResult `json:"runs"`
+	Pinning string `json:"pinning"`
+	Pinned  bool   `json:"pinned"`
+	// RateLimit is -impact-rate: the most transactions per second of all
+	// clients together; 0: as fast as they commit.
+	RateLimit int            `json:"rate_limit,omitempty"`
+	Runs      []ImpactResult `json:"runs"`
 }
 
 // ImpactResult is one run of the impact phase: Clients connections each
@@ -60,9 +65,19 @@ type ImpactResult struct {
 	DeadPer100k     float64     `json:"outbox_dead_tuples_per_100k"`
 	DeletesPer100k  float64     `json:"outbox_deletes_per_100k"`
 	UpdatesPer100k  float64     `json:"outbox_updates_per_100k"`
-	TPSRatio        float64     `json:"tps_ratio_to_no_relay,omitempty"`
-	P99Ratio        float64     `json:"p99_ratio_to_no_relay,omitempty"`
-	CPU             cpuUse      `json:"cpu"`
+	// OtherCommitsPer100k counts the database's committed transactions
+	// other than the application's: the relay's (archives, claims, checks)
+	// and a few of the bench's own queries.
+	OtherCommitsPer100k float64 `json:"other_commits_per_100k"`
+	// RelaySyscallsPer100k and RelaySwitchesPer100k are the relay's read
+	// and write system calls and its threads' context switches.
+	RelaySyscallsPer100k float64 `json:"relay_syscalls_per_100k,omitempty"`
+	RelaySwitchesPer100k float64 `json:"relay_context_switches_per_100k,omitempty"`
+
+	relaySyscalls, relaySwitches int64
+	TPSRatio                     float64 `json:"tps_ratio_to_no_relay,omitempty"`
+	P99Ratio                     float64 `json:"p99_ratio_to_no_relay,omitempty"`
+	CPU                          cpuUse  `json:"cpu"`
 }
 
 // impact runs the application's load without a relay, then with a relay in
@@ -71,7 +86,7 @@ func (b *bench) impact(ctx context.Context) error {
 	if !b.opts.has("impact") {
 		return nil
 	}
-	im := &Impact{}
+	im := &Impact{RateLimit: b.opts.ImpactRate}
 	b.res.Impact = im
 	restore := b.pin(im)
 	defer restore()
@@ -85,8 +100,8 @@ func (b *bench) impact(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("impact, relay %s: %w", run, err)
 		}
-		b.opts.logf("impact, relay %s: %.0f TPS, p50 %.2f ms, p99 %.2f ms, %d events relayed, relay CPU %.2f s/100k",
-			run, r.TPS, r.Latency.P50, r.Latency.P99, r.EventsRelayed, r.RelayCPUPer100k)
+		b.opts.logf("impact, relay %s: %.0f TPS, p50 %.2f ms, p99 %.2f ms, %d events relayed, relay CPU %.2f s/100k, %.0f syscalls and %.0f context switches /100k",
+			run, r.TPS, r.Latency.P50, r.Latency.P99, r.EventsRelayed, r.RelayCPUPer100k, r.RelaySyscallsPer100k, r.RelaySwitchesPer100k)
 	}
 	return nil
 }
@@ -165,13 +180,16 @@ func processExists(pid int) bool {
 	return err == nil
 }
 
-// outboxStats is the outbox's row of pg_stat_user_tables.
-type outboxStats struct{ dead, del, upd int64 }
+// outboxStats is the outbox's row of pg_stat_user_tables, and the
+// database's committed transactions (pg_stat_database.xact_commit).
+type outboxStats struct{ dead, del, upd, commits int64 }
 
 func readOutboxStats(ctx context.Context, d *database) (outboxStats, error) {
 	var s outboxStats
-	err := d.pool.QueryRow(ctx, `SELECT n_dead_tup, n_tup_del, n_tup_upd FROM pg_stat_user_tables WHERE relname = 'outbox'`).
-		Scan(&s.dead, &s.del, &s.upd)
+	err := d.pool.QueryRow(ctx, `SELECT n_dead_tup, n_tup_del, n_tup_upd,
+		(SELECT xact_commit FROM pg_stat_database WHERE datname = current_database())
+		FROM pg_stat_user_tables WHERE relname = 'outbox'`).
+		Scan(&s.dead, &s.del, &s.upd, &s.commits)
 	return s, err
 }
 
@@ -212,7 +230,7 @@ func (b *bench) impactRun(ctx context.Context, run string) (ImpactResult, error)
 			return res, err
 		}
 	}
-	relay0, cpu0 := relayCPU(relay), sampleCPU()
+	relay0, cpu0, count0 := relayCPU(relay), sampleCPU(), relayCounters(relay)
 	if err := b.applicationLoad(ctx, d, &res); err != nil {
 		return res, err
 	}
@@ -220,6 +238,8 @@ func (b *bench) impactRun(ctx context.Context, run string) (ImpactResult, error)
 		return res, err
 	}
 	res.RelayCPUSeconds = relayCPU(relay) - relay0
+	count1 := relayCounters(relay)
+	res.relaySyscalls, res.relaySwitches = count1.syscalls-count0.syscalls, count1.switches-count0.switches
 	res.CPU = cpuBetween(cpu0, sampleCPU(), res.RelayCPUSeconds)
 	wal1, err := walLSN(ctx, d)
 	if err != nil {
@@ -252,6 +272,7 @@ func (res *ImpactResult) perEvent(st0, st1 outboxStats) {
 	per := func(v float64) float64 { return v * 100_000 / max(float64(events), 1) }
 	if res.Relay != "none" {
 		res.RelayCPUPer100k = per(res.RelayCPUSeconds)
+		res.RelaySyscallsPer100k, res.RelaySwitchesPer100k = per(float64(res.relaySyscalls)), per(float64(res.relaySwitches))
 	}
 	res.PostgresPer100k = per(res.CPU.PostgresSeconds)
 	res.WALBytesPer100k = per(float64(res.WALBytes))
@@ -259,6 +280,7 @@ func (res *ImpactResult) perEvent(st0, st1 outboxStats) {
 	res.DeadPer100k = per(float64(st1.dead))
 	res.DeletesPer100k = per(float64(st1.del - st0.del))
 	res.UpdatesPer100k = per(float64(st1.upd - st0.upd))
+	res.OtherCommitsPer100k = per(float64(st1.commits - st0.commits - res.Transactions))
 }
 
 // impactDatabase creates the fresh database of one impact run with `relay
@@ -317,6 +339,43 @@ func (b *bench) impactRelay(ctx context.Context, d *database, run string) (*rela
 	return relay, nil
 }
 
+// procCounters are a process's read and write system calls (syscr and
+// syscw of /proc/<pid>/io) and context switches, summed over its threads:
+// the wakeups behind its CPU time, which on a busy machine vary less than
+// the CPU time does.
+type procCounters struct{ syscalls, switches int64 }
+
+// relayCounters returns relay's counters so far; zero without a relay.
+func relayCounters(relay *relayProc) procCounters {
+	var c procCounters
+	if relay == nil {
+		return c
+	}
+	pid := relay.cmd.Process.Pid
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid)); err == nil {
+		c.syscalls = procField(string(b), "syscr") + procField(string(b), "syscw")
+	}
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, t := range tasks {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name())); err == nil {
+			c.switches += procField(string(b), "voluntary_ctxt_switches") + procField(string(b), "nonvoluntary_ctxt_switches")
+		}
+	}
+	return c
+}
+
+// procField returns the number after "name:" at the start of a line of a
+// /proc file, or 0.
+func procField(text, name string) int64 {
+	for _, line := range strings.Split(text, "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && k == name {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
 // relayCPU returns the CPU seconds of relay so far; 0 without a relay.
 func relayCPU(relay *relayProc) float64 {
 	if relay == nil {
@@ -361,7 +420,8 @@ func (b *bench) waitRelayed(ctx context.Context, d *database, relay *relayProc, 
 
 // applicationLoad runs opts.ImpactClients connections, each committing
 // `UPDATE accounts; INSERT INTO outbox` transactions in a loop for
-// opts.ImpactFor, and records their count, rate and commit latencies
+// opts.ImpactFor, together at most opts.ImpactRate a second when it is
+// set, and records their count, rate and commit latencies
 // (from BEGIN to the end of COMMIT) in res.
 func (b *bench) applicationLoad(ctx context.Context, d *database, res *ImpactResult) error {
 	clients := b.opts.ImpactClients
@@ -380,7 +440,14 @@ func (b *bench) applicationLoad(ctx context.Context, d *database, res *ImpactRes
 		}
 		conns[i] = c
 	}
+	lim := xrate.NewLimiter(xrate.Inf, 1)
+	if r := b.opts.ImpactRate; r > 0 {
+		lim = xrate.NewLimiter(xrate.Limit(r), 1)
+	}
 	n, el, hist, err := closedLoop(clients, 13, b.opts.ImpactFor, func(w int, rng *rand.Rand, i int) error {
+		if err := lim.Wait(ctx); err != nil {
+			return err
+		}
 		return accountTransaction(ctx, conns[w], rng, uint32(w), i, b.opts.Aggregates, b.opts.Payload)
 	})
 	res.Transactions = n
@@ -412,8 +479,11 @@ func printImpact(w io.Writer, r *Results) {
 		return
 	}
 	fmt.Fprintf(w, "\n%s\n", im.Pinning)
+	if im.RateLimit > 0 {
+		fmt.Fprintf(w, "the clients commit at most %d transactions per second together\n", im.RateLimit)
+	}
 	t := newTable(w, "IMPACT ON THE APPLICATION", "clients", "TPS", "TPS ×", "p50 ms", "p99 ms", "p99 ×", "events relayed",
-		"relay CPU s/100k", "postgres CPU s/100k", "WAL MB/100k", "dead tup/100k", "del/100k", "upd/100k", "other CPU s")
+		"relay CPU s/100k", "postgres CPU s/100k", "WAL MB/100k", "dead tup/100k", "del/100k", "upd/100k", "relay commits/100k", "other CPU s")
 	for _, x := range im.Runs {
 		name, tps, p99, relayed, relayCPU := "no relay", "1.00×", "1.00×", "-", "-"
 		if x.Relay != "none" {
@@ -425,7 +495,7 @@ func printImpact(w io.Writer, r *Results) {
 		}
 		t.row(name, fmt.Sprint(x.Clients), f0(x.TPS), tps, f2(x.Latency.P50), f2(x.Latency.P99), p99, relayed, relayCPU,
 			f2(x.PostgresPer100k), f1(x.WALBytesPer100k/1e6), f0(x.DeadPer100k), f0(x.DeletesPer100k), f0(x.UpdatesPer100k),
-			f1(x.CPU.OtherSeconds))
+			f0(x.OtherCommitsPer100k), f1(x.CPU.OtherSeconds))
 	}
 	t.flush()
 }

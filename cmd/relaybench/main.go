@@ -18,7 +18,7 @@
 //
 //	go run ./cmd/relaybench [-events N] [-aggregates N] [-payload BYTES]
 //	    [-out results.json] [-modes poll,wal] [-quick] [-steady 15s]
-//	    [-cpuprofile DIR] [-relay-gomaxprocs N] [-impact-sink nats|kafka]
+//	    [-cpuprofile DIR] [-relay-gomaxprocs N] [-impact-sink nats|kafka] [-impact-rate N]
 package main
 
 import (
@@ -63,6 +63,7 @@ type Options struct {
 	ImpactFor     time.Duration // length of each run of the impact phase
 	ImpactClients int           // application connections of the impact phase
 	ImpactSink    string        // sink of the impact phase's relays: nats or kafka (kfake)
+	ImpactRate    int           // the most application transactions per second of the impact phase; 0: as fast as they go
 	Log           io.Writer
 	Args          []string // the command line, for the results
 }
@@ -140,8 +141,8 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 			}
 		}
 	}
-	if o.Events <= 0 || o.Aggregates <= 0 || o.Payload < 40 || o.Writers < 0 || o.Relays <= 0 || o.ImpactClients <= 0 {
-		fmt.Fprintln(stderr, "relaybench: -events, -aggregates, -relays and -impact-clients must be positive, -writers not negative, -payload at least 40")
+	if o.Events <= 0 || o.Aggregates <= 0 || o.Payload < 40 || o.Writers < 0 || o.Relays <= 0 || o.ImpactClients <= 0 || o.ImpactRate < 0 {
+		fmt.Fprintln(stderr, "relaybench: -events, -aggregates, -relays and -impact-clients must be positive, -writers and -impact-rate not negative, -payload at least 40")
 		return o, fmt.Errorf("usage")
 	}
 	return o, nil
@@ -182,6 +183,7 @@ func defineFlags(fs *flag.FlagSet, o *Options) listFlags {
 	fs.IntVar(&o.RSSEvents, "rss-events", 0, "events of each -rss drain (default 1,000,000; setting it implies -rss)")
 	fs.BoolVar(&o.Consumer, "consumer", true, "also drain each mode into NATS while a consumer reads the stream (the CPU and allocations table has a row for each)")
 	fs.DurationVar(&o.ImpactFor, "impact-for", 20*time.Second, "length of each run of -phases impact (no relay, then one per mode)")
+	fs.IntVar(&o.ImpactRate, "impact-rate", 0, "the most transactions per second of all -phases impact clients together, e.g. 2000 for the relay's CPU at that rate (0: as fast as the database commits them)")
 	fs.StringVar(&o.ImpactSink, "impact-sink", "nats", "sink of the relays of -phases impact: nats (embedded JetStream) or kafka (kfake)")
 	fs.IntVar(&o.ImpactClients, "impact-clients", 16, "application connections of -phases impact, each committing UPDATE accounts + INSERT INTO outbox transactions in a loop")
 	return l
