@@ -2,7 +2,11 @@
 // through the pipeline to a sink.
 package event
 
-import "time"
+import (
+	"bytes"
+	"strings"
+	"time"
+)
 
 // Event is one outbox row. Events are passed by pointer and must not be
 // modified after the source produced them, so sinks and the pipeline can read
@@ -70,4 +74,21 @@ func (e *Event) Size() int {
 		n += len(k) + len(v) + 32
 	}
 	return n
+}
+
+// Clone returns a copy of e that shares no memory with it, so that keeping
+// the copy does not keep alive the buffers e's values were read into.
+func (e *Event) Clone() *Event {
+	c := *e
+	for _, s := range []*string{&c.ID, &c.AggregateType, &c.AggregateID, &c.OrderKey, &c.EventType, &c.ContentType} {
+		*s = strings.Clone(*s)
+	}
+	c.Payload = bytes.Clone(e.Payload)
+	if e.Headers != nil {
+		c.Headers = make(map[string]string, len(e.Headers))
+		for k, v := range e.Headers {
+			c.Headers[strings.Clone(k)] = strings.Clone(v)
+		}
+	}
+	return &c
 }

@@ -60,6 +60,13 @@ type destState struct {
 	lastOK    time.Time   // last acknowledgement or successful probe; zero: none yet
 	lastErr   error
 	okIn      uint64 // the engine's settles count when a Publish result last had an ack from here
+	// With a capture.Holder source (see held.go): the aggregates held in
+	// the outbox for this destination, the completion their holds wait
+	// for (set when it works again), and the queue whose head, a copy of
+	// a held event, is kept in memory as its probe.
+	keys   []string
+	until  *archiveState
+	probeQ *aggQueue
 }
 
 // DestinationStatus is the state of one destination's breaker.
@@ -143,20 +150,37 @@ func (e *engine) ok(d *destState, probe bool, now time.Time) {
 	if !d.open || !(probe || d.expired) {
 		return
 	}
+	e.close(d, now)
+}
+
+// close closes d's breaker: its held aggregates are released in the order
+// they were held.
+func (e *engine) close(d *destState, now time.Time) {
 	d.open, d.expired = false, false
 	e.broken--
 	e.p.log.Info("destination reachable again: resuming", "destination", rowtext.Value(d.name),
-		"broken_for", now.Sub(d.since).Round(time.Millisecond), "held_aggregates", len(d.waiting))
+		"broken_for", now.Sub(d.since).Round(time.Millisecond), "held_aggregates", len(d.waiting)+len(d.keys))
+	e.unhold(d)
+	e.publishStatus()
+}
+
+// unhold releases d's held aggregates: those in memory are marked ready,
+// those in the outbox are captured again.
+func (e *engine) unhold(d *destState) {
 	for _, q := range d.waiting {
 		q.held = false
 		e.markReady(q)
 	}
 	d.waiting = nil
-	e.publishStatus()
+	e.releaseKeys(d)
 }
 
-// hold keeps q back until d's breaker closes or q's turn to probe comes.
+// hold keeps q back until d's breaker closes or q's turn to probe comes:
+// in memory, or with a capture.Holder source in the outbox (see held.go).
 func (e *engine) hold(d *destState, q *aggQueue) {
+	if e.holder != nil && e.leaveHeld(d, q) {
+		return
+	}
 	q.held = true
 	d.waiting = append(d.waiting, q)
 }
@@ -196,12 +220,8 @@ func (e *engine) expire(now time.Time) {
 		d.expired = true
 		e.p.log.Error("destination broken longer than sink.held_max_age: dead-lettering its held events, and those routed to it until it works",
 			"destination", d.name, "broken_for", now.Sub(d.since).Round(time.Millisecond),
-			"held_aggregates", len(d.waiting), "err", d.lastErr)
-		for _, q := range d.waiting {
-			q.held = false
-			e.markReady(q)
-		}
-		d.waiting = nil
+			"held_aggregates", len(d.waiting)+len(d.keys), "err", d.lastErr)
+		e.unhold(d)
 	}
 }
 

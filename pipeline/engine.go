@@ -82,6 +82,7 @@ type engine struct {
 	perAgg   int              // most events of one aggregate in a Publish call (sink.Ordered)
 	settles  uint64           // Publish results applied; see destState.okIn
 
+	holder    capture.Holder    // the source, when it holds aggregates in the outbox (see held.go)
 	router    sink.Destinations // nil when the sink names no destinations
 	dests     map[string]*destState
 	broken    int // destinations whose breaker is open
@@ -104,6 +105,7 @@ func newEngine(p *Pipeline, ctx context.Context) *engine {
 		nextIdle: time.Now(),
 	}
 	e.router, _ = p.snk.(sink.Destinations)
+	e.holder, _ = p.src.(capture.Holder)
 	e.perAgg = 1
 	if o, ok := p.snk.(sink.Ordered); ok {
 		e.perAgg = max(o.MaxPerAggregate(), 1)
@@ -384,6 +386,8 @@ func (e *engine) settleRun(rn run, batchErr error, off int, now time.Time) {
 	switch {
 	case destLevel && !d.expired:
 		e.hold(d, q)
+	case it.batch == nil:
+		e.dropProbe(d, q, destLevel, now)
 	case destLevel:
 		it.lastErr = fmt.Errorf("destination broken for %s, longer than sink.held_max_age: %w",
 			now.Sub(d.since).Round(time.Second), err)
@@ -431,6 +435,12 @@ func (e *engine) popHead(q *aggQueue, dead *item, now time.Time) {
 	q.items[0] = nil
 	q.items = q.items[1:]
 	bs := it.batch
+	if bs == nil { // a held event's copy, sent as a probe (see held.go)
+		if dead == nil {
+			e.p.stats.Published.Add(1)
+		}
+		return
+	}
 	if dead == nil {
 		bs.outcome.Published = append(bs.outcome.Published, it.ev)
 		e.p.stats.Published.Add(1)
@@ -502,7 +512,7 @@ func (e *engine) abandonAll() {
 	seen := make(map[*batchState]bool)
 	for _, q := range e.queues {
 		for _, it := range q.items {
-			if !seen[it.batch] {
+			if it.batch != nil && !seen[it.batch] {
 				seen[it.batch] = true
 				it.batch.batch.Abandon(context.WithoutCancel(e.ctx))
 			}
@@ -510,7 +520,7 @@ func (e *engine) abandonAll() {
 	}
 	e.queues = map[string]*aggQueue{}
 	for _, d := range e.dests {
-		d.waiting, d.events = nil, 0
+		d.waiting, d.events, d.probeQ = nil, 0, nil
 	}
 	e.ready, e.readyAt, e.retries = nil, 0, nil
 	e.held, e.bytes = 0, 0

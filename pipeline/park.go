@@ -50,8 +50,12 @@ func (a *archiveState) seenBy(gen uint64) bool {
 // parkAggregate leaves every queued event of q and parks its aggregate
 // until the completion of dead, the batch holding its dead event.
 func (e *engine) parkAggregate(q *aggQueue, dead *batchState) {
-	p := &park{wait: []*archiveState{dead.archive}}
-	e.parked[strings.Clone(q.id)] = p // the key may share memory with the batch's events
+	p := e.parked[q.id]
+	if p == nil {
+		p = &park{}
+		e.parked[strings.Clone(q.id)] = p // the key may share memory with the batch's events
+	}
+	p.wait = append(p.wait, dead.archive)
 	for _, it := range q.items {
 		e.leaveParked(p, it)
 	}

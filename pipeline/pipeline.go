@@ -105,7 +105,10 @@ type Stats struct {
 	Ready        atomic.Bool  // false while a destination is broken (see Pipeline.Destinations)
 	Broken       atomic.Int64 // destinations whose breaker is open
 	Capturing    atomic.Bool  // false while the source fails (e.g. Postgres unreachable)
-	publishing   publishing   // Publish calls in flight, for SinkReady
+	// HeldAggregates counts the aggregates whose events are left in the
+	// outbox while their destination is broken (see held.go).
+	HeldAggregates atomic.Int64
+	publishing     publishing // Publish calls in flight, for SinkReady
 }
 
 // Pipeline connects one source to one sink. Run it once.

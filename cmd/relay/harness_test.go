@@ -304,6 +304,11 @@ func (s *stack) producer(ctx context.Context, p, producers, events, aggregates i
 // write commits n events of aggregate agg in one transaction and records
 // them; it returns how many were committed.
 func (s *stack) write(ctx context.Context, agg, n int) (int, error) {
+	return s.writeAs(ctx, agg, n, "step")
+}
+
+// writeAs is write with the events' event_type.
+func (s *stack) writeAs(ctx context.Context, agg, n int, eventType string) (int, error) {
 	name := fmt.Sprintf("order-%d", agg)
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
@@ -315,7 +320,7 @@ func (s *stack) write(ctx context.Context, agg, n int) (int, error) {
 		ids[i], steps[i] = uuid.NewString(), s.nextStep(agg)
 		payload := fmt.Sprintf(`{"aggregate":%q,"step":%d}`, name, steps[i])
 		if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
-			VALUES ($1, 'order', $2, 'step', $3, '{"trace":"t"}')`, ids[i], name, payload); err != nil {
+			VALUES ($1, 'order', $2, $4, $3, '{"trace":"t"}')`, ids[i], name, payload, eventType); err != nil {
 			return 0, err
 		}
 	}

@@ -82,6 +82,8 @@ func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backl
 		func() float64 { return boolFloat(st.SinkReady()) })
 	gauge("destinations_broken", "Destinations the relay holds events for because they fail (auth, ACL, missing topic/queue/stream/route, unreachable).",
 		func() float64 { return float64(st.Broken.Load()) })
+	gauge("held_aggregates", "Aggregates whose events are left in the outbox table while their destination is broken; they are published, in order, when it works again.",
+		func() float64 { return float64(st.HeldAggregates.Load()) })
 	gauge("held_max_age_seconds", "sink.held_max_age: how long a destination may stay broken before its held events are dead-lettered; 0: never.",
 		func() float64 { return heldMaxAge.Seconds() })
 	gauge("capture_ready", "1 while capture works: Postgres answers and accepts the relay's statements.",

@@ -1,0 +1,64 @@
+package capture
+
+import (
+	"maps"
+	"slices"
+	"sync"
+)
+
+// Holder is a Source that lets the pipeline leave the events of an
+// aggregate held by a broken destination in the outbox, rather than in
+// memory, and captures them again when the destination works. Its methods
+// are safe for concurrent use with Next.
+type Holder interface {
+	// Hold notes that the pipeline leaves every event of ordering key key
+	// (event.Event.Key) in the outbox until Release: the source may stop
+	// capturing them. Batches completing with such events left must keep
+	// them in the outbox for good, whatever the source's position.
+	Hold(key string)
+	// Release ends the hold of keys: the rows the pipeline left for them
+	// are captured again, in source order and before any newer row of
+	// theirs, by the batches Next returns when called after Release
+	// returned.
+	Release(keys []string)
+}
+
+// HeldKeys is a set of ordering keys held in the outbox (see Holder). It
+// is safe for concurrent use; the zero value is empty.
+type HeldKeys struct {
+	mu   sync.Mutex
+	keys map[string]struct{}
+}
+
+// Add adds key.
+func (h *HeldKeys) Add(key string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.keys == nil {
+		h.keys = make(map[string]struct{})
+	}
+	h.keys[key] = struct{}{}
+}
+
+// Remove removes keys.
+func (h *HeldKeys) Remove(keys []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, k := range keys {
+		delete(h.keys, k)
+	}
+}
+
+// List returns the keys, never nil.
+func (h *HeldKeys) List() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.AppendSeq(make([]string, 0, len(h.keys)), maps.Keys(h.keys))
+}
+
+// Len returns how many keys are held.
+func (h *HeldKeys) Len() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.keys)
+}
