@@ -105,7 +105,10 @@ func newEngine(p *Pipeline, ctx context.Context) *engine {
 		nextIdle: time.Now(),
 	}
 	e.router, _ = p.snk.(sink.Destinations)
-	e.holder, _ = p.src.(capture.Holder)
+	e.holder = p.opts.Holder
+	if e.holder == nil {
+		e.holder, _ = p.src.(capture.Holder)
+	}
 	e.perAgg = 1
 	if o, ok := p.snk.(sink.Ordered); ok {
 		e.perAgg = max(o.MaxPerAggregate(), 1)

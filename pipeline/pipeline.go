@@ -49,6 +49,11 @@ type Options struct {
 	// completed batch left (neither published nor dead) again, from the
 	// oldest. Default false: the aggregate continues with its next event.
 	ParkAggregate bool
+	// Holder, when set, is the source (which may be wrapped) as a
+	// capture.Holder: a broken destination's events are then left in the
+	// outbox rather than held in memory (see held.go). Default: the source
+	// when it implements capture.Holder itself, else none.
+	Holder capture.Holder
 	// Metrics records histograms and labelled counters; nil records none.
 	Metrics *Metrics
 	// HeldMaxAge is how long a destination may stay broken before its held

@@ -30,7 +30,7 @@ func BenchmarkArchive(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	a := newArchiver(ctx, pool, buildQueries(l, schema.ArchiveDelete, info).archive, 12000)
+	a := newArchiver(ctx, pool, buildQueries(l, schema.ArchiveDelete, info, "s").archive, 12000)
 	const n = 500
 	ids := make([]string, n)
 	b.ReportAllocs()

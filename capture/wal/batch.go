@@ -69,6 +69,9 @@ func (b *batch) Complete(ctx context.Context, o capture.Outcome) error {
 func (b *batch) Abandon(context.Context) {}
 
 func (b *batch) archive(ctx context.Context, o capture.Outcome) error {
+	if err := b.recordLeft(ctx, o); err != nil {
+		return err
+	}
 	published := make([]string, len(o.Published))
 	for i, ev := range o.Published {
 		published[i] = b.storedID(ev)
@@ -114,6 +117,36 @@ func (b *batch) archive(ctx context.Context, o capture.Outcome) error {
 	})
 	if err != nil {
 		return fmt.Errorf("archive %d rows and dead-letter %d: %w", len(published), len(o.Dead)+len(b.bad), err)
+	}
+	return nil
+}
+
+// recordLeft records, when o leaves events of b in the outbox (held for a
+// broken destination, see capture.Holder), that the slot's pending drain
+// covers them, before the slot may be confirmed past them: they are
+// published from the table when their destination works again, or after
+// a restart.
+func (b *batch) recordLeft(ctx context.Context, o capture.Outcome) error {
+	if len(o.Published)+len(o.Dead) >= len(b.events) {
+		return nil
+	}
+	settled := make(map[*event.Event]bool, len(o.Published)+len(o.Dead))
+	for _, ev := range o.Published {
+		settled[ev] = true
+	}
+	for _, d := range o.Dead {
+		settled[d.Event] = true
+	}
+	var top int64
+	for i, ev := range b.events {
+		if !settled[ev] {
+			top = max(top, b.seqs[i])
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, archiveTimeout)
+	defer cancel()
+	if _, err := b.src.opts.Pool.Exec(ctx, b.src.sql.leave, top); err != nil {
+		return fmt.Errorf("record %d rows left in the outbox for the drain: %w", len(b.events)-len(settled), err)
 	}
 	return nil
 }
@@ -273,11 +306,12 @@ func (b *batch) values(ev *event.Event, seq int64) [numFields]*string {
 type queries struct {
 	archive, dropDead, deadLetter, copyDead string
 	unarchived                              string // see unarchivedQuery
+	leave                                   string // schema.Layout.LeaveDrain
 }
 
 // buildQueries builds the archive statements for archive mode mode; values
 // are cast to the outbox column types found by schema.Inspect.
-func buildQueries(l schema.Layout, mode string, info schema.Info) queries {
+func buildQueries(l schema.Layout, mode string, info schema.Info, slot string) queries {
 	// The ids go as text[] and are cast in SQL: pgx encodes a []string for
 	// a text[] parameter directly, while for uuid[] it first tries a plan
 	// that fails, building an error per call.
@@ -295,6 +329,7 @@ func buildQueries(l schema.Layout, mode string, info schema.Info) queries {
 		archive:    l.ArchiveByKey(mode, l.Cols.ID, idType),
 		dropDead:   l.ArchiveByKey(schema.ArchiveDelete, l.Cols.ID, idType),
 		unarchived: unarchivedQuery(l, mode, idType),
+		leave:      l.LeaveDrain(slot),
 		deadLetter: fmt.Sprintf(`INSERT INTO %s (%s, error, error_class, attempts, first_failed_at, last_failed_at)
 			SELECT %s, d.error, d.class, d.attempts, d.first_failed, d.last_failed
 			FROM unnest(%s, $%d::text[], $%d::text[], $%d::int[], $%d::timestamptz[], $%d::timestamptz[])

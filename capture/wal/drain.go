@@ -28,7 +28,7 @@ type drain struct {
 
 func (s *Source) newDrain(ctx context.Context, to int64) (*drain, error) {
 	src, err := claim.New(ctx, claim.Options{Pool: s.opts.Pool, Layout: s.layout, BatchSize: s.opts.BatchSize,
-		MaxBatchBytes: s.opts.MaxBatchBytes, ArchiveMode: s.opts.ArchiveMode, MaxSeq: to, Logger: s.log})
+		MaxBatchBytes: s.opts.MaxBatchBytes, ArchiveMode: s.opts.ArchiveMode, MaxSeq: to, Held: &s.held, Logger: s.log})
 	if err != nil {
 		return nil, fmt.Errorf("drain: %w", err)
 	}

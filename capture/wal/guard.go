@@ -112,13 +112,14 @@ func newGuard(l schema.Layout, archiveMode string) *guard {
 		  coalesce(s.confirmed_flush_lsn::text, ''),
 		  (SELECT CASE WHEN setting::bigint < 0 THEN -1 ELSE pg_size_bytes(setting || coalesce(unit, '')) END
 		     FROM pg_settings WHERE name = 'max_slot_wal_keep_size'),
-		  EXISTS (SELECT 1 FROM %s WHERE true %s)
+		  EXISTS (SELECT 1 FROM %s WHERE %s > coalesce((SELECT drain_to FROM %s WHERE slot = $1), 0) %s)
 		FROM (SELECT 1) one LEFT JOIN pg_replication_slots s ON s.slot_name = $1`,
-			l.Outbox.Ident(), l.Unpublished(archiveMode, ""))}
+			l.Outbox.Ident(), schema.Q(l.Cols.Seq), l.DrainTable().Ident(), l.Unpublished(archiveMode, ""))}
 }
 
 // read reads the slot's state, its confirmed position and whether the
-// outbox holds unpublished rows.
+// outbox holds unpublished rows that the slot's pending drain does not
+// cover (those left for held aggregates wait for the drain, not the slot).
 func (g *guard) read(ctx context.Context, q schema.Querier, slot string) (st SlotState, confirmed string, rows bool, err error) {
 	st.Sampled = true
 	err = q.QueryRow(ctx, g.query, slot).Scan(&st.Exists, &st.Active, &st.WALStatus,

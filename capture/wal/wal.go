@@ -158,6 +158,15 @@ type Source struct {
 	// Used by Next only: at most one of them is set.
 	st    *stream
 	drain *drain
+	// drainedTo is the bound of this run's last drain that ended with
+	// rows of held aggregates left; used by Next only. A pending drain up
+	// to it runs again only after Release.
+	drainedTo int64
+
+	// held are the aggregates the pipeline holds in the outbox (see
+	// Hold); redrain is set by Release until the next drain begins.
+	held    capture.HeldKeys
+	redrain atomic.Bool
 
 	// Used by Next only: the WAL timeline the slot was last seen on, 0
 	// before the slot was first seen.
@@ -207,7 +216,7 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	if err := schema.EnsureArchive(ctx, opts.Pool, l, opts.ArchiveMode, info); err != nil {
 		return nil, err
 	}
-	s := &Source{opts: opts, layout: l, log: opts.Logger, sql: buildQueries(l, opts.ArchiveMode, info), repl: replConfig(opts),
+	s := &Source{opts: opts, log: opts.Logger, layout: l, sql: buildQueries(l, opts.ArchiveMode, info, opts.Slot), repl: replConfig(opts),
 		unsettled: map[*drained]bool{}, recreated: map[string]*atomic.Int64{},
 		lead: newLeadership(opts.Pool.Config().ConnConfig.Copy(), l, opts.Logger)}
 	s.guard = *newGuard(l, opts.ArchiveMode)
@@ -324,6 +333,9 @@ func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
 			b, err := s.st.next(ctx)
 			if err != nil && ctx.Err() == nil {
 				s.st = nil
+				if errors.Is(err, errRedrain) {
+					continue
+				}
 			}
 			return b, err
 		default:
@@ -385,7 +397,7 @@ func (s *Source) start(ctx, term context.Context) error {
 		}
 		pending = false
 	}
-	if pending {
+	if redrain := s.redrain.Swap(false); pending && (redrain || to > s.drainedTo) {
 		if s.drain, err = s.newDrain(ctx, to); err != nil {
 			return err
 		}
@@ -398,6 +410,9 @@ func (s *Source) start(ctx, term context.Context) error {
 		s.enableFailover(ctx)
 	}
 	s.st, err = s.openStream(ctx, term, slot.confirmed)
+	if err == nil && s.redrain.Load() {
+		s.st.fail(errRedrain) // Release ran while the stream opened
+	}
 	return err
 }
 
@@ -412,6 +427,15 @@ func (s *Source) drainNext(ctx, term context.Context) (capture.Batch, error) {
 	}
 	if b != nil {
 		return b, nil
+	}
+	if held := s.held.Len(); held > 0 {
+		// The rows of held aggregates stay: so does the pending drain,
+		// which a restart or Release runs again.
+		s.drainedTo = d.to
+		s.log.Info("outbox backlog published but for the aggregates held for broken destinations; streaming", "slot", s.opts.Slot,
+			"events", d.events, "held_aggregates", held, "took", time.Since(d.began).Round(time.Millisecond))
+		s.endDrain()
+		return nil, nil
 	}
 	if err := finishDrain(ctx, s.opts.Pool, s.layout, s.opts.Slot, d.to); err != nil {
 		return nil, err
@@ -532,6 +556,24 @@ func currentTimeline(ctx context.Context, q schema.Querier) (int64, error) {
 	}
 	return tl, nil
 }
+
+// Hold notes that the pipeline leaves the events of aggregate key in the
+// outbox (see capture.Holder): the batches completed with them left record
+// them in the slot's pending drain, and drains skip them until Release.
+func (s *Source) Hold(key string) { s.held.Add(key) }
+
+// Release ends the hold of keys: the stream ends and Next drains the outbox
+// up to the pending drain's bound, which publishes the rows left for them
+// in seq order, before streaming again from the slot's confirmed position.
+func (s *Source) Release(keys []string) {
+	s.held.Remove(keys)
+	s.redrain.Store(true)
+	if st := s.cur.Load(); st != nil {
+		st.fail(errRedrain)
+	}
+}
+
+var errRedrain = errors.New("aggregates held for a broken destination were released: draining the outbox")
 
 // Leading reports whether this relay is the one streaming (the others
 // stand by). It is safe for concurrent use.

@@ -110,6 +110,7 @@ func (r *Relay) open(ctx context.Context) error {
 		Retry: pipeline.Retry{Initial: cfg.Retry.Initial.D(), Max: cfg.Retry.Max.D(),
 			MaxAttempts: cfg.Retry.MaxAttempts},
 		ParkAggregate:    cfg.DeadLetter.ParkAggregate,
+		Holder:           holderOf(src),
 		HeldMaxAge:       cfg.Sink.HeldMaxAge.D(),
 		MaxInFlight:      window,
 		MaxInFlightBytes: 2 * cfg.Capture.MaxBatchBytes,
@@ -155,6 +156,12 @@ func (r *Relay) Close() {
 	for i := len(r.closers) - 1; i >= 0; i-- {
 		r.closers[i]()
 	}
+}
+
+// holderOf returns src as a capture.Holder (both sources are), or nil.
+func holderOf(src capture.Source) capture.Holder {
+	h, _ := src.(capture.Holder)
+	return h
 }
 
 // recorded wraps src in a recordedSource when the sink records what it

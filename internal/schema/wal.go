@@ -81,3 +81,14 @@ func (l Layout) FillDrain(slot string) string {
   WHERE slot = %s AND drain_to IS NULL RETURNING drain_to`,
 		l.DrainTable().Ident(), Literal(l.Outbox.Ident()), Literal(l.Cols.Seq), Literal(slot))
 }
+
+// LeaveDrain returns the statement recording that outbox rows up to seq $1
+// were left in the outbox behind slot's confirmed position (held for a
+// broken destination): slot's pending drain covers at least them. A
+// pending drain without a bound yet keeps none, since it drains every row
+// there is when it starts.
+func (l Layout) LeaveDrain(slot string) string {
+	return fmt.Sprintf(`INSERT INTO %[1]s AS d (slot, drain_to) VALUES (%[2]s, $1) ON CONFLICT (slot) DO UPDATE
+  SET drain_to = CASE WHEN d.drain_to IS NULL THEN NULL ELSE greatest(d.drain_to, excluded.drain_to) END`,
+		l.DrainTable().Ident(), Literal(slot))
+}

@@ -45,15 +45,20 @@ func buildQueries(l schema.Layout, archiveMode string, park bool, types map[stri
 		}
 		outer = append(outer, col)
 	}
+	// held skips the rows of the ordering keys the pipeline holds in the
+	// outbox (see capture.Holder), the parameter after skip's.
+	held := func(skip int) string {
+		return fmt.Sprintf("AND NOT coalesce(%s = ANY($%d::text[]), false)", c.Key("o"), skip+1)
+	}
 	claimSQL := func(filter string, skip int, size string) string {
 		return fmt.Sprintf(`SELECT %s FROM (
 			SELECT c.*, sum(c.relay_size) OVER (ORDER BY c.c%d ROWS UNBOUNDED PRECEDING) - c.relay_size AS relay_before FROM (
 				SELECT %s, %s AS relay_size FROM %s o
-				WHERE %s > $1 AND %s <= least($2, current_setting('relay.safe')::bigint) %s AND NOT %s = ANY($%d::bigint[]) %s %s
+				WHERE %s > $1 AND %s <= least($2, current_setting('relay.safe')::bigint) %s AND NOT %s = ANY($%d::bigint[]) %s %s %s
 				ORDER BY %s LIMIT $3 FOR UPDATE SKIP LOCKED) c) c
 			WHERE c.relay_before < %d ORDER BY c.c%d`,
 			strings.Join(outer, ", "), colSeq, strings.Join(inner, ", "), size, t,
-			seq, seq, filter, seq, skip, l.Unpublished(archiveMode, "o"), parked, seq, maxBytes, colSeq)
+			seq, seq, filter, seq, skip, l.Unpublished(archiveMode, "o"), parked, held(skip), seq, maxBytes, colSeq)
 	}
 	// skippedSQL returns the statement that follows claimSQL(filter, skip)
 	// in its transaction, with the same parameters: the rows among the
@@ -65,10 +70,10 @@ func buildQueries(l schema.Layout, archiveMode string, park bool, types map[stri
 		return fmt.Sprintf(`SELECT seq, k, top FROM (
 			SELECT c.*, max(c.seq) OVER () AS top FROM (
 				SELECT %s AS seq, %s AS k, o.xmax FROM %s o
-				WHERE %s > $1 AND %s <= least($2, current_setting('relay.safe')::bigint) %s AND NOT %s = ANY($%d::bigint[]) %s %s
+				WHERE %s > $1 AND %s <= least($2, current_setting('relay.safe')::bigint) %s AND NOT %s = ANY($%d::bigint[]) %s %s %s
 				ORDER BY %s LIMIT $3) c) w
 			WHERE w.xmax::text IS DISTINCT FROM (pg_current_xact_id_if_assigned()::text::bigint %% 4294967296)::text`,
-			"o."+seq, c.Key("o"), t, seq, seq, filter, seq, skip, l.Unpublished(archiveMode, "o"), parked, seq)
+			"o."+seq, c.Key("o"), t, seq, seq, filter, seq, skip, l.Unpublished(archiveMode, "o"), parked, held(skip), seq)
 	}
 	return queries{
 		bound: fmt.Sprintf(`SELECT set_config('relay.h', coalesce(pg_sequence_last_value($1::regclass), 0)::text, true)::bigint,
@@ -127,24 +132,25 @@ func claimBytes(c schema.Columns, types map[string]string) string {
 const storedExact = 1024
 
 // claimOf returns the claim of the rows of partitions parts, of n, with
-// seq above cursor and at most bound and the transaction's safe seq, and
-// not in skip, at most limit of them, the statement reading the rows it
-// skipped (see skippedSQL), and their arguments. A claim of one row does
-// not size it (see claimBytes). When parts holds every
-// partition the claim does not compute each row's partition.
-func (q queries) claimOf(parts []int32, n int, cursor, bound int64, limit int, skip []int64) (claim, skipped string, args []any) {
+// seq above cursor and at most bound and the transaction's safe seq, not
+// in skip and not of an ordering key in held, at most limit of them, the
+// statement reading the rows it skipped (see skippedSQL), and their
+// arguments. A claim of one row does not size it (see claimBytes). When
+// parts holds every partition the claim does not compute each row's
+// partition.
+func (q queries) claimOf(parts []int32, n int, cursor, bound int64, limit int, skip []int64, held []string) (claim, skipped string, args []any) {
 	if coversAll(parts, n) {
 		claim = q.claimAll
 		if limit == 1 {
 			claim = q.claimOneAll
 		}
-		return claim, q.skippedAll, []any{cursor, bound, limit, skip}
+		return claim, q.skippedAll, []any{cursor, bound, limit, skip, held}
 	}
 	claim = q.claim
 	if limit == 1 {
 		claim = q.claimOne
 	}
-	return claim, q.skipped, []any{cursor, bound, limit, n, parts, skip}
+	return claim, q.skipped, []any{cursor, bound, limit, n, parts, skip, held}
 }
 
 // archiveOf returns the statement archiving the rows of seqs, not empty,
@@ -232,7 +238,7 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 	limit := s.claimLimit()
 	var r readings
 	br := s.prepare(&r, limit)
-	sql, skippedSQL, args := s.sql.claimOf(s.lease.owned, s.opts.Partitions, s.cursor, bound, limit, s.flight.above(s.cursor))
+	sql, skippedSQL, args := s.sql.claimOf(s.lease.owned, s.opts.Partitions, s.cursor, bound, limit, s.flight.above(s.cursor), s.heldKeys.List())
 	br.Queue(sql, args...).
 		Query(func(rows pgx.Rows) error {
 			for rows.Next() {

@@ -27,7 +27,7 @@ func TestClaimOfPartitions(t *testing.T) {
 		{[]int32{0, 1, 2, 3, 3}, false},
 		{nil, true},
 	} {
-		claim, skipped, args := q.claimOf(tc.parts, 4, 10, 20, 500, []int64{})
+		claim, skipped, args := q.claimOf(tc.parts, 4, 10, 20, 500, []int64{}, []string{})
 		for _, sql := range []string{claim, skipped} {
 			if got := strings.Contains(sql, "hashtext"); got != tc.filtered {
 				t.Errorf("parts %v of 4: filtered %v, want %v", tc.parts, got, tc.filtered)

@@ -77,6 +77,10 @@ type Options struct {
 	ArchiveMode                          string
 	ParkAggregates                       bool
 	Logger                               *slog.Logger
+	// Held, when set, is the set of ordering keys whose rows claims skip
+	// (see Hold); wal capture shares its own with its drains. Default: the
+	// source's own set.
+	Held *capture.HeldKeys
 	// MaxSeq, when above zero, bounds the claims to rows with seq ≤ MaxSeq,
 	// and Next returns ErrDrained once they are all claimed.
 	// wal capture drains the rows older than its slot this way. Default 0:
@@ -125,19 +129,20 @@ const (
 // Source is a capture.Source that claims rows from the outbox table. Next
 // must be called from one goroutine; batches may be completed from others.
 type Source struct {
-	opts    Options
-	log     *slog.Logger
-	info    schema.Info
-	sql     queries
-	lease   leases
-	marks   watermarks
-	flight  inFlight    // rows of batches not settled yet
-	cursor  int64       // claims continue after this seq until reset
-	rewind  atomic.Bool // set when rows below cursor may be claimable again
-	idle    bool        // the last claim did not fill a batch
-	few     bool        // the last claim found rows, fewer than fillRows
-	blocked bool        // the last claim was held back by an open writer
-	quiet   int         // claims in a row that found nothing
+	opts     Options
+	log      *slog.Logger
+	info     schema.Info
+	sql      queries
+	lease    leases
+	marks    watermarks
+	flight   inFlight          // rows of batches not settled yet
+	heldKeys *capture.HeldKeys // see Hold
+	cursor   int64             // claims continue after this seq until reset
+	rewind   atomic.Bool       // set when rows below cursor may be claimable again
+	idle     bool              // the last claim did not fill a batch
+	few      bool              // the last claim found rows, fewer than fillRows
+	blocked  bool              // the last claim was held back by an open writer
+	quiet    int               // claims in a row that found nothing
 	// heldSince is when the current run of empty claims held back by open
 	// writers began; zero outside such a run.
 	heldSince time.Time
@@ -201,7 +206,11 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 		return nil, err
 	}
 	s := &Source{opts: opts, log: opts.Logger, info: info, sql: buildQueries(opts.Layout, opts.ArchiveMode, opts.ParkAggregates, info.Types, opts.MaxBatchBytes),
-		gapAt: 1} // as if a seq had been missing for long: the first claim reads the open writers
+		gapAt:    1, // as if a seq had been missing for long: the first claim reads the open writers
+		heldKeys: opts.Held}
+	if s.heldKeys == nil {
+		s.heldKeys = new(capture.HeldKeys)
+	}
 	s.lease = leases{keys: newLockKeys(opts.Layout.Outbox.String()), n: opts.Partitions, log: opts.Logger,
 		onGained: func() { s.rewind.Store(true) }}
 	return s, nil

@@ -1,0 +1,13 @@
+package claim
+
+// Hold notes that the pipeline leaves the events of ordering key key in the
+// outbox (see capture.Holder): claims skip its rows until Release.
+func (s *Source) Hold(key string) { s.heldKeys.Add(key) }
+
+// Release ends the hold of keys: their rows are claimable again, and the
+// next claim looks from the first seq, so they are claimed before any
+// newer row of theirs.
+func (s *Source) Release(keys []string) {
+	s.heldKeys.Remove(keys)
+	s.rewind.Store(true)
+}
