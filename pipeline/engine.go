@@ -83,6 +83,7 @@ type engine struct {
 	settles  uint64           // Publish results applied; see destState.okIn
 
 	holder    capture.Holder    // the source, when it holds aggregates in the outbox (see held.go)
+	keyBytes  int               // the held keys' bytes, see maxHeldKeyBytes
 	router    sink.Destinations // nil when the sink names no destinations
 	dests     map[string]*destState
 	broken    int // destinations whose breaker is open

@@ -25,6 +25,9 @@ import (
 // for d; q's head stays in memory, as a copy, when d has no probe yet (or
 // q is its probe). It reports whether q is empty and gone.
 func (e *engine) leaveHeld(d *destState, q *aggQueue) bool {
+	if !e.mayHold(d, q.id) {
+		return false
+	}
 	p := e.holdKey(d, q.id)
 	keep := 0
 	if d.probeQ == nil || d.probeQ == q {
@@ -51,6 +54,24 @@ func (e *engine) leaveHeld(d *destState, q *aggQueue) bool {
 	return false
 }
 
+// maxHeldKeyBytes bounds the keys of the aggregates held in the outbox
+// (their length plus heldKeyOverhead each), about 10,000 aggregates of
+// short keys: the engine and the source keep them, and poll claims send
+// them. Beyond it further aggregates are held in memory, in the window.
+const maxHeldKeyBytes = 1 << 20
+
+// heldKeyOverhead is what one held key counts besides its bytes.
+const heldKeyOverhead = 64
+
+// mayHold reports whether aggregate key may be held in the outbox for d:
+// it already is, or the held keys have room for it.
+func (e *engine) mayHold(d *destState, key string) bool {
+	if p := e.parked[key]; p != nil && d.until != nil && slices.Contains(p.wait, d.until) {
+		return true
+	}
+	return e.keyBytes+len(key)+heldKeyOverhead <= maxHeldKeyBytes
+}
+
 // holdKey parks aggregate key until d works again and tells the source,
 // once per hold; it returns the park.
 func (e *engine) holdKey(d *destState, key string) *park {
@@ -65,6 +86,7 @@ func (e *engine) holdKey(d *destState, key string) *park {
 	if !slices.Contains(p.wait, d.until) {
 		p.wait = append(p.wait, d.until)
 		d.keys = append(d.keys, strings.Clone(key))
+		e.keyBytes += len(key) + heldKeyOverhead
 		e.holder.Hold(d.keys[len(d.keys)-1])
 		e.p.stats.HeldAggregates.Add(1)
 	}
@@ -80,6 +102,9 @@ func (e *engine) releaseKeys(d *destState) {
 		return
 	}
 	e.holder.Release(d.keys)
+	for _, k := range d.keys {
+		e.keyBytes -= len(k) + heldKeyOverhead
+	}
 	e.p.stats.HeldAggregates.Add(-int64(len(d.keys)))
 	d.until.gen.Store(e.p.completed.Add(1))
 	d.keys, d.until = nil, nil

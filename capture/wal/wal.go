@@ -428,9 +428,11 @@ func (s *Source) drainNext(ctx, term context.Context) (capture.Batch, error) {
 	if b != nil {
 		return b, nil
 	}
-	if held := s.held.Len(); held > 0 {
+	if held := s.held.Len(); held > 0 || s.redrain.Load() {
 		// The rows of held aggregates stay: so does the pending drain,
-		// which a restart or Release runs again.
+		// which a restart or Release runs again. (Release sets redrain
+		// before it removes keys, so a pass that missed released rows
+		// keeps it too.)
 		s.drainedTo = d.to
 		s.log.Info("outbox backlog published but for the aggregates held for broken destinations; streaming", "slot", s.opts.Slot,
 			"events", d.events, "held_aggregates", held, "took", time.Since(d.began).Round(time.Millisecond))
@@ -566,8 +568,8 @@ func (s *Source) Hold(key string) { s.held.Add(key) }
 // up to the pending drain's bound, which publishes the rows left for them
 // in seq order, before streaming again from the slot's confirmed position.
 func (s *Source) Release(keys []string) {
-	s.held.Remove(keys)
 	s.redrain.Store(true)
+	s.held.Remove(keys)
 	if st := s.cur.Load(); st != nil {
 		st.fail(errRedrain)
 	}
