@@ -66,6 +66,7 @@ var metrics = map[string]struct{ pending, histogram bool }{
 	"relay_destinations_broken":                     {},
 	"relay_destination_broken_seconds":              {},
 	"relay_held_max_age_seconds":                    {},
+	"relay_held_aggregates":                         {},
 }
 
 // knownMetric reports whether a series name in an expression is one of
