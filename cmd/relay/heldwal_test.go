@@ -3,55 +3,25 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/outboxrelay/relay/internal/verify"
 )
 
-// routeReceiver is a webhook receiver for a URL per event_type that
-// answers 404 on one event type's URL while broken is set, and records
-// every other delivery in arrival order.
-type routeReceiver struct {
-	*httptest.Server
+// heldRoute is a webhook receiver with a URL per event_type whose URL of
+// event type "gone" answers 404 while broken is set; the receiver behind it
+// records every other delivery.
+type heldRoute struct {
+	*refusingReceiver
 	broken  atomic.Bool
 	refused atomic.Int64
-	mu      sync.Mutex
-	ds      []verify.Delivery
-}
-
-func startRouteReceiver(t *testing.T, brokenType string) *routeReceiver {
-	rc := &routeReceiver{}
-	rc.broken.Store(true)
-	rc.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		if r.URL.Path == "/events/"+brokenType && rc.broken.Load() {
-			rc.refused.Add(1)
-			http.NotFound(w, r)
-			return
-		}
-		rc.mu.Lock()
-		rc.ds = append(rc.ds, payloadDelivery(r.Header.Get("message_id"), r.Header.Get("aggregate_id"), body))
-		rc.mu.Unlock()
-	}))
-	t.Cleanup(rc.Close)
-	return rc
-}
-
-func (rc *routeReceiver) deliveries() []verify.Delivery {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	return append([]verify.Delivery(nil), rc.ds...)
 }
 
 // count returns how many deliveries are of aggregates held reports.
-func (rc *routeReceiver) count(held func(aggregate string) bool) int {
+func (rc *heldRoute) count(held func(aggregate string) bool) int {
 	n := 0
 	for _, d := range rc.deliveries() {
 		if held(d.AggregateID) {
@@ -61,13 +31,22 @@ func (rc *routeReceiver) count(held func(aggregate string) bool) int {
 	return n
 }
 
-// heldStack returns a stack in mode whose webhook URL is one per
-// event_type, the one of event type "gone" answering 404 while rc.broken
-// is set; probes back off to at most 1s.
-func heldStack(t *testing.T, mode string) (*stack, *routeReceiver) {
-	rc := startRouteReceiver(t, "gone")
+// heldStack returns a stack in mode publishing to a heldRoute, broken at
+// first; probes back off to at most 1s.
+func heldStack(t *testing.T, mode string) (*stack, *heldRoute) {
+	rc := &heldRoute{refusingReceiver: startRefusingReceiver(t, func(string) (int, string) { return 0, "" })}
+	rc.broken.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/events/gone" && rc.broken.Load() {
+			rc.refused.Add(1)
+			http.NotFound(w, r)
+			return
+		}
+		rc.Config.Handler.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
 	s := newStack(t, stackOptions{Mode: mode, Collect: rc.deliveries,
-		Sink:  fmt.Sprintf("sink:\n  type: webhook\n  webhook:\n    url: %s/events/{event_type}\n", rc.URL),
+		Sink:  fmt.Sprintf("sink:\n  type: webhook\n  webhook:\n    url: %s/events/{event_type}\n", srv.URL),
 		Extra: "retry:\n  initial: 100ms\n  max: 1s\n"})
 	return s, rc
 }
