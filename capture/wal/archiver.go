@@ -8,38 +8,43 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/outboxrelay/relay/internal/wait"
 )
 
 // archiver archives published rows for all batches of a source, grouping
 // the batches completed while an archive statement runs, or within
 // archiveLinger of the runner's last statement, into the next one (group
-// commit): a stream of small transactions then costs at most
-// maxArchivers/archiveLinger archive commits per second, not one per
-// batch, which leaves the database's CPU and WAL flushes to the
-// application. Archiving is off the publish path: it only delays the
-// slot's confirmed position. At most maxArchivers statements run at once.
-// Safe for concurrent use.
+// commit): a stream of small transactions then costs an archive statement
+// and commit per archiveLinger, not one per batch, which leaves the
+// database's CPU and WAL flushes to the application and saves the relay a
+// round trip per batch. Archiving is off the publish path: it only delays
+// the slot's confirmed position. One statement runs at a time, and a
+// second one only while enough rows (a batch's worth) wait, so that a
+// backlog's archives overlap. Safe for concurrent use.
 type archiver struct {
-	pool  *pgxpool.Pool
-	query string // archives the rows whose ids are in $1
-	limit int    // the most ids in one statement
-	ctx   context.Context
-	wg    sync.WaitGroup // the running statements
+	pool   *pgxpool.Pool
+	query  string // archives the rows whose ids are in $1
+	limit  int    // the most ids in one statement
+	enough int    // queued ids that start a statement without lingering
+	ctx    context.Context
+	wg     sync.WaitGroup // the running statements
+	kick   chan struct{}  // signalled when enough ids are queued
 
 	mu      sync.Mutex
 	queue   []*archiveReq
+	rows    int // ids queued
 	running int
 }
 
 // maxArchivers bounds the archive statements running at once: two keep
-// one statement's round trip and commit overlapping the next one's work.
+// one statement's round trip and commit overlapping the next one's work
+// while a backlog drains.
 const maxArchivers = 2
 
 // archiveLinger is the least time between the starts of one runner's
-// statements, unless a full group (the limit) is waiting.
-const archiveLinger = 2 * time.Millisecond
+// statements, unless enough ids are waiting. It bounds how long a
+// published row waits for its archive while rows keep coming, and so how
+// many published events a crash publishes again.
+const archiveLinger = 20 * time.Millisecond
 
 type archiveReq struct {
 	ids  []string
@@ -47,9 +52,11 @@ type archiveReq struct {
 	done chan error // buffered
 }
 
-// newArchiver returns an archiver whose statements run until ctx ends.
-func newArchiver(ctx context.Context, pool *pgxpool.Pool, query string, limit int) *archiver {
-	return &archiver{pool: pool, query: query, limit: limit, ctx: ctx}
+// newArchiver returns an archiver whose statements run until ctx ends,
+// each archiving at most limit ids; a queue of enough ids starts a
+// statement at once.
+func newArchiver(ctx context.Context, pool *pgxpool.Pool, query string, limit, enough int) *archiver {
+	return &archiver{pool: pool, query: query, limit: limit, enough: min(enough, limit), ctx: ctx, kick: make(chan struct{}, 1)}
 }
 
 // wait waits for the running statements; cancel the archiver's context
@@ -62,9 +69,13 @@ func (a *archiver) archive(ctx context.Context, ids []string, xids []uint32) err
 	req := &archiveReq{ids: ids, xids: xids, done: make(chan error, 1)}
 	a.mu.Lock()
 	a.queue = append(a.queue, req)
-	if a.running < maxArchivers {
+	a.rows += len(ids)
+	switch {
+	case a.running == 0 || a.running < maxArchivers && a.rows >= a.enough:
 		a.running++
 		a.wg.Go(a.run)
+	case a.rows >= a.enough:
+		signal(a.kick)
 	}
 	a.mu.Unlock()
 	select {
@@ -76,7 +87,8 @@ func (a *archiver) archive(ctx context.Context, ids []string, xids []uint32) err
 }
 
 // run archives queued requests, as many per statement as the limit allows,
-// until the queue is empty.
+// until the queue is empty, waiting archiveLinger between statements for
+// more to gather unless enough are waiting.
 func (a *archiver) run() {
 	for {
 		start := time.Now()
@@ -94,27 +106,34 @@ func (a *archiver) run() {
 		for _, r := range group {
 			r.done <- err
 		}
-		// Let batches gather for the next statement.
-		if rest := archiveLinger - time.Since(start); rest > 0 && !a.full() {
-			if err := wait.Sleep(a.ctx, rest); err != nil {
-				a.fail(err)
-				return
-			}
+		if err := a.linger(archiveLinger - time.Since(start)); err != nil {
+			a.fail(err)
+			return
 		}
 	}
 }
 
-// full reports whether a full group is waiting.
-func (a *archiver) full() bool {
+// linger waits d, or until enough ids are queued, or the archiver's
+// context ends (an error).
+func (a *archiver) linger(d time.Duration) error {
+	if d <= 0 || a.ready() {
+		return a.ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-a.kick:
+	case <-a.ctx.Done():
+	}
+	return a.ctx.Err()
+}
+
+// ready reports whether enough ids are queued to start a statement.
+func (a *archiver) ready() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	rows := 0
-	for _, r := range a.queue {
-		if rows += len(r.ids); rows >= a.limit {
-			return true
-		}
-	}
-	return false
+	return a.rows >= a.enough
 }
 
 // fail fails every queued request with err and counts the runner out.
@@ -124,7 +143,7 @@ func (a *archiver) fail(err error) {
 	for _, r := range a.queue {
 		r.done <- err
 	}
-	a.queue = nil
+	a.queue, a.rows = nil, 0
 	a.running--
 }
 
@@ -143,6 +162,7 @@ func (a *archiver) take() []*archiveReq {
 	}
 	group := a.queue[:n:n]
 	a.queue = a.queue[n:]
+	a.rows -= rows
 	return group
 }
 

@@ -225,7 +225,7 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	}
 	bg, stop := context.WithCancel(context.Background())
 	s.stop = stop
-	s.arch = newArchiver(bg, opts.Pool, s.sql.archive, maxUnarchivedBatches*opts.BatchSize)
+	s.arch = newArchiver(bg, opts.Pool, s.sql.archive, maxUnarchivedBatches*opts.BatchSize, opts.BatchSize)
 	s.wg.Go(func() { s.lead.run(bg) })
 	s.wg.Go(func() { s.watchSlot(bg) })
 	return s, nil
@@ -302,7 +302,7 @@ func replConfig(opts Options) *pgconn.Config {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
 	}
 	c.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
-		return pgproto3.NewFrontend(bufio.NewReaderSize(r, replReadBuffer), w)
+		return pgproto3.NewFrontend(bufio.NewReaderSize(&pacedReader{r: r}, replReadBuffer), w)
 	}
 	return c
 }
@@ -313,6 +313,37 @@ func replConfig(opts Options) *pgconn.Config {
 // connection is never used directly (SyncConn, Hijack), which would miss
 // what the buffer holds.
 const replReadBuffer = 64 << 10
+
+// replReadPace is the least time between a small read from the
+// replication socket (under replSmallRead bytes: the stream is light and
+// the relay caught up) and the next read. While small transactions stream,
+// one read then takes every message that arrived within it, instead of the
+// relay waking up for each commit's few messages. After a larger read the
+// next follows at once, so a backlog streams at full speed, and the first
+// message after a pause is read as it arrives.
+const replReadPace = batchLinger
+
+// replSmallRead is the size of a read under which the next one is paced.
+const replSmallRead = replReadBuffer / 8
+
+// pacedReader reads from r at most once per replReadPace after a small
+// read. It is used by the connection's one reader.
+type pacedReader struct {
+	r    io.Reader
+	next time.Time // no read before then
+}
+
+func (p *pacedReader) Read(b []byte) (int, error) {
+	if d := time.Until(p.next); d > 0 {
+		time.Sleep(d)
+	}
+	n, err := p.r.Read(b)
+	p.next = time.Time{}
+	if n < replSmallRead {
+		p.next = time.Now().Add(replReadPace)
+	}
+	return n, err
+}
 
 // Next returns the next batch: drained rows while a drain is pending, then
 // the stream's. It waits while another relay leads. After the stream ended
