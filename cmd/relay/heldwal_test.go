@@ -32,8 +32,9 @@ func (rc *heldRoute) count(held func(aggregate string) bool) int {
 }
 
 // heldStack returns a stack in mode publishing to a heldRoute, broken at
-// first; probes back off to at most 1s.
-func heldStack(t *testing.T, mode string) (*stack, *heldRoute) {
+// first, with YAML sinkExtra in its sink block; probes back off to at most
+// 1s.
+func heldStack(t *testing.T, mode, sinkExtra string) (*stack, *heldRoute) {
 	rc := &heldRoute{refusingReceiver: startRefusingReceiver(t, func(string) (int, string) { return 0, "" })}
 	rc.broken.Store(true)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -46,7 +47,7 @@ func heldStack(t *testing.T, mode string) (*stack, *heldRoute) {
 	}))
 	t.Cleanup(srv.Close)
 	s := newStack(t, stackOptions{Mode: mode, Collect: rc.deliveries,
-		Sink:  fmt.Sprintf("sink:\n  type: webhook\n  webhook:\n    url: %s/events/{event_type}\n", srv.URL),
+		Sink:  fmt.Sprintf("sink:\n  type: webhook\n%s  webhook:\n    url: %s/events/{event_type}\n", sinkExtra, srv.URL),
 		Extra: "retry:\n  initial: 100ms\n  max: 1s\n"})
 	return s, rc
 }
@@ -96,7 +97,7 @@ func (s *stack) slotLag(ctx context.Context) int64 {
 // aggregates that waited behind them, are delivered in per-aggregate
 // order with the row ids as message ids, and archived.
 func TestHeldRouteKeepsNoWAL(t *testing.T) {
-	s, rc := heldStack(t, "wal")
+	s, rc := heldStack(t, "wal", "")
 	ctx := context.Background()
 	relay := s.start()
 	aggs, held := heldAggregates(10)
@@ -143,7 +144,7 @@ func TestHeldRouteKeepsNoWAL(t *testing.T) {
 func TestHeldBacklogLeavesOthers(t *testing.T) {
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
-			s, rc := heldStack(t, mode)
+			s, rc := heldStack(t, mode, "")
 			ctx := context.Background()
 			const aggregates, steps = 500, 30
 			if _, err := s.pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
@@ -201,7 +202,7 @@ func TestHeldBacklogLeavesOthers(t *testing.T) {
 func TestHeldRouteKill9(t *testing.T) {
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
-			s, rc := heldStack(t, mode)
+			s, rc := heldStack(t, mode, "")
 			ctx := context.Background()
 			aggs, held := heldAggregates(20)
 			others := func(a string) bool { return !held(a) }
@@ -227,6 +228,42 @@ func TestHeldRouteKill9(t *testing.T) {
 				t.Fatalf("exit %d", code)
 			}
 			t.Logf("%s: %d deliveries, %d of the held aggregates, after two kill -9", mode, len(rc.deliveries()), rc.count(held))
+		})
+	}
+}
+
+// TestHeldMaxAgeFromTable: with sink.held_max_age 3s, the events of a route
+// that stays broken wait in the outbox table, and once it has been broken
+// that long they are read again and dead-lettered with the reason, each
+// once (the copy kept as the probe is not dead-lettered twice), while the
+// newer events of their aggregates, to a working route, are then
+// delivered. Both capture modes.
+func TestHeldMaxAgeFromTable(t *testing.T) {
+	for _, mode := range []string{"poll", "wal"} {
+		t.Run(mode, func(t *testing.T) {
+			s, rc := heldStack(t, mode, "  held_max_age: 3s\n")
+			ctx := context.Background()
+			aggs, held := heldAggregates(4)
+			relay := s.start()
+			s.writeHeld(ctx, aggs)
+			waitFor(t, func() bool { return s.deadLetters() == 2*len(aggs) && rc.count(held) == 2*len(aggs) })
+			if n := s.outboxRows(); n != 0 {
+				t.Errorf("%d rows left in the outbox", n)
+			}
+			var reason string
+			if err := s.pool.QueryRow(ctx, `SELECT min(error) FROM outbox_dead_letter`).Scan(&reason); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(reason, "sink.held_max_age") {
+				t.Errorf("dead letter reason %q", reason)
+			}
+			if code := relay.stop(t, 15*time.Second); code != 0 {
+				t.Fatalf("exit %d", code)
+			}
+			if n := s.deadLetters(); n != 2*len(aggs) {
+				t.Errorf("%d dead letters, want %d", n, 2*len(aggs))
+			}
+			t.Logf("%s: %d events dead-lettered after sink.held_max_age, %d newer ones delivered", mode, s.deadLetters(), rc.count(held))
 		})
 	}
 }
