@@ -45,6 +45,28 @@ type Outcome struct {
 	Dead []DeadEvent
 }
 
+// Left returns the indexes of the events of evs, a batch's events, that o
+// neither published nor dead-lettered: they stay in the outbox.
+func (o Outcome) Left(evs []*event.Event) []int {
+	if len(o.Published)+len(o.Dead) >= len(evs) {
+		return nil
+	}
+	settled := make(map[*event.Event]bool, len(o.Published)+len(o.Dead))
+	for _, ev := range o.Published {
+		settled[ev] = true
+	}
+	for _, d := range o.Dead {
+		settled[d.Event] = true
+	}
+	var left []int
+	for i, ev := range evs {
+		if !settled[ev] {
+			left = append(left, i)
+		}
+	}
+	return left
+}
+
 // DeadEvent is an event that goes to the dead-letter table.
 type DeadEvent struct {
 	Event    *event.Event

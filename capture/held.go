@@ -49,6 +49,14 @@ func (h *HeldKeys) Remove(keys []string) {
 	}
 }
 
+// Has reports whether key is held.
+func (h *HeldKeys) Has(key string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, ok := h.keys[key]
+	return ok
+}
+
 // List returns the keys, never nil.
 func (h *HeldKeys) List() []string {
 	h.mu.Lock()

@@ -127,26 +127,18 @@ func (b *batch) archive(ctx context.Context, o capture.Outcome) error {
 // published from the table when their destination works again, or after
 // a restart.
 func (b *batch) recordLeft(ctx context.Context, o capture.Outcome) error {
-	if len(o.Published)+len(o.Dead) >= len(b.events) {
+	left := o.Left(b.events)
+	if len(left) == 0 {
 		return nil
 	}
-	settled := make(map[*event.Event]bool, len(o.Published)+len(o.Dead))
-	for _, ev := range o.Published {
-		settled[ev] = true
-	}
-	for _, d := range o.Dead {
-		settled[d.Event] = true
-	}
 	var top int64
-	for i, ev := range b.events {
-		if !settled[ev] {
-			top = max(top, b.seqs[i])
-		}
+	for _, i := range left {
+		top = max(top, b.seqs[i])
 	}
 	ctx, cancel := context.WithTimeout(ctx, archiveTimeout)
 	defer cancel()
 	if _, err := b.src.opts.Pool.Exec(ctx, b.src.sql.leave, top); err != nil {
-		return fmt.Errorf("record %d rows left in the outbox for the drain: %w", len(b.events)-len(settled), err)
+		return fmt.Errorf("record %d rows left in the outbox for the drain: %w", len(left), err)
 	}
 	return nil
 }

@@ -484,16 +484,28 @@ func fill(ev *event.Event, id, aggType, aggID, evType *string, headers []byte, c
 // Complete archives the published rows and moves the dead ones to the
 // dead-letter table in one short transaction. When it fails, or when the
 // pipeline left rows in the outbox (neither published nor dead, see
-// dead_letter.park_aggregate), the next claim starts from the first seq
+// dead_letter.park_aggregate) of aggregates it does not hold (see Hold:
+// Release looks again for those), the next claim starts from the first seq
 // again, so those rows are claimed again before any newer row of their
 // aggregates.
 func (b *batch) Complete(ctx context.Context, o capture.Outcome) error {
 	err := b.complete(ctx, o)
 	b.s.flight.remove(b.seqs, b.bytes)
-	if err != nil || len(o.Published)+len(o.Dead) < len(b.events) {
+	if err != nil || b.leftUnheld(o) {
 		b.s.rewind.Store(true)
 	}
 	return err
+}
+
+// leftUnheld reports whether o leaves events of b in the outbox whose
+// aggregates are not held.
+func (b *batch) leftUnheld(o capture.Outcome) bool {
+	for _, i := range o.Left(b.events) {
+		if !b.s.heldKeys.Has(b.events[i].Key()) {
+			return true
+		}
+	}
+	return false
 }
 
 func (b *batch) complete(ctx context.Context, o capture.Outcome) error {
