@@ -16,7 +16,7 @@ const noIndex = `outbox table public.outbox has no index on `
 // to run; after relay init neither does.
 func TestMissingPollIndexWarned(t *testing.T) {
 	s := newStack(t, stackOptions{NoInit: true})
-	fix := `fix: CREATE INDEX CONCURRENTLY IF NOT EXISTS "outbox_relay_seq_idx" ON "public"."outbox" ("seq")`
+	fix := `fix: CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS "outbox_relay_seq_idx" ON "public"."outbox" ("seq")`
 	out, _ := runRelay(t, "check", "--config", s.cfgPath)
 	if strings.Count(out, "WARN  "+noIndex+`"seq"`) != 1 || !strings.Contains(out, fix) {
 		t.Errorf("relay check: want one warning %q with %q\n%s", noIndex, fix, out)

@@ -394,7 +394,7 @@ func (b *bench) scaling(ctx context.Context) error {
 // plainOutboxDDL is the outbox of docs/reference.md with poll's index and no
 // trigger: what the application's commit rate is measured on.
 const plainOutboxDDL = testenv.ContractOutbox + `;
-CREATE INDEX outbox_relay_seq_idx ON outbox (seq)`
+CREATE UNIQUE INDEX outbox_relay_seq_idx ON outbox (seq)`
 
 // kafkaDrain drains a backlog in mode into kfake, in a database of its
 // own; a build that rejects the combination is recorded as unavailable.

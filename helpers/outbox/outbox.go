@@ -83,7 +83,7 @@ const TableDDL = `CREATE TABLE IF NOT EXISTS public.outbox (
 // DDL is TableDDL and an index on seq for the relay's poll mode (the index
 // `relay init` creates too).
 const DDL = TableDDL + `;
-CREATE INDEX IF NOT EXISTS outbox_relay_seq_idx ON public.outbox (seq);
+CREATE UNIQUE INDEX IF NOT EXISTS outbox_relay_seq_idx ON public.outbox (seq);
 `
 
 // CreateTable runs DDL with db. Run it once, at startup or in a migration:

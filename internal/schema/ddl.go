@@ -74,9 +74,14 @@ func ensureOrderColumn(ctx context.Context, q Querier, l Layout, what string, t 
 	return nil
 }
 
-// pollIndex serves the poll query (WHERE seq <= $1 ORDER BY seq).
+// pollIndex serves the poll query (WHERE seq <= $1 ORDER BY seq). It is
+// UNIQUE, which lets poll capture raise its watermark over visible seqs
+// without reading pg_locks (capture/internal/claim): an application's row
+// with an explicit seq cannot then take the seq of an open writer. An
+// existing non-unique index of that name is kept; claims then read the
+// open writers on every poll.
 func (l Layout) pollIndex() index {
-	return index{table: l.Outbox, suffix: "_relay_seq_idx", def: "(" + Q(l.Cols.Seq) + ")"}
+	return index{table: l.Outbox, suffix: "_relay_seq_idx", def: "(" + Q(l.Cols.Seq) + ")", unique: true}
 }
 
 // CreatePollIndex returns the statement creating the index that serves the

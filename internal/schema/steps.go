@@ -35,6 +35,7 @@ type index struct {
 	table  Table
 	suffix string
 	def    string // column list and predicate, e.g. ("seq") WHERE ...
+	unique bool
 }
 
 func (ix index) name() string { return derived(ix.table.Name, ix.suffix) }
@@ -43,11 +44,14 @@ func (ix index) name() string { return derived(ix.table.Name, ix.suffix) }
 // existing table the application writes to), plain otherwise (a table
 // created in the same transaction).
 func (ix index) create(concurrently bool) string {
-	c := ""
+	c, u := "", ""
 	if concurrently {
 		c = "CONCURRENTLY "
 	}
-	return fmt.Sprintf(`CREATE INDEX %sIF NOT EXISTS %s ON %s %s`, c, Q(ix.name()), ix.table.Ident(), ix.def)
+	if ix.unique {
+		u = "UNIQUE "
+	}
+	return fmt.Sprintf(`CREATE %sINDEX %sIF NOT EXISTS %s ON %s %s`, u, c, Q(ix.name()), ix.table.Ident(), ix.def)
 }
 
 // step returns the step building the index concurrently, after dropping

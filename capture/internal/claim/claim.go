@@ -20,7 +20,7 @@ import (
 
 // queries are the source's SQL, built once with quoted identifiers.
 type queries struct {
-	bound, lockWork, claim, claimAll, claimOne, claimOneAll, skipped, skippedAll, archive, archiveRange, deadLetter, dropDead string
+	bound, boundOnly, lockWork, claim, claimAll, claimOne, claimOneAll, skipped, skippedAll, archive, archiveRange, deadLetter, dropDead string
 }
 
 func buildQueries(l schema.Layout, archiveMode string, park bool, types map[string]string, maxBytes int) queries {
@@ -75,12 +75,18 @@ func buildQueries(l schema.Layout, archiveMode string, park bool, types map[stri
 			WHERE w.xmax::text IS DISTINCT FROM (pg_current_xact_id_if_assigned()::text::bigint %% 4294967296)::text`,
 			"o."+seq, c.Key("o"), t, seq, seq, filter, seq, skip, l.Unpublished(archiveMode, "o"), parked, held(skip), seq)
 	}
+	// bound reads H into relay.h and raises relay.safe from $2 over the
+	// contiguous seqs visible above it, up to H; boundOnly only reads H
+	// (an outbox without a unique index on seq, see Source.contiguous).
 	return queries{
-		bound: fmt.Sprintf(`SELECT set_config('relay.h', coalesce(pg_sequence_last_value($1::regclass), 0)::text, true)::bigint,
-			set_config('relay.safe', ($2 + (SELECT coalesce(min(p.n) FILTER (WHERE p.seq <> $2 + p.n) - 1, count(*)) FROM (
+		bound: fmt.Sprintf(`SELECT set_config('relay.h', h::text, true)::bigint,
+			set_config('relay.safe', least(h, $2 + (SELECT coalesce(min(p.n) FILTER (WHERE p.seq <> $2 + p.n) - 1, count(*)) FROM (
 				SELECT s.seq, row_number() OVER (ORDER BY s.seq) AS n FROM (
-					SELECT %s AS seq FROM %s o WHERE %s > $2 ORDER BY %s LIMIT $3) s) p))::text, true)::bigint`,
+					SELECT %s AS seq FROM %s o WHERE %s > $2 ORDER BY %s LIMIT $3) s) p))::text, true)::bigint
+			FROM (SELECT coalesce(pg_sequence_last_value($1::regclass), 0) AS h) h`,
 			"o."+seq, t, "o."+seq, "o."+seq),
+		boundOnly: `SELECT set_config('relay.h', coalesce(pg_sequence_last_value($1::regclass), 0)::text, true)::bigint,
+			set_config('relay.safe', $2::bigint::text, true)::bigint`,
 		lockWork: `SELECT pg_advisory_xact_lock_shared($1, p) FROM unnest($2::int[]) AS p`,
 		claim:    claimSQL(partitionFilter, 6, claimBytes(c, types)),
 		claimAll: claimSQL("", 4, claimBytes(c, types)),
@@ -226,6 +232,7 @@ FROM locks, released`
 func (s *Source) claim(ctx context.Context) (*batch, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*txTimeout)
 	defer cancel()
+	s.dropNotifications(ctx)
 	if s.rewind.Swap(false) {
 		s.cursor = 0
 	}
@@ -391,8 +398,12 @@ func (s *Source) prepare(r *readings, limit int) *pgx.Batch {
 	br.Queue(begin)
 	br.Queue(txLimits, txLimitsArg)
 	br.Queue(s.sql.lockWork, s.lease.keys.work, s.lease.owned)
-	br.Queue(s.sql.bound, s.info.SeqSequence, s.marks.safe, limit).
-		QueryRow(func(row pgx.Row) error { return row.Scan(&r.head, &r.safe) })
+	scan := func(row pgx.Row) error { return row.Scan(&r.head, &r.safe) }
+	if s.contiguous {
+		br.Queue(s.sql.bound, s.info.SeqSequence, s.marks.safe, limit).QueryRow(scan)
+	} else {
+		br.Queue(s.sql.boundOnly, s.info.SeqSequence, s.marks.safe).QueryRow(scan)
+	}
 	if r.locks = s.readWriters(time.Now()); r.locks {
 		seqs, writers := s.marks.flat()
 		br.Queue(safeBound, s.opts.Layout.Outbox.Ident(), seqs, writers).
@@ -402,7 +413,8 @@ func (s *Source) prepare(r *readings, limit int) *pgx.Batch {
 }
 
 // readWriters reports whether the claim at now reads the open writers of
-// the outbox (safeBound): while this relay does not lease every partition
+// the outbox (safeBound): always when the seq column has no unique index
+// (see Source.contiguous), while this relay does not lease every partition
 // (the rows other relays archived leave gaps in the seqs it sees), and once
 // the first seq above the safe seq has been missing for blockedInterval:
 // its writer rolled back, failed, or is still open. Otherwise the safe seq
@@ -410,7 +422,7 @@ func (s *Source) prepare(r *readings, limit int) *pgx.Batch {
 // a read left pending wait for the next read, which a seq missing as long
 // brings about.
 func (s *Source) readWriters(now time.Time) bool {
-	return !coversAll(s.lease.owned, s.opts.Partitions) || s.gapAt > 0 && now.Sub(s.gapSince) >= blockedInterval
+	return !s.contiguous || !coversAll(s.lease.owned, s.opts.Partitions) || s.gapAt > 0 && now.Sub(s.gapSince) >= blockedInterval
 }
 
 // recordReadings records, at now, what a claim bounded by bound read: the

@@ -158,6 +158,13 @@ type Source struct {
 	// found it missing; 0 when no seq up to H is missing.
 	gapAt    int64
 	gapSince time.Time
+	// contiguous is set when a valid unique index covers the seq column
+	// alone: then no row can take the seq an open writer drew, and the
+	// safe seq may rise over visible seqs without reading pg_locks. Without
+	// one an application's row with an explicit seq (OVERRIDING SYSTEM
+	// VALUE) could fill an open writer's gap, so every claim reads the open
+	// writers. Checked once, by New.
+	contiguous bool
 }
 
 // ErrDrained is returned by Next, with Options.MaxSeq set, when a claim
@@ -199,6 +206,15 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 		return nil, fault.AsPermanent(fmt.Errorf("outbox table %s: column %s has no sequence (declare it GENERATED ALWAYS AS IDENTITY)",
 			opts.Layout.Outbox, opts.Layout.Cols.Seq))
 	}
+	cache, unique, err := inspectSeq(ctx, opts.Pool, opts.Layout, info.SeqSequence)
+	if err != nil {
+		return nil, err
+	}
+	if cache > 1 && opts.MaxSeq == 0 {
+		return nil, fault.AsPermanent(fmt.Errorf("sequence %s of outbox column %s hands out %d values at a time to each session (CACHE %d): "+
+			"a session's cached values are used after later ones are committed, so poll capture cannot tell when every row below a seq is committed; "+
+			"run ALTER SEQUENCE %s CACHE 1", info.SeqSequence, opts.Layout.Cols.Seq, cache, cache, info.SeqSequence))
+	}
 	if err := schema.EnsureDeadLetter(ctx, opts.Pool, opts.Layout, info); err != nil {
 		return nil, err
 	}
@@ -207,13 +223,28 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	}
 	s := &Source{opts: opts, log: opts.Logger, info: info, sql: buildQueries(opts.Layout, opts.ArchiveMode, opts.ParkAggregates, info.Types, opts.MaxBatchBytes),
 		gapAt:    1, // as if a seq had been missing for long: the first claim reads the open writers
-		heldKeys: opts.Held}
+		heldKeys: opts.Held, contiguous: unique}
 	if s.heldKeys == nil {
 		s.heldKeys = new(capture.HeldKeys)
 	}
 	s.lease = leases{keys: newLockKeys(opts.Layout.Outbox.String()), n: opts.Partitions, log: opts.Logger,
 		onGained: func() { s.rewind.Store(true) }}
 	return s, nil
+}
+
+// inspectSeq returns the CACHE setting of the seq column's sequence seq and
+// whether a valid, non-partial unique index covers the seq column alone.
+// It reads only catalogs every role may read.
+func inspectSeq(ctx context.Context, q schema.Querier, l schema.Layout, seq string) (cache int64, unique bool, err error) {
+	err = q.QueryRow(ctx, `SELECT (SELECT seqcache FROM pg_sequence WHERE seqrelid = $1::regclass),
+		EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+			WHERE i.indrelid = $2::regclass AND i.indisunique AND i.indisvalid AND i.indnkeyatts = 1
+				AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = $3)`,
+		seq, l.Outbox.Ident(), l.Cols.Seq).Scan(&cache, &unique)
+	if err != nil {
+		return 0, false, fmt.Errorf("inspect the seq column of %s: %w", l.Outbox, err)
+	}
+	return cache, unique, nil
 }
 
 // Next claims the next batch of the partitions this relay leases, waiting
@@ -327,8 +358,8 @@ func (s *Source) disconnect(ctx context.Context) {
 // wait blocks for fillWait after a claim that found few rows, else until an
 // insert is notified (with the trigger of capture.poll.notify) or the
 // current poll interval passes: busyInterval after rows were found,
-// doubling with every empty claim up to Options.Interval. Then it drops the
-// notifications received so far: the claim that follows sees their rows.
+// doubling with every empty claim up to Options.Interval. The claim that
+// follows drops the notifications received so far (dropNotifications).
 func (s *Source) wait(ctx context.Context) error {
 	if s.few && s.quiet == 0 {
 		return wait.Sleep(ctx, fillWait)
@@ -342,13 +373,21 @@ func (s *Source) wait(ctx context.Context) error {
 		return ctx.Err()
 	case err != nil && wctx.Err() == nil:
 		s.disconnect(ctx) // Next reconnects
-		return nil
 	}
+	return nil
+}
+
+// dropNotifications drops the notifications the lease connection received
+// so far, without reading from the server: they were sent after their
+// transactions committed, so the claim about to start sees their rows.
+// Claims run on the lease connection and read the notifications sent
+// meanwhile, so dropping them before each claim keeps them bounded.
+func (s *Source) dropNotifications(ctx context.Context) {
 	done, stop := context.WithCancel(ctx)
 	stop()
 	for { // a done context returns the received notifications without reading
 		if _, err := s.lease.conn.WaitForNotification(done); err != nil {
-			return nil
+			return
 		}
 	}
 }
