@@ -146,7 +146,7 @@ func checkStructure(t *testing.T, d dashboard) {
 	for _, m := range []string{"relay_events_published_by_type_total", "relay_oldest_unpublished_age_seconds",
 		"relay_replication_slot_retained_wal_bytes", "relay_replication_slot_wal_keep_size_bytes", "relay_destinations_broken",
 		"relay_events_dead_lettered_total", "relay_dead_letters", "relay_publish_retries_total", "relay_publish_batch_duration_seconds_bucket",
-		"relay_events_resent_total", "relay_events_replay_skipped_total"} {
+		"relay_events_resent_total", "relay_events_replay_skipped_total", "relay_held_aggregates"} {
 		if !strings.Contains(exprs.String(), m+"{") {
 			t.Errorf("no panel queries %s", m)
 		}
