@@ -7,15 +7,20 @@ GO ?= go
 RACE_PKGS = ./pipeline/... ./capture/... ./sink/...
 
 # test installs missing test dependencies, then runs every test: RACE_PKGS
-# with -race in one go test run, the relay module's other packages without,
-# then those of the nested modules helpers and deploy/helm (./... stops at
-# their go.mod), each also when an earlier one failed; it fails if any did.
-# deploy/helm requires the relay's module through a replace, so -mod=mod
-# lets it follow the relay's go.mod as that changes.
+# with -race in one go test run and, at the same time, the relay module's
+# other packages without (their tests, cmd/relay's above all, mostly wait on
+# servers and relay processes, which leaves the race run CPU; the race run's
+# output is printed after theirs); then those of the nested modules helpers
+# and deploy/helm (./... stops at their go.mod), each also when an earlier
+# one failed; it fails if any did. -parallel 4 lets four of cmd/relay's
+# parallel tests wait at once on two cores. deploy/helm requires the relay's
+# module through a replace, so -mod=mod lets it follow the relay's go.mod as
+# that changes.
 test: deps
-	status=0; \
-	$(GO) test -count=1 -timeout 15m -race $(RACE_PKGS) || status=1; \
-	$(GO) test -count=1 -timeout 25m $$($(GO) list ./... | grep -v -E '/relay/(pipeline|capture|sink)(/|$$)') || status=1; \
+	status=0; race=$$(mktemp); \
+	$(GO) test -count=1 -timeout 15m -race $(RACE_PKGS) >$$race 2>&1 & pid=$$!; \
+	$(GO) test -count=1 -timeout 25m -parallel 4 $$($(GO) list ./... | grep -v -E '/relay/(pipeline|capture|sink)(/|$$)') || status=1; \
+	wait $$pid || status=1; cat $$race; rm -f $$race; \
 	(cd helpers && $(GO) test -count=1 -timeout 5m ./...) || status=1; \
 	(cd deploy/helm && $(GO) test -mod=mod -count=1 -timeout 5m ./...) || status=1; \
 	exit $$status

@@ -32,6 +32,7 @@ const drainWindow = 24 * drainBatch
 // within five minutes, so its consumer sees none. RELAY_TEST_KILLS sets
 // the number of kills (default 3).
 func TestKillDuringDrain(t *testing.T) {
+	t.Parallel()
 	kills := 3
 	if v := os.Getenv("RELAY_TEST_KILLS"); v != "" {
 		n, err := strconv.Atoi(v)

@@ -42,6 +42,7 @@ func TestEndToEnd(t *testing.T) {
 // RELAY_SOAK=1 runs many more rounds. The relay runs with least privilege
 // (see TestEndToEnd).
 func TestKillAndRestart(t *testing.T) {
+	t.Parallel()
 	rounds, events := 8, 12000
 	if os.Getenv("RELAY_SOAK") != "" {
 		rounds, events = 60, 100000

@@ -22,6 +22,7 @@ import (
 // is delivered, per-aggregate order holds, and in wal mode the slot missing
 // on the new primary is recreated, logged and counted as a failover.
 func TestPostgresFailover(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) { failover(t, mode) })
 	}

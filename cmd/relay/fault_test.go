@@ -32,6 +32,7 @@ func readyz(addr string) int {
 // promptly when NATS is back, without loss. RELAY_TEST_OUTAGE (a duration)
 // lengthens the outage to measure the longest relay transaction.
 func TestBrokerOutage(t *testing.T) {
+	t.Parallel()
 	outage := 6 * time.Second
 	if v := os.Getenv("RELAY_TEST_OUTAGE"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -209,6 +210,7 @@ func proxiedStack(t *testing.T) (*testenv.Postgres, *testenv.Proxy, *stack) {
 // database connections (through a proxy) while producers write: the relay
 // reconnects and finishes without loss or order breaks.
 func TestPostgresRestartAndCuts(t *testing.T) {
+	t.Parallel()
 	pg, proxy, s := proxiedStack(t)
 	relay := s.start()
 	ctx, cancel := context.WithCancel(context.Background())

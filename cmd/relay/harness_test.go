@@ -45,8 +45,19 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	testenv.OnExit(func() { os.RemoveAll(dir) })
+	// The SQS emulator's credentials, for every relay the tests start: set
+	// once here, since parallel tests cannot set the environment.
+	for k, v := range map[string]string{"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_EC2_METADATA_DISABLED": "true"} {
+		os.Setenv(k, v)
+	}
 	testenv.Main(m)
 }
+
+// Top-level tests whose servers are their own (NATS, Kafka, SQS, receivers,
+// extra PostgreSQL clusters) besides a database of the shared cluster, and
+// whose assertions are not about timing, call t.Parallel: most of their time
+// is spent waiting on those servers and on relay processes. go test runs
+// them together after the others.
 
 // roleCounter makes the names of the roles tests create unique in the
 // package's cluster.

@@ -11,6 +11,7 @@ import (
 // with a kill -9 at its first delivery, in both capture modes: no loss,
 // message_id on every copy, first deliveries in order.
 func TestHotAggregateKafka(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
 			_, yaml, collect := startKafkaCluster(t)

@@ -21,6 +21,7 @@ import (
 // under the bound of docs/operations.md, memoryBound, in both capture
 // modes. The rows are 20 MiB each; RELAY_BIG=1 makes them 50 MiB.
 func TestBigTransactionMemory(t *testing.T) {
+	t.Parallel()
 	size := 20 << 20
 	if os.Getenv("RELAY_BIG") != "" {
 		size = 50 << 20

@@ -189,6 +189,7 @@ func TestManyAggregateTypes(t *testing.T) {
 // keep-alive connection left idle, and one whose request headers never
 // finish, instead of keeping them forever.
 func TestHTTPTimeouts(t *testing.T) {
+	t.Parallel()
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	s := newStack(t, stackOptions{Extra: "http:\n  listen: " + addr + "\n"})
 	relay := s.start()

@@ -116,6 +116,7 @@ func refusalWindow(t *testing.T) (time.Duration, int) {
 // delivers everything in order once the receiver accepts again. Both
 // capture modes.
 func TestReceiverRefusesMidStream(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) { receiverRefuses(t, mode) })
 	}
@@ -264,6 +265,7 @@ func TestIdleReadinessHealthURL(t *testing.T) {
 // removed, then restored), with retry.max_attempts 1. Nothing is
 // dead-lettered and everything is delivered in order. Both capture modes.
 func TestKafkaTopicDeniedMidStream(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
 			c, sinkYAML, collect := startKafkaCluster(t)
@@ -322,6 +324,7 @@ func scrapeCounter(t *testing.T, addr, name string) float64 {
 // the missing stream and turn no responders into ack timeouts). Both
 // capture modes.
 func TestNATSStreamDeletedMidStream(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
 			var s *stack
@@ -389,6 +392,7 @@ func TestNATSStreamDeletedMidStream(t *testing.T) {
 // connections so that no send answered after that counts. Both capture
 // modes.
 func TestSQSQueueDeletedMidStream(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
 			srv, url, collect := startSQSQueue(t)

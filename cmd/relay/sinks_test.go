@@ -22,6 +22,7 @@ import (
 // every copy, per-aggregate order of first deliveries, outbox archived.
 // NATS has the other end-to-end tests.
 func TestEverySink(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		start func(t *testing.T) (sinkYAML string, collect func() []verify.Delivery)
@@ -136,9 +137,6 @@ func startSQSQueue(t *testing.T) (*testenv.SQS, string, func() []verify.Delivery
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("AWS_ACCESS_KEY_ID", "test")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	var mu sync.Mutex
 	var ds []verify.Delivery
 	collect := func() []verify.Delivery {

@@ -24,6 +24,7 @@ import (
 // what it waits for, relay_capture_ready or relay_sink_ready 0), retries,
 // and delivers everything once the server is back.
 func TestStartDuringOutage(t *testing.T) {
+	t.Parallel()
 	t.Run("postgres", func(t *testing.T) {
 		pg, _, s := proxiedStack(t)
 		addr := s.withHTTP()

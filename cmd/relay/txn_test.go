@@ -21,6 +21,7 @@ import (
 // runs the same without transactions, to see the duplicates they prevent
 // (the test then fails).
 func TestKafkaTransactionalKillLoop(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
 			c, yaml, _ := startKafkaCluster(t)

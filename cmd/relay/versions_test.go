@@ -18,6 +18,7 @@ import (
 // everything without loss or order breaks. Binaries come from
 // testenv.PostgresBin (scripts/deps.sh installs them).
 func TestPostgresVersions(t *testing.T) {
+	t.Parallel()
 	for _, major := range testenv.PostgresMajors {
 		t.Run(fmt.Sprint(major), func(t *testing.T) {
 			bin, err := testenv.PostgresBin(major)

@@ -61,6 +61,7 @@ func TestCheckWALGuardrails(t *testing.T) {
 // recreated. Both lose nothing and keep order; the duplicates of each are
 // logged.
 func TestPostgres17FailoverSlot(t *testing.T) {
+	t.Parallel()
 	for _, on := range []bool{true, false} {
 		t.Run(fmt.Sprintf("failover=%v", on), func(t *testing.T) { failoverSlot(t, on) })
 	}
