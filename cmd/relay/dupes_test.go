@@ -52,6 +52,7 @@ func TestKillDuringDrain(t *testing.T) {
 	} {
 		for _, mode := range []string{"poll", "wal"} {
 			t.Run(tc.name+"/"+mode, func(t *testing.T) {
+				t.Parallel()
 				opts := stackOptions{Mode: mode}
 				if tc.start != nil {
 					opts.Sink, opts.Collect = tc.start(t)

@@ -57,7 +57,9 @@ func TestMain(m *testing.M) {
 // extra PostgreSQL clusters) besides a database of the shared cluster, and
 // whose assertions are not about timing, call t.Parallel: most of their time
 // is spent waiting on those servers and on relay processes. go test runs
-// them together after the others.
+// them together after the others. The longest (TestKillDuringDrain,
+// TestEverySink) run their subtests in parallel too, each on servers of its
+// own.
 
 // roleCounter makes the names of the roles tests create unique in the
 // package's cluster.

@@ -33,6 +33,7 @@ func TestEverySink(t *testing.T) {
 	} {
 		for _, mode := range []string{"poll", "wal"} {
 			t.Run(tc.name+"/"+mode, func(t *testing.T) {
+				t.Parallel()
 				testSink(t, mode, tc.start)
 			})
 		}
