@@ -229,8 +229,13 @@ FROM locks, released`
 // (so a claim commits only while they are held): a short transaction that
 // takes the work locks, works out the safe seq, claims and commits; see
 // docs/design.md. It returns nil when there are none.
+//
+// The claim does not end when ctx does: pgx closes a connection whose
+// query a context interrupts, which would give up the leases, so the
+// claim runs to its end, bounded by txTimeout on the server and twice that
+// on the client.
 func (s *Source) claim(ctx context.Context) (*batch, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*txTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*txTimeout)
 	defer cancel()
 	s.dropNotifications(ctx)
 	if s.rewind.Swap(false) {
@@ -386,6 +391,10 @@ type readings struct {
 	head  int64
 	safe  int64
 	open  []string
+	// from is the safe seq the bound statement started from, and limit the
+	// most seqs above it it looked at.
+	from  int64
+	limit int
 }
 
 // prepare returns the claiming transaction up to its claim of at most limit
@@ -404,7 +413,9 @@ func (s *Source) prepare(r *readings, limit int) *pgx.Batch {
 	} else {
 		br.Queue(s.sql.boundOnly, s.info.SeqSequence, s.marks.safe).QueryRow(scan)
 	}
-	if r.locks = s.readWriters(time.Now()); r.locks {
+	r.from, r.limit = s.marks.safe, limit
+	if now := time.Now(); s.readWriters(now) {
+		r.locks, s.locksAt = true, now
 		seqs, writers := s.marks.flat()
 		br.Queue(safeBound, s.opts.Layout.Outbox.Ident(), seqs, writers).
 			QueryRow(func(row pgx.Row) error { return row.Scan(&r.open, &r.safe) })
@@ -416,18 +427,26 @@ func (s *Source) prepare(r *readings, limit int) *pgx.Batch {
 // the outbox (safeBound): always when the seq column has no unique index
 // (see Source.contiguous), while this relay does not lease every partition
 // (the rows other relays archived leave gaps in the seqs it sees), and once
-// the first seq above the safe seq has been missing for blockedInterval:
-// its writer rolled back, failed, or is still open. Otherwise the safe seq
-// only rises over visible seqs, which needs no read of pg_locks; the pairs
-// a read left pending wait for the next read, which a seq missing as long
+// the first seq above the safe seq has been missing for gapInterval (its
+// writer rolled back, failed, or is still open), then again every
+// blockedInterval while it stays missing. Otherwise the safe seq only
+// rises over visible seqs, which needs no read of pg_locks; the pairs a
+// read left pending wait for the next read, which a seq missing as long
 // brings about.
 func (s *Source) readWriters(now time.Time) bool {
-	return !s.contiguous || !coversAll(s.lease.owned, s.opts.Partitions) || s.gapAt > 0 && now.Sub(s.gapSince) >= blockedInterval
+	if !s.contiguous || !coversAll(s.lease.owned, s.opts.Partitions) {
+		return true
+	}
+	if s.gapAt == 0 || now.Sub(s.gapSince) < gapInterval {
+		return false
+	}
+	return s.locksAt.Before(s.gapSince) || now.Sub(s.locksAt) >= blockedInterval
 }
 
 // recordReadings records, at now, what a claim bounded by bound read: the
 // safe seq it used, the (H, L) pair when it read L, and whether a seq above
-// the safe seq is missing (gapAt).
+// the safe seq is missing (gapAt). A bound statement that found every seq
+// it looked at visible found no missing one, whatever H says.
 func (s *Source) recordReadings(r *readings, bound int64, now time.Time) {
 	s.claimedTo = min(r.safe, bound)
 	s.marks.raise(r.safe)
@@ -435,7 +454,7 @@ func (s *Source) recordReadings(r *readings, bound int64, now time.Time) {
 		s.marks.advance(r.head, r.open)
 	}
 	switch {
-	case r.head <= s.marks.safe:
+	case r.head <= s.marks.safe || s.contiguous && s.marks.safe >= r.from+int64(r.limit):
 		s.gapAt = 0
 	case s.gapAt != s.marks.safe+1:
 		s.gapAt, s.gapSince = s.marks.safe+1, now

@@ -108,6 +108,14 @@ const DedicatedConns = 1
 // open writers cost at most one claim per blockedInterval.
 const blockedInterval = 10 * time.Millisecond
 
+// gapInterval is how long the first seq above the safe seq may be missing
+// before a claim reads the open writers (safeBound): a writer's own
+// single-row transaction mostly commits within it, and a rolled-back seq,
+// which no row will ever fill, holds the rows behind it about this long.
+// After that read the writers are read again at most every
+// blockedInterval while the gap stays.
+const gapInterval = 2 * time.Millisecond
+
 // busyInterval is the wait after a claim that found at least fillRows rows
 // but did not fill a batch. Each claim that finds nothing doubles the wait,
 // up to Options.Interval, so a steady trickle is picked up within a few
@@ -158,6 +166,8 @@ type Source struct {
 	// found it missing; 0 when no seq up to H is missing.
 	gapAt    int64
 	gapSince time.Time
+	// locksAt is when a claim last read the open writers (see readWriters).
+	locksAt time.Time
 	// contiguous is set when a valid unique index covers the seq column
 	// alone: then no row can take the seq an open writer drew, and the
 	// safe seq may rise over visible seqs without reading pg_locks. Without
@@ -165,6 +175,9 @@ type Source struct {
 	// VALUE) could fill an open writer's gap, so every claim reads the open
 	// writers. Checked once, by New.
 	contiguous bool
+	// claimLost is set when the last claim failed and closed the lease
+	// connection (see lostInClaim).
+	claimLost bool
 }
 
 // ErrDrained is returned by Next, with Options.MaxSeq set, when a claim
@@ -222,8 +235,8 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 		return nil, err
 	}
 	s := &Source{opts: opts, log: opts.Logger, info: info, sql: buildQueries(opts.Layout, opts.ArchiveMode, opts.ParkAggregates, info.Types, opts.MaxBatchBytes),
-		gapAt:    1, // as if a seq had been missing for long: the first claim reads the open writers
 		heldKeys: opts.Held, contiguous: unique}
+	s.forgetWatermark()
 	if s.heldKeys == nil {
 		s.heldKeys = new(capture.HeldKeys)
 	}
@@ -277,9 +290,13 @@ func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
 			continue // the wait lost the lease connection, on which the claim runs
 		}
 		b, err := s.claim(ctx)
+		if err != nil && s.lostInClaim(err) {
+			continue // Next reconnects and leases again
+		}
 		if err != nil {
 			return nil, err
 		}
+		s.claimLost = false
 		if b != nil {
 			return b, nil
 		}
@@ -293,6 +310,20 @@ func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
 		}
 		s.idle = true
 	}
+}
+
+// lostInClaim reports whether the failed claim's error err closed the lease
+// connection, the first time in a row: the relay lost its leases, not the
+// database, so it reconnects and leases again instead of failing Next. A
+// second claim in a row that loses the connection returns its error.
+func (s *Source) lostInClaim(err error) bool {
+	if s.lease.conn != nil && !s.lease.conn.IsClosed() || s.claimLost {
+		return false
+	}
+	s.claimLost = true
+	s.log.Warn("a claim lost the lease connection; reconnecting", "err", err)
+	s.disconnect(context.Background())
+	return true
 }
 
 // drained reports whether the last claim, which found nothing, proves that
@@ -344,7 +375,17 @@ func (s *Source) connect(ctx context.Context) error {
 		conn.Close(ctx)
 		return err
 	}
+	s.forgetWatermark()
 	return nil
+}
+
+// forgetWatermark starts the safe seq again from nothing, as New does: a new
+// lease connection may reach another server (a promoted standby, whose
+// sequence may be behind the old primary's), and the first claim reads the
+// open writers.
+func (s *Source) forgetWatermark() {
+	s.marks = watermarks{}
+	s.gapAt, s.gapSince, s.locksAt = 1, time.Time{}, time.Time{}
 }
 
 // disconnect closes the lease connection after an error on it.
@@ -416,11 +457,16 @@ func (s *Source) backOff(now time.Time) {
 
 // pause returns how long wait waits at most: busyInterval after a claim
 // that found rows, doubling with every empty claim up to Options.Interval,
-// or up to blockedInterval while rows are held back by open writers.
+// or up to blockedInterval while rows are held back by open writers, and
+// at most gapInterval while a missing seq waits for its first read of the
+// open writers.
 func (s *Source) pause() time.Duration {
 	d := min(busyInterval<<min(s.quiet, 16), s.opts.Interval)
 	if s.blocked {
 		d = min(d, blockedInterval)
+	}
+	if s.gapAt > 0 && s.locksAt.Before(s.gapSince) {
+		d = min(d, gapInterval) // the claim after it reads the writers (readWriters)
 	}
 	return d
 }
