@@ -38,12 +38,16 @@
 //
 // Reading L means reading pg_locks, which takes every lock-manager
 // partition lock of the server, so most claims do without it: each seq is
-// drawn once, so when every seq from the safe seq up to some s is visible,
-// every row up to s is committed and the safe seq rises to s. A claim reads
-// L only when the first seq above the safe seq has been missing for
-// blockedInterval (its writer is still open, or rolled back and left a gap
-// no row will fill) or when this relay does not lease every partition (the
-// rows other relays archived leave gaps).
+// drawn once and a unique index on seq keeps any other row (one with a seq
+// the application set) from taking the seq an open writer drew, so when
+// every seq from the safe seq up to some s is visible, every row up to s is
+// committed and the safe seq rises to s, never above H. A claim reads L
+// only when the first seq above the safe seq has been missing for
+// gapInterval (its writer is still open, or rolled back and left a gap no
+// row will fill), when this relay does not lease every partition (the rows
+// other relays archived leave gaps), or on every claim when no unique index
+// covers seq. A sequence that caches values per session (CACHE > 1) hands
+// out seqs below H after H was read; New refuses it.
 package claim
 
 import (
