@@ -232,6 +232,10 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 			"a session's cached values are used after later ones are committed, so poll capture cannot tell when every row below a seq is committed; "+
 			"run ALTER SEQUENCE %s CACHE 1", info.SeqSequence, opts.Layout.Cols.Seq, cache, cache, info.SeqSequence))
 	}
+	if !unique && opts.MaxSeq == 0 {
+		opts.Logger.Warn("no unique index covers the outbox's seq column alone, so every claim reads the open writers from pg_locks; "+
+			"create one with CREATE UNIQUE INDEX CONCURRENTLY and restart", "table", opts.Layout.Outbox.String(), "column", opts.Layout.Cols.Seq)
+	}
 	if err := schema.EnsureDeadLetter(ctx, opts.Pool, opts.Layout, info); err != nil {
 		return nil, err
 	}
