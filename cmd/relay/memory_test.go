@@ -92,11 +92,12 @@ func TestBigTransactionMemory(t *testing.T) {
 
 // memoryBound is the peak resident memory docs/operations.md states for
 // a relay with capture.max_batch_bytes batch whose largest row holds row
-// bytes: 64 MiB (the runtime's soft memory limit), three batches and four copies of the row (the rows
-// captured and not archived, one more being read, the database driver's
-// buffer and the sink's).
+// bytes: 64 MiB (the runtime's soft memory limit) and six times the larger
+// of the two: three batches captured and not archived (a row larger than a
+// batch is a batch of its own), one more being read, the database driver's
+// buffer and the sink's copy.
 func memoryBound(batch, row int64) int64 {
-	return 64<<20 + 3*batch + 4*max(row, batch)
+	return 64<<20 + 6*max(row, batch)
 }
 
 // bodyCounter is a webhook receiver that counts requests and body bytes.
