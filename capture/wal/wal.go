@@ -193,16 +193,9 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 		return nil, fault.AsPermanent(err)
 	}
 	l := schema.Layout(opts.Layout)
-	info, err := schema.Inspect(ctx, opts.Pool, l)
+	info, err := schema.InspectSource(ctx, opts.Pool, l)
 	if err != nil {
-		if errors.Is(err, schema.ErrNoOutbox) {
-			err = fault.AsPermanent(err)
-		}
 		return nil, err
-	}
-	if info.SeqSequence == "" {
-		return nil, fault.AsPermanent(fmt.Errorf("outbox table %s: column %s has no sequence (declare it GENERATED ALWAYS AS IDENTITY)",
-			l.Outbox, l.Cols.Seq))
 	}
 	if err := checkServer(ctx, opts.Pool); err != nil {
 		return nil, err

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/rowtext"
 )
 
@@ -79,6 +80,23 @@ type Info struct {
 
 // ErrNoOutbox is returned by Inspect when the outbox table does not exist.
 var ErrNoOutbox = errors.New("outbox table does not exist")
+
+// InspectSource is Inspect for a capture source: a missing outbox table and
+// a seq column without a sequence are permanent errors (fault.AsPermanent).
+func InspectSource(ctx context.Context, q Querier, l Layout) (Info, error) {
+	info, err := Inspect(ctx, q, l)
+	if err != nil {
+		if errors.Is(err, ErrNoOutbox) {
+			err = fault.AsPermanent(err)
+		}
+		return Info{}, err
+	}
+	if info.SeqSequence == "" {
+		return Info{}, fault.AsPermanent(fmt.Errorf("outbox table %s: column %s has no sequence (declare it GENERATED ALWAYS AS IDENTITY)",
+			l.Outbox, l.Cols.Seq))
+	}
+	return info, nil
+}
 
 // Inspect checks that the outbox table exists with every mapped column and a
 // supported payload type.

@@ -212,16 +212,9 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	if opts.Partitions <= 0 {
 		opts.Partitions = 16
 	}
-	info, err := schema.Inspect(ctx, opts.Pool, opts.Layout)
+	info, err := schema.InspectSource(ctx, opts.Pool, opts.Layout)
 	if err != nil {
-		if errors.Is(err, schema.ErrNoOutbox) {
-			err = fault.AsPermanent(err)
-		}
 		return nil, err
-	}
-	if info.SeqSequence == "" {
-		return nil, fault.AsPermanent(fmt.Errorf("outbox table %s: column %s has no sequence (declare it GENERATED ALWAYS AS IDENTITY)",
-			opts.Layout.Outbox, opts.Layout.Cols.Seq))
 	}
 	cache, unique, err := inspectSeq(ctx, opts.Pool, opts.Layout, info.SeqSequence)
 	if err != nil {
