@@ -169,11 +169,13 @@ func TestDeadLetterRedrive(t *testing.T) {
 	}
 }
 
+// waitFor polls cond every 50 ms and fails the test when it is not met
+// within 90 s (the suite runs several relays at once on two cores).
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(90 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 30s")
+			t.Fatal("condition not met within 90s")
 		}
 	}
 }
