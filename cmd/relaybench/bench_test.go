@@ -197,16 +197,17 @@ func TestPayloadSize(t *testing.T) {
 	}
 }
 
-// TestImpactSmoke runs the impact phase for about two seconds per run:
-// no relay, then a relay per mode, each relaying every committed event.
+// TestImpactSmoke runs the impact phase for about two seconds per run: no
+// relay, then per mode its floors and its relay, each handling every
+// committed event, the relays with ratios to their floors.
 func TestImpactSmoke(t *testing.T) {
 	var log bytes.Buffer
 	opts := Options{
 		Events: 1000, Aggregates: 500, Payload: 200, Modes: []string{"poll", "wal"}, Sinks: []string{"nats"},
-		Phases: []string{"impact"}, Relays: 1, ImpactFor: 2 * time.Second, ImpactClients: 4, ImpactSink: "nats",
+		Phases: []string{"impact"}, Relays: 1, ImpactFor: 2 * time.Second, ImpactClients: 4, ImpactSink: "nats", ImpactFloors: true,
 		Log: &log, Args: []string{"relaybench", "(impact smoke test)"},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // about a minute on an idle machine
 	defer cancel()
 	res, err := Run(ctx, opts)
 	if err != nil {
@@ -215,27 +216,39 @@ func TestImpactSmoke(t *testing.T) {
 	var table bytes.Buffer
 	printTable(&table, res)
 	t.Logf("\n%s", table.String())
-	if res.Impact == nil || len(res.Impact.Runs) != 3 || res.Impact.Pinning == "" {
+	want := []string{"none", floorPoll, "poll", floorWAL, floorWALDelete, "wal"}
+	if res.Impact == nil || len(res.Impact.Runs) != len(want) || res.Impact.Pinning == "" {
 		t.Fatalf("impact: %+v", res.Impact)
 	}
-	for _, r := range res.Impact.Runs {
-		if r.Transactions == 0 || r.TPS <= 0 || r.Latency.P99 <= 0 || !r.Complete || r.WALBytes <= 0 {
-			t.Errorf("impact run %s: %+v", r.Relay, r)
+	for i, r := range res.Impact.Runs {
+		if r.Relay != want[i] || r.Transactions == 0 || r.TPS <= 0 || r.Latency.P99 <= 0 || !r.Complete || r.WALBytes <= 0 {
+			t.Errorf("impact run %d (want %s): %+v", i, want[i], r)
 		}
-		if r.Relay != "none" && (r.EventsRelayed != r.Transactions || r.RelayCPUSeconds <= 0 || r.TPSRatio <= 0 || r.DeletesPer100k <= 0) {
-			t.Errorf("impact run %s: relayed %d of %d, relay CPU %.2fs, TPS ratio %.2f, deletes %.0f/100k",
-				r.Relay, r.EventsRelayed, r.Transactions, r.RelayCPUSeconds, r.TPSRatio, r.DeletesPer100k)
+		if r.Relay != "none" && (r.EventsRelayed != r.Transactions || r.relaySyscalls <= 0 || r.TPSRatio <= 0 || r.PostgresPer100k <= 0) {
+			t.Errorf("impact run %s: handled %d of %d, %d syscalls, TPS ratio %.2f, postgres CPU %.2f s/100k",
+				r.Relay, r.EventsRelayed, r.Transactions, r.relaySyscalls, r.TPSRatio, r.PostgresPer100k)
+		}
+		// Every run but the wal floor's removes the rows it handled.
+		if deletes := r.DeletesPer100k > 0; r.Relay != "none" && deletes != (r.Relay != floorWAL) {
+			t.Errorf("impact run %s: %.0f deletes/100k", r.Relay, r.DeletesPer100k)
+		}
+		if floor := floorOf(r.Relay); r.Floor != floor || (floor != "" && (r.TPSToFloor <= 0 || r.PostgresToFloor <= 0)) {
+			t.Errorf("impact run %s: floor %q (want %q), TPS × floor %.2f, postgres CPU × floor %.2f",
+				r.Relay, r.Floor, floor, r.TPSToFloor, r.PostgresToFloor)
 		}
 	}
-	if !strings.Contains(table.String(), "IMPACT ON THE APPLICATION") {
-		t.Errorf("no impact table:\n%s", table.String())
+	for _, s := range []string{"IMPACT ON THE APPLICATION", "poll floor (DELETE … RETURNING)", "wal floor (pg_recvlogical, rows stay)", "TPS × floor"} {
+		if !strings.Contains(table.String(), s) {
+			t.Errorf("no %q in the impact table:\n%s", s, table.String())
+		}
 	}
 }
 
-// TestMain lets the test binary run as a profiling relay: -cpuprofile
-// re-executes the running binary with -as-relay.
+// TestMain lets the test binary run as a profiling relay and as a floor's
+// database loop: -cpuprofile re-executes the running binary with
+// -as-relay, the impact phase's floors with -as-floor.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == "-as-relay" {
+	if len(os.Args) > 1 && (os.Args[1] == "-as-relay" || os.Args[1] == "-as-floor") {
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())

@@ -316,9 +316,7 @@ func (e *env) pgoutputBaseline(ctx context.Context, d *database, pub string, eve
 	if err != nil {
 		return res, err
 	}
-	args := []string{"-d", d.dsn, "--slot", rawSlot, "--start", "--no-loop", "-f", "/dev/null",
-		"-F", "0", "-s", "10", "--endpos", endpos,
-		"-o", "proto_version=1", "-o", "publication_names=" + pub}
+	args := append(recvlogicalArgs(d.dsn, rawSlot, pub, 10), "--no-loop", "--endpos", endpos)
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(rctx, filepath.Join(e.pgBin, "pg_recvlogical"), args...)
@@ -341,11 +339,9 @@ func (e *env) pgoutputBaseline(ctx context.Context, d *database, pub string, eve
 	return res, nil
 }
 
-// rawDeleteQuery is the poll baseline: what a minimal poller does per batch.
-const rawDeleteQuery = `DELETE FROM outbox WHERE id IN (SELECT id FROM outbox ORDER BY seq LIMIT 1000 FOR UPDATE SKIP LOCKED) RETURNING *`
-
 // deleteBaseline inserts a fresh backlog into d and drains it with
-// rawDeleteQuery from one connection, reading every returned row.
+// rawDelete by id in batches of 1,000 from one connection, reading every
+// returned row.
 func (e *env) deleteBaseline(ctx context.Context, d *database) (BaselineResult, error) {
 	o := e.opts
 	res := BaselineResult{Name: "raw DELETE drain", What: "DELETE … ORDER BY seq LIMIT 1000 FOR UPDATE SKIP LOCKED RETURNING *, one connection, autocommit"}
@@ -367,23 +363,13 @@ func (e *env) deleteBaseline(ctx context.Context, d *database) (BaselineResult, 
 	t0 := time.Now()
 	var total int64
 	var bytes int
+	query := rawDelete("id", 1000)
 	for {
-		rows, err := conn.Query(ctx, rawDeleteQuery)
+		n, b, err := deleteBatch(ctx, conn, query)
 		if err != nil {
 			return res, err
 		}
-		n := 0
-		for rows.Next() {
-			for _, v := range rows.RawValues() {
-				bytes += len(v)
-			}
-			n++
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return res, err
-		}
-		total += int64(n)
+		total, bytes = total+int64(n), bytes+b
 		if n == 0 {
 			break
 		}

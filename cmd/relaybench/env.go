@@ -58,6 +58,8 @@ const (
 	benchSubject = "bench.{aggregate_type}"
 	benchFilter  = "bench.>"
 	aggType      = "order"
+	// benchPublication is capture.wal.publication of the relay configs.
+	benchPublication = "relay_bench"
 )
 
 // env is the servers and the relay binary of one bench run.
@@ -236,7 +238,7 @@ capture:
   mode: %s%s
   wal:
     slot: %s
-    publication: relay_bench
+    publication: %s
 sink:
 %s
 http:
@@ -244,7 +246,7 @@ http:
 log:
   level: warn
 shutdown_timeout: 10s
-`, d.dsn, d.mode, poll, d.slot(), snk, port)
+`, d.dsn, d.mode, poll, d.slot(), benchPublication, snk, port)
 	path := filepath.Join(d.dir, tag+".yaml")
 	return path, port, os.WriteFile(path, []byte(cfg), 0o600)
 }

@@ -43,11 +43,16 @@ type Impact struct {
 // ImpactResult is one run of the impact phase: Clients connections each
 // committing `UPDATE accounts …; INSERT INTO outbox …` transactions in a
 // loop for Seconds, with Relay ("none", "poll" or "wal") relaying the
-// outbox into Sink (NATS JetStream, or kfake with -impact-sink kafka). The costs per 100,000 events are over the load and
-// the relay's catch-up after it.
+// outbox into Sink (NATS JetStream, or kfake with -impact-sink kafka), or
+// with a floor (floor_poll, floor_wal, floor_wal_delete: What) handling the
+// outbox in its place. The costs per 100,000 events are over the load and
+// the relay's or floor's catch-up after it; a floor's own CPU and system
+// calls are in the relay's fields, and it counts every committed event as
+// relayed once it caught up.
 type ImpactResult struct {
 	Relay           string      `json:"relay"`
-	Sink            string      `json:"sink"`
+	What            string      `json:"what,omitempty"`
+	Sink            string      `json:"sink,omitempty"`
 	Clients         int         `json:"clients"`
 	Seconds         float64     `json:"seconds"`
 	Transactions    int64       `json:"transactions"`
@@ -77,11 +82,17 @@ type ImpactResult struct {
 	relaySyscalls, relaySwitches int64
 	TPSRatio                     float64 `json:"tps_ratio_to_no_relay,omitempty"`
 	P99Ratio                     float64 `json:"p99_ratio_to_no_relay,omitempty"`
-	CPU                          cpuUse  `json:"cpu"`
+	// Floor is the run of the same phase that TPSToFloor and
+	// PostgresToFloor compare this one with (floorOf).
+	Floor           string  `json:"floor,omitempty"`
+	TPSToFloor      float64 `json:"tps_ratio_to_floor,omitempty"`
+	PostgresToFloor float64 `json:"postgres_cpu_per_100k_ratio_to_floor,omitempty"`
+	CPU             cpuUse  `json:"cpu"`
 }
 
-// impact runs the application's load without a relay, then with a relay in
-// each mode, each in a fresh database (impact phase).
+// impact runs the application's load without a relay, then per mode with
+// its floors (-impact-floors) and with its relay, each in a fresh database
+// (impact phase).
 func (b *bench) impact(ctx context.Context) error {
 	if !b.opts.has("impact") {
 		return nil
@@ -91,19 +102,55 @@ func (b *bench) impact(ctx context.Context) error {
 	restore := b.pin(im)
 	defer restore()
 	b.opts.logf("impact: %s", im.Pinning)
-	for _, run := range append([]string{"none"}, b.modes...) {
+	for _, run := range impactRuns(b.modes, b.opts.ImpactFloors) {
 		r, err := b.impactRun(ctx, run)
 		if base := im.Runs; len(base) > 0 && base[0].TPS > 0 && base[0].Latency.P99 > 0 {
 			r.TPSRatio, r.P99Ratio = r.TPS/base[0].TPS, r.Latency.P99/base[0].Latency.P99
 		}
 		im.Runs = append(im.Runs, r)
+		floorRatios(im.Runs)
 		if err != nil {
-			return fmt.Errorf("impact, relay %s: %w", run, err)
+			return fmt.Errorf("impact, %s: %w", runLabel(run), err)
 		}
-		b.opts.logf("impact, relay %s: %.0f TPS, p50 %.2f ms, p99 %.2f ms, %d events relayed, relay CPU %.2f s/100k, %.0f syscalls and %.0f context switches /100k",
-			run, r.TPS, r.Latency.P50, r.Latency.P99, r.EventsRelayed, r.RelayCPUPer100k, r.RelaySyscallsPer100k, r.RelaySwitchesPer100k)
+		b.opts.logf("impact, %s: %.0f TPS, p50 %.2f ms, p99 %.2f ms, %d events relayed, relay CPU %.2f s/100k, postgres CPU %.2f s/100k, %.0f syscalls and %.0f context switches /100k",
+			runLabel(run), r.TPS, r.Latency.P50, r.Latency.P99, r.EventsRelayed, r.RelayCPUPer100k, r.PostgresPer100k, r.RelaySyscallsPer100k, r.RelaySwitchesPer100k)
 	}
 	return nil
+}
+
+// impactRuns returns the impact phase's runs in order: no relay, then per
+// mode its floors (with floors) and its relay.
+func impactRuns(modes []string, floors bool) []string {
+	runs := []string{"none"}
+	for _, m := range modes {
+		if floors {
+			runs = append(runs, floorsOf[m]...)
+		}
+		runs = append(runs, m)
+	}
+	return runs
+}
+
+// runLabel names run in the table and the log.
+func runLabel(run string) string {
+	if l, ok := map[string]string{"none": "no relay", floorPoll: "poll floor (DELETE … RETURNING)",
+		floorWAL: "wal floor (pg_recvlogical, rows stay)", floorWALDelete: "wal floor + DELETE every 20 ms"}[run]; ok {
+		return l
+	}
+	return run + " relay"
+}
+
+// floorRatios sets the ratios of each run that has a floor (floorOf) to
+// that floor's run, once both were measured.
+func floorRatios(runs []ImpactResult) {
+	for i := range runs {
+		r := &runs[i]
+		for _, f := range runs {
+			if f.Relay == floorOf(r.Relay) && f.TPS > 0 && f.PostgresPer100k > 0 {
+				r.Floor, r.TPSToFloor, r.PostgresToFloor = f.Relay, r.TPS/f.TPS, r.PostgresPer100k/f.PostgresPer100k
+			}
+		}
+	}
 }
 
 // pin pins the PostgreSQL server (the postmaster, its processes and the
@@ -200,21 +247,30 @@ func walLSN(ctx context.Context, d *database) (int64, error) {
 	return n, err
 }
 
-// impactRun runs the load once in a fresh database with the relay of run
-// ("none": no relay).
+// impactSide is what runs beside the application in one impact run: the
+// relay, a floor's processes, or nothing ("none").
+type impactSide struct {
+	run   string
+	procs []*relayProc
+	sink0 uint64 // the sink's messages before the load, with a relay
+}
+
+// impactRun runs the load once in a fresh database with run beside it
+// ("none": nothing).
 func (b *bench) impactRun(ctx context.Context, run string) (ImpactResult, error) {
-	res := ImpactResult{Relay: run, Sink: b.opts.ImpactSink, Clients: b.opts.ImpactClients}
+	res := ImpactResult{Relay: run, What: floorWhat[run], Sink: b.opts.ImpactSink, Clients: b.opts.ImpactClients}
+	if isFloor(run) {
+		res.Sink = ""
+	}
 	d, err := b.impactDatabase(ctx, run)
 	if err != nil {
 		return res, err
 	}
 	defer b.dropDatabase(d)
-	var relay *relayProc
-	if run != "none" {
-		if relay, err = b.impactRelay(ctx, d, run); err != nil {
-			return res, err
-		}
-		defer relay.stop()
+	side, err := b.startSide(ctx, d, run)
+	defer side.stop()
+	if err != nil {
+		return res, err
 	}
 	st0, err := readOutboxStats(ctx, d)
 	if err != nil {
@@ -224,32 +280,16 @@ func (b *bench) impactRun(ctx context.Context, run string) (ImpactResult, error)
 	if err != nil {
 		return res, err
 	}
-	var sink0 uint64
-	if relay != nil {
-		if sink0, err = b.sinkCount(ctx, d); err != nil {
-			return res, err
-		}
-	}
-	relay0, cpu0, count0 := relayCPU(relay), sampleCPU(), relayCounters(relay)
-	if err := b.applicationLoad(ctx, d, &res); err != nil {
+	if err := b.measureLoad(ctx, d, side, &res); err != nil {
 		return res, err
 	}
-	if err := b.waitRelayed(ctx, d, relay, sink0, &res); err != nil {
-		return res, err
-	}
-	res.RelayCPUSeconds = relayCPU(relay) - relay0
-	count1 := relayCounters(relay)
-	res.relaySyscalls, res.relaySwitches = count1.syscalls-count0.syscalls, count1.switches-count0.switches
-	res.CPU = cpuBetween(cpu0, sampleCPU(), res.RelayCPUSeconds)
 	wal1, err := walLSN(ctx, d)
 	if err != nil {
 		return res, err
 	}
 	res.WALBytes = wal1 - wal0
-	if relay != nil {
-		if err := relay.stop(); err != nil {
-			return res, err
-		}
+	if err := side.stop(); err != nil {
+		return res, err
 	}
 	// Backends report their table statistics at most once a second and when
 	// they exit: wait for the last reports of the clients and the relay.
@@ -260,6 +300,43 @@ func (b *bench) impactRun(ctx context.Context, run string) (ImpactResult, error)
 	}
 	res.perEvent(st0, st1)
 	return res, nil
+}
+
+// startSide starts what runs beside the application in run on d: the
+// relay of a mode, or a floor.
+func (b *bench) startSide(ctx context.Context, d *database, run string) (*impactSide, error) {
+	s := &impactSide{run: run}
+	var err error
+	switch {
+	case run == "none":
+	case isFloor(run):
+		s.procs, err = b.startFloor(ctx, d, run)
+	default:
+		var p *relayProc
+		if p, err = b.impactRelay(ctx, d, run); err == nil {
+			s.procs = []*relayProc{p}
+			s.sink0, err = b.sinkCount(ctx, d)
+		}
+	}
+	return s, err
+}
+
+// measureLoad runs the application's load with side beside it and waits
+// until side handled every committed event. It records the load, and
+// side's CPU seconds, system calls and context switches over both, in res.
+func (b *bench) measureLoad(ctx context.Context, d *database, side *impactSide, res *ImpactResult) error {
+	side0, cpu0, count0 := side.cpu(), sampleCPU(), side.counters()
+	if err := b.applicationLoad(ctx, d, res); err != nil {
+		return err
+	}
+	if err := b.waitHandled(ctx, d, side, res); err != nil {
+		return err
+	}
+	res.RelayCPUSeconds = side.cpu() - side0
+	count1 := side.counters()
+	res.relaySyscalls, res.relaySwitches = count1.syscalls-count0.syscalls, count1.switches-count0.switches
+	res.CPU = cpuBetween(cpu0, sampleCPU(), res.RelayCPUSeconds)
+	return nil
 }
 
 // perEvent sets the run's costs per 100,000 events from its totals and the
@@ -284,12 +361,12 @@ func (res *ImpactResult) perEvent(st0, st1 outboxStats) {
 }
 
 // impactDatabase creates the fresh database of one impact run with `relay
-// init` (the outbox of run's mode; "none" gets poll's) and the
-// application's accounts table, vacuumed.
+// init` (the outbox of run's mode: a floor's mode's, poll's for "none")
+// and the application's accounts table, vacuumed.
 func (b *bench) impactDatabase(ctx context.Context, run string) (*database, error) {
-	mode := run
-	if run == "none" {
-		mode = "poll"
+	mode := map[string]string{"none": "poll", floorPoll: "poll", floorWAL: "wal", floorWALDelete: "wal"}[run]
+	if mode == "" {
+		mode = run
 	}
 	d, err := b.newSinkDatabase(ctx, "impact_"+run, mode, b.opts.ImpactSink)
 	if err != nil {
@@ -345,20 +422,19 @@ func (b *bench) impactRelay(ctx context.Context, d *database, run string) (*rela
 // the CPU time does.
 type procCounters struct{ syscalls, switches int64 }
 
-// relayCounters returns relay's counters so far; zero without a relay.
-func relayCounters(relay *relayProc) procCounters {
+// counters returns the counters of side's processes so far, summed.
+func (s *impactSide) counters() procCounters {
 	var c procCounters
-	if relay == nil {
-		return c
-	}
-	pid := relay.cmd.Process.Pid
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid)); err == nil {
-		c.syscalls = procField(string(b), "syscr") + procField(string(b), "syscw")
-	}
-	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	for _, t := range tasks {
-		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name())); err == nil {
-			c.switches += procField(string(b), "voluntary_ctxt_switches") + procField(string(b), "nonvoluntary_ctxt_switches")
+	for _, p := range s.procs {
+		pid := p.cmd.Process.Pid
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid)); err == nil {
+			c.syscalls += procField(string(b), "syscr") + procField(string(b), "syscw")
+		}
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		for _, t := range tasks {
+			if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name())); err == nil {
+				c.switches += procField(string(b), "voluntary_ctxt_switches") + procField(string(b), "nonvoluntary_ctxt_switches")
+			}
 		}
 	}
 	return c
@@ -376,46 +452,56 @@ func procField(text, name string) int64 {
 	return 0
 }
 
-// relayCPU returns the CPU seconds of relay so far; 0 without a relay.
-func relayCPU(relay *relayProc) float64 {
-	if relay == nil {
-		return 0
+// cpu returns the CPU seconds of side's processes so far, summed.
+func (s *impactSide) cpu() float64 {
+	var sec float64
+	for _, p := range s.procs {
+		ps, _ := readProcStats(p.cmd.Process.Pid)
+		sec += ps.CPUSeconds
 	}
-	ps, _ := readProcStats(relay.cmd.Process.Pid)
-	return ps.CPUSeconds
+	return sec
+}
+
+// stop stops side's processes, and returns the first failure.
+func (s *impactSide) stop() error {
+	var first error
+	for _, p := range s.procs {
+		if err := p.stop(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// waitHandled waits until side handled every committed event of the load:
+// the relay's sink holds them (waitRelayed), or the floor caught up
+// (waitFloor); without a relay it returns at once.
+func (b *bench) waitHandled(ctx context.Context, d *database, side *impactSide, res *ImpactResult) error {
+	switch {
+	case side.run == "none":
+		res.Complete = true
+		return nil
+	case isFloor(side.run):
+		return b.waitFloor(ctx, d, side.run, side.procs, res)
+	}
+	return b.waitRelayed(ctx, d, side, res)
 }
 
 // waitRelayed waits up to two minutes until the sink of d holds every
-// committed event past the sink0 messages it held before the load; without
-// a relay it returns at once.
-func (b *bench) waitRelayed(ctx context.Context, d *database, relay *relayProc, sink0 uint64, res *ImpactResult) error {
-	if relay == nil {
-		res.Complete = true
-		return nil
-	}
+// committed event past the side.sink0 messages it held before the load.
+func (b *bench) waitRelayed(ctx context.Context, d *database, side *impactSide, res *ImpactResult) error {
 	t0 := time.Now()
-	for {
-		n, err := b.sinkCount(ctx, d)
-		if err == nil {
-			res.EventsRelayed = int64(n - sink0)
+	err := waitFor(ctx, 2*time.Minute, side.procs, func() (bool, error) {
+		if n, err := b.sinkCount(ctx, d); err == nil {
+			res.EventsRelayed = int64(n - side.sink0)
 		}
-		if res.EventsRelayed >= res.Transactions {
-			res.Complete = true
-			res.CatchUpSeconds = time.Since(t0).Seconds()
-			return nil
-		}
-		if err := relay.exited(); err != nil {
-			return err
-		}
-		if time.Since(t0) > 2*time.Minute {
-			return fmt.Errorf("relayed %d of %d events two minutes after the load", res.EventsRelayed, res.Transactions)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
+		return res.EventsRelayed >= res.Transactions, nil
+	})
+	if err != nil {
+		return fmt.Errorf("relayed %d of %d events: %w", res.EventsRelayed, res.Transactions, err)
 	}
+	res.Complete, res.CatchUpSeconds = true, time.Since(t0).Seconds()
+	return nil
 }
 
 // applicationLoad runs opts.ImpactClients connections, each committing
@@ -482,20 +568,31 @@ func printImpact(w io.Writer, r *Results) {
 	if im.RateLimit > 0 {
 		fmt.Fprintf(w, "the clients commit at most %d transactions per second together\n", im.RateLimit)
 	}
-	t := newTable(w, "IMPACT ON THE APPLICATION", "clients", "TPS", "TPS ×", "p50 ms", "p99 ms", "p99 ×", "events relayed",
-		"relay CPU s/100k", "postgres CPU s/100k", "WAL MB/100k", "dead tup/100k", "del/100k", "upd/100k", "relay commits/100k", "other CPU s")
+	t := newTable(w, "IMPACT ON THE APPLICATION", "clients", "TPS", "TPS ×", "TPS × floor", "p50 ms", "p99 ms", "p99 ×", "events relayed",
+		"relay CPU s/100k", "postgres CPU s/100k", "PG CPU × floor", "WAL MB/100k", "dead tup/100k", "del/100k", "upd/100k", "relay commits/100k", "other CPU s")
 	for _, x := range im.Runs {
-		name, tps, p99, relayed, relayCPU := "no relay", "1.00×", "1.00×", "-", "-"
+		tps, p99, relayed, relayCPU := "1.00×", "1.00×", "-", "-"
 		if x.Relay != "none" {
-			name, tps, p99 = x.Relay+" relay", fmt.Sprintf("%.2f×", x.TPSRatio), fmt.Sprintf("%.2f×", x.P99Ratio)
+			tps, p99 = fmt.Sprintf("%.2f×", x.TPSRatio), fmt.Sprintf("%.2f×", x.P99Ratio)
 			relayed, relayCPU = fmt.Sprint(x.EventsRelayed), f2(x.RelayCPUPer100k)
 		}
+		name := runLabel(x.Relay)
 		if !x.Complete {
 			name += " (INCOMPLETE)"
 		}
-		t.row(name, fmt.Sprint(x.Clients), f0(x.TPS), tps, f2(x.Latency.P50), f2(x.Latency.P99), p99, relayed, relayCPU,
-			f2(x.PostgresPer100k), f1(x.WALBytesPer100k/1e6), f0(x.DeadPer100k), f0(x.DeletesPer100k), f0(x.UpdatesPer100k),
+		t.row(name, fmt.Sprint(x.Clients), f0(x.TPS), tps, ratioCell(x.TPSToFloor), f2(x.Latency.P50), f2(x.Latency.P99), p99, relayed, relayCPU,
+			f2(x.PostgresPer100k), ratioCell(x.PostgresToFloor), f1(x.WALBytesPer100k/1e6), f0(x.DeadPer100k), f0(x.DeletesPer100k), f0(x.UpdatesPer100k),
 			f0(x.OtherCommitsPer100k), f1(x.CPU.OtherSeconds))
 	}
 	t.flush()
+	fmt.Fprintln(w, "floors: what any relay costs the database at least, their own CPU in the relay CPU column; "+
+		"× floor compares a relay with its mode's first floor, the wal floor + DELETE with the wal floor")
+}
+
+// ratioCell formats a ratio, "-" when it is 0 (not measured).
+func ratioCell(v float64) string {
+	if v == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f×", v)
 }

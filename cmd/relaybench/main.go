@@ -19,6 +19,7 @@
 //	go run ./cmd/relaybench [-events N] [-aggregates N] [-payload BYTES]
 //	    [-out results.json] [-modes poll,wal] [-quick] [-steady 15s]
 //	    [-cpuprofile DIR] [-relay-gomaxprocs N] [-impact-sink nats|kafka] [-impact-rate N]
+//	    [-impact-floors=false]
 package main
 
 import (
@@ -64,6 +65,7 @@ type Options struct {
 	ImpactClients int           // application connections of the impact phase
 	ImpactSink    string        // sink of the impact phase's relays: nats or kafka (kfake)
 	ImpactRate    int           // the most application transactions per second of the impact phase; 0: as fast as they go
+	ImpactFloors  bool          // also run the floors of each mode in the impact phase (floorsOf)
 	Log           io.Writer
 	Args          []string // the command line, for the results
 }
@@ -75,6 +77,9 @@ func main() {
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 4 && args[0] == "-as-relay" && args[2] == "-as-relay-profile" {
 		return asRelay(args[1], args[3], stderr)
+	}
+	if len(args) == 3 && args[0] == "-as-floor" {
+		return asFloor(args[1], args[2], stderr)
 	}
 	opts, err := parseFlags(args, stderr)
 	if err != nil {
@@ -184,6 +189,7 @@ func defineFlags(fs *flag.FlagSet, o *Options) listFlags {
 	fs.BoolVar(&o.Consumer, "consumer", true, "also drain each mode into NATS while a consumer reads the stream (the CPU and allocations table has a row for each)")
 	fs.DurationVar(&o.ImpactFor, "impact-for", 20*time.Second, "length of each run of -phases impact (no relay, then one per mode)")
 	fs.IntVar(&o.ImpactRate, "impact-rate", 0, "the most transactions per second of all -phases impact clients together, e.g. 2000 for the relay's CPU at that rate (0: as fast as the database commits them)")
+	fs.BoolVar(&o.ImpactFloors, "impact-floors", true, "also run the floors of each mode in -phases impact: a raw DELETE … RETURNING poller (poll), pg_recvlogical into /dev/null without and with a DELETE every 20 ms (wal)")
 	fs.StringVar(&o.ImpactSink, "impact-sink", "nats", "sink of the relays of -phases impact: nats (embedded JetStream) or kafka (kfake)")
 	fs.IntVar(&o.ImpactClients, "impact-clients", 16, "application connections of -phases impact, each committing UPDATE accounts + INSERT INTO outbox transactions in a loop")
 	return l

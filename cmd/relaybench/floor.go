@@ -1,0 +1,282 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxrelay/relay/internal/wait"
+)
+
+// The floors of the impact phase: what any relay of a capture mode must
+// cost the database at least, measured like a relay run.
+const (
+	// floorPoll is the poll floor: a minimal poller deleting batches with
+	// rawDelete, publishing nothing.
+	floorPoll = "floor_poll"
+	// floorWAL is the wal floor: pg_recvlogical decoding the outbox's
+	// inserts into /dev/null; the rows stay in the outbox.
+	floorWAL = "floor_wal"
+	// floorWALDelete is floorWAL plus an archive loop deleting the decoded
+	// rows every archiveEvery.
+	floorWALDelete = "floor_wal_delete"
+)
+
+// floorsOf lists the floor runs of each capture mode; the first is the one
+// the mode's relay is compared with.
+var floorsOf = map[string][]string{"poll": {floorPoll}, "wal": {floorWAL, floorWALDelete}}
+
+// floorOf returns the run that run's ratios to the floor are taken against:
+// its mode's first floor for a relay, floorWAL for floorWALDelete (the
+// archive's share), empty otherwise.
+func floorOf(run string) string {
+	if run == floorWALDelete {
+		return floorWAL
+	}
+	if f := floorsOf[run]; len(f) > 0 {
+		return f[0]
+	}
+	return ""
+}
+
+func isFloor(run string) bool {
+	return run == floorPoll || run == floorWAL || run == floorWALDelete
+}
+
+// floorWhat describes what each floor runs.
+var floorWhat = map[string]string{
+	floorPoll: "one connection: " + rawDelete("seq", floorBatch) + ", reading every returned row; " +
+		"again at once after a full batch, after 5 ms after a short one, doubling up to 200 ms while batches come back empty; publishes nothing",
+	floorWAL: "pg_recvlogical --start -f /dev/null -F 0 -s 1 -o proto_version=1 -o publication_names=" + benchPublication +
+		" on the relay's slot and publication; archives nothing: the rows stay in the outbox",
+	floorWALDelete: "the wal floor, plus one connection running every 20 ms " + archiveFloorSQL +
+		" with $1 the highest seq of the tick before: the rows committed at least 20 ms earlier",
+}
+
+// Pacing of the floor loops: the poll relay's batch size, its wait after a
+// short claim and its default poll interval; the wal relay's archive period.
+const (
+	floorBatch   = 500
+	floorWait    = 5 * time.Millisecond
+	floorIdle    = 200 * time.Millisecond
+	archiveEvery = 20 * time.Millisecond
+)
+
+// archiveFloorSQL is the wal floor's archive: it deletes the rows up to $1
+// and returns the highest seq present, the next tick's bound.
+const archiveFloorSQL = `WITH gone AS (DELETE FROM outbox WHERE seq <= $1) SELECT max(seq) FROM outbox`
+
+// rawDelete is what a minimal poller runs per batch: it deletes the limit
+// oldest unlocked rows, chosen by key, and returns them.
+func rawDelete(key string, limit int) string {
+	return fmt.Sprintf(`DELETE FROM outbox WHERE %[1]s IN (SELECT %[1]s FROM outbox ORDER BY seq LIMIT %[2]d FOR UPDATE SKIP LOCKED) RETURNING *`, key, limit)
+}
+
+// queryer runs queries: a *pgx.Conn or a *pgxpool.Conn.
+type queryer interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// deleteBatch runs query, a rawDelete, and reads every returned row. It
+// returns how many rows and bytes came back.
+func deleteBatch(ctx context.Context, q queryer, query string) (n, bytes int, err error) {
+	rows, err := q.Query(ctx, query)
+	if err != nil {
+		return 0, 0, err
+	}
+	for rows.Next() {
+		for _, v := range rows.RawValues() {
+			bytes += len(v)
+		}
+		n++
+	}
+	rows.Close()
+	return n, bytes, rows.Err()
+}
+
+// recvlogicalArgs are pg_recvlogical's arguments to stream slot of the
+// database at dsn through publication pub into /dev/null, with no fsync
+// and a standby status update every status seconds.
+func recvlogicalArgs(dsn, slot, pub string, status int) []string {
+	return []string{"-d", dsn, "--slot", slot, "--start", "-f", "/dev/null", "-F", "0", "-s", strconv.Itoa(status),
+		"-o", "proto_version=1", "-o", "publication_names=" + pub}
+}
+
+// startFloor starts the processes of floor run on d: for the wal floors
+// pg_recvlogical on the relay's slot and publication, with the relay's
+// status interval (1 s), then, once it has caught up with the WAL written
+// so far, this binary re-executed as the floor's database loop (-as-floor).
+func (b *bench) startFloor(ctx context.Context, d *database, run string) ([]*relayProc, error) {
+	var procs []*relayProc
+	if run != floorPoll {
+		p, err := b.startProc(run+"-recvlogical", 0, filepath.Join(b.pgBin, "pg_recvlogical"),
+			recvlogicalArgs(d.dsn, d.slot(), benchPublication, 1)...)
+		if err != nil {
+			return nil, err
+		}
+		procs = append(procs, p)
+		if err := decoderCatchUp(ctx, d, procs); err != nil {
+			return procs, err
+		}
+	}
+	kind := map[string]string{floorPoll: "poll", floorWALDelete: "archive"}[run]
+	if kind == "" {
+		return procs, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return procs, err
+	}
+	p, err := b.startProc(run+"-"+kind, 0, exe, "-as-floor", kind, d.dsn)
+	if err != nil {
+		return procs, err
+	}
+	return append(procs, p), nil
+}
+
+// waitFloor waits up to two minutes after the load until floor run has
+// handled every committed event: the outbox is empty (the floors that
+// delete) and the slot's walsender has sent the WAL written until then
+// (the wal floors).
+func (b *bench) waitFloor(ctx context.Context, d *database, run string, procs []*relayProc, res *ImpactResult) error {
+	t0 := time.Now()
+	if run != floorWAL {
+		err := waitFor(ctx, 2*time.Minute, procs, func() (bool, error) {
+			var empty bool
+			err := d.pool.QueryRow(ctx, "SELECT NOT EXISTS (SELECT 1 FROM outbox)").Scan(&empty)
+			return empty, err
+		})
+		if err != nil {
+			return fmt.Errorf("outbox not emptied: %w", err)
+		}
+	}
+	if run != floorPoll {
+		if err := decoderCatchUp(ctx, d, procs); err != nil {
+			return err
+		}
+	}
+	res.EventsRelayed, res.Complete, res.CatchUpSeconds = res.Transactions, true, time.Since(t0).Seconds()
+	return nil
+}
+
+// decoderCatchUp waits up to two minutes until the walsender streaming d's
+// slot has sent the WAL written when it was called.
+func decoderCatchUp(ctx context.Context, d *database, procs []*relayProc) error {
+	target, err := walLSN(ctx, d)
+	if err != nil {
+		return err
+	}
+	err = waitFor(ctx, 2*time.Minute, procs, func() (bool, error) {
+		var sent bool
+		err := d.pool.QueryRow(ctx, `SELECT coalesce(bool_or(r.sent_lsn - '0/0'::pg_lsn >= $2), false)
+			FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1`,
+			d.slot(), target).Scan(&sent)
+		return sent, err
+	})
+	if err != nil {
+		return fmt.Errorf("slot %s not streamed up to the current WAL: %w", d.slot(), err)
+	}
+	return nil
+}
+
+// waitFor calls done every 20 ms until it reports true, and fails when
+// done fails, a process of procs exits, ctx ends or limit passes.
+func waitFor(ctx context.Context, limit time.Duration, procs []*relayProc, done func() (bool, error)) error {
+	deadline := time.Now().Add(limit)
+	for {
+		ok, err := done()
+		switch {
+		case err != nil:
+			return err
+		case ok:
+			return nil
+		case time.Now().After(deadline):
+			return fmt.Errorf("not done after %s", limit)
+		}
+		for _, p := range procs {
+			if err := p.exited(); err != nil {
+				return err
+			}
+		}
+		if err := wait.Sleep(ctx, 20*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// asFloor runs a floor's database loop on dsn until SIGTERM or SIGINT:
+// kind "poll" is pollFloor, "archive" archiveFloor.
+func asFloor(kind, dsn string, stderr io.Writer) int {
+	loop := map[string]func(context.Context, *pgx.Conn) error{"poll": pollFloor, "archive": archiveFloor}[kind]
+	if loop == nil {
+		fmt.Fprintf(stderr, "relaybench -as-floor: unknown floor %q (poll, archive)\n", kind)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		fmt.Fprintf(stderr, "relaybench -as-floor %s: %v\n", kind, err)
+		return 1
+	}
+	defer conn.Close(context.Background())
+	if err := loop(ctx, conn); err != nil && ctx.Err() == nil {
+		fmt.Fprintf(stderr, "relaybench -as-floor %s: %v\n", kind, err)
+		return 1
+	}
+	return 0
+}
+
+// pollFloor deletes the outbox's oldest rows in batches of floorBatch until
+// ctx ends: the next batch at once after a full one, after floorWait after
+// a short one, and after a wait doubling up to floorIdle while batches
+// come back empty.
+func pollFloor(ctx context.Context, conn *pgx.Conn) error {
+	query := rawDelete("seq", floorBatch)
+	var pause time.Duration
+	for {
+		n, _, err := deleteBatch(ctx, conn, query)
+		switch {
+		case err != nil:
+			return err
+		case n == floorBatch:
+			pause = 0
+		case n > 0:
+			pause = floorWait
+		default:
+			pause = min(max(2*pause, floorWait), floorIdle)
+		}
+		if err := wait.Sleep(ctx, pause); err != nil {
+			return err
+		}
+	}
+}
+
+// archiveFloor deletes, every archiveEvery until ctx ends, the rows up to
+// the highest seq present at the tick before: rows committed at least
+// archiveEvery earlier, which pg_recvlogical has decoded by then while it
+// keeps up. It is one statement per tick, like the wal relay's archive of
+// the batches completed within its archive period.
+func archiveFloor(ctx context.Context, conn *pgx.Conn) error {
+	var bound int64
+	for {
+		var next *int64
+		if err := conn.QueryRow(ctx, archiveFloorSQL, bound).Scan(&next); err != nil {
+			return err
+		}
+		if next != nil {
+			bound = *next
+		}
+		if err := wait.Sleep(ctx, archiveEvery); err != nil {
+			return err
+		}
+	}
+}
