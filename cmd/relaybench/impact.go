@@ -303,7 +303,8 @@ func (b *bench) impactRun(ctx context.Context, run string) (ImpactResult, error)
 }
 
 // startSide starts what runs beside the application in run on d: the
-// relay of a mode, or a floor.
+// relay of a mode, or a floor. A wal relay, like the wal floors, has
+// decoded the setup's WAL when it returns.
 func (b *bench) startSide(ctx context.Context, d *database, run string) (*impactSide, error) {
 	s := &impactSide{run: run}
 	var err error
@@ -313,10 +314,16 @@ func (b *bench) startSide(ctx context.Context, d *database, run string) (*impact
 		s.procs, err = b.startFloor(ctx, d, run)
 	default:
 		var p *relayProc
-		if p, err = b.impactRelay(ctx, d, run); err == nil {
-			s.procs = []*relayProc{p}
-			s.sink0, err = b.sinkCount(ctx, d)
+		if p, err = b.impactRelay(ctx, d, run); err != nil {
+			return s, err
 		}
+		s.procs = []*relayProc{p}
+		if run == "wal" {
+			if err := decoderCatchUp(ctx, d, s.procs); err != nil {
+				return s, err
+			}
+		}
+		s.sink0, err = b.sinkCount(ctx, d)
 	}
 	return s, err
 }
