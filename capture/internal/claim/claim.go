@@ -196,13 +196,30 @@ const txTimeout = 5 * time.Second
 // relay claimed, never fails on a serialization conflict.
 const begin = "BEGIN ISOLATION LEVEL READ COMMITTED"
 
-// txLimits is the first statement of every transaction of the source. It also
-// plans the claim with its parameters' values, so that PostgreSQL 14 and
-// later look the in-flight rows up in a hash table.
+// txLimits is the first statement of every transaction of the source, with
+// txLimitsArg and planMode of the transaction's arrays.
 const txLimits = `SELECT set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $1, true),
-	set_config('plan_cache_mode', 'force_custom_plan', true)`
+	set_config('plan_cache_mode', $2, true)`
 
 var txLimitsArg = strconv.FormatInt(txTimeout.Milliseconds(), 10)
+
+// planMode returns the plan_cache_mode of a transaction whose statements
+// take arrays of n elements together: above hashedArray the statements are
+// planned with their parameters' values, so that PostgreSQL 14 and later
+// look the arrays' elements (rows in flight, a batch's seqs) up in a hash
+// table; otherwise they run the plan each connection keeps for each of
+// them, since planning a claim costs the server more than searching a short
+// array row by row.
+func planMode(n int) string {
+	if n > hashedArray {
+		return "force_custom_plan"
+	}
+	return "force_generic_plan"
+}
+
+// hashedArray is the most elements of the arrays of a transaction that
+// planMode leaves to a kept plan.
+const hashedArray = 64
 
 // safeBound runs, when the claim reads the open writers (see
 // Source.readWriters), after the bound statement and before the claim, as a
@@ -248,9 +265,10 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 		bound = s.opts.MaxSeq
 	}
 	limit := s.claimLimit()
+	skip, held := s.flight.above(s.cursor), s.heldKeys.List()
 	var r readings
-	br := s.prepare(&r, limit)
-	sql, skippedSQL, args := s.sql.claimOf(s.lease.owned, s.opts.Partitions, s.cursor, bound, limit, s.flight.above(s.cursor), s.heldKeys.List())
+	br := s.prepare(&r, limit, len(skip)+len(held))
+	sql, skippedSQL, args := s.sql.claimOf(s.lease.owned, s.opts.Partitions, s.cursor, bound, limit, skip, held)
 	br.Queue(sql, args...).
 		Query(func(rows pgx.Rows) error {
 			for rows.Next() {
@@ -398,14 +416,15 @@ type readings struct {
 }
 
 // prepare returns the claiming transaction up to its claim of at most limit
-// rows: it begins, takes the work locks of the owned partitions (see
-// Scale-out in lease.go), reads H and raises the safe seq over the seqs
-// above it that are all visible, and, when readWriters says so, runs
-// safeBound with the pending watermarks.
-func (s *Source) prepare(r *readings, limit int) *pgx.Batch {
+// rows, whose arrays of rows in flight and held keys hold n elements: it
+// begins, takes the work locks of the owned partitions (see Scale-out in
+// lease.go), reads H and raises the safe seq over the seqs above it that
+// are all visible, and, when readWriters says so, runs safeBound with the
+// pending watermarks.
+func (s *Source) prepare(r *readings, limit, n int) *pgx.Batch {
 	br := &pgx.Batch{}
 	br.Queue(begin)
-	br.Queue(txLimits, txLimitsArg)
+	br.Queue(txLimits, txLimitsArg, planMode(n))
 	br.Queue(s.sql.lockWork, s.lease.keys.work, s.lease.owned)
 	scan := func(row pgx.Row) error { return row.Scan(&r.head, &r.safe) }
 	if s.contiguous {
@@ -547,7 +566,7 @@ func (b *batch) complete(ctx context.Context, o capture.Outcome) error {
 	}
 	br := &pgx.Batch{}
 	br.Queue(begin)
-	br.Queue(txLimits, txLimitsArg)
+	br.Queue(txLimits, txLimitsArg, planMode(n))
 	if len(dead) > 0 {
 		seqs := make([]int64, len(dead))
 		for i, d := range dead {

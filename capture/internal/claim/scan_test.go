@@ -167,6 +167,12 @@ func backendCPU(b *testing.B, pool *pgxpool.Pool) time.Duration {
 	if err != nil {
 		b.Fatal(err)
 	}
+	return pidsCPU(pids)
+}
+
+// pidsCPU returns the CPU time the processes pids have used so far, from
+// /proc; a process that ended counts nothing.
+func pidsCPU(pids []int32) time.Duration {
 	var ticks int64
 	for _, pid := range pids {
 		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
