@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/outboxrelay/relay/internal/outboxtest"
 )
 
 // TestDrainHoldsNoTransaction shows that a batch of the drain of rows older
@@ -23,14 +25,8 @@ func TestDrainHoldsNoTransaction(t *testing.T) {
 			b.Abandon(context.Background())
 		}
 	}()
-	var open int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-		WHERE datname = current_database() AND xact_start IS NOT NULL AND pid <> pg_backend_pid()
-		AND backend_type = 'client backend'`).Scan(&open); err != nil {
-		t.Fatal(err)
-	}
-	if open != 0 {
-		t.Fatalf("%d transactions open while a drained batch is in flight", open)
+	if n := outboxtest.HeldTransactions(t, pool); n != 0 {
+		t.Fatalf("%d transactions held open while a drained batch is in flight", n)
 	}
 	settled = true
 	complete(t, b)

@@ -87,3 +87,21 @@ func InsertStoredID(t testing.TB, q schema.Querier, stored string) string {
 	Exec(t, q, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, 't', 'a', 'e', '{}')`, stored)
 	return strings.ToLower(strings.Trim(stored, "{}"))
 }
+
+// HeldTransactions returns how many client sessions of q's database, other
+// than the one running the count, hold a transaction open between
+// statements (idle in transaction, aborted or not): what a source that kept
+// its claim's transaction while the pipeline publishes the batch leaves.
+// A statement running at that moment in a transaction of its own, such as
+// the periodic read of a slot guard or a partition lease, holds nothing
+// across the publish and is not counted.
+func HeldTransactions(t testing.TB, q schema.Querier) int {
+	t.Helper()
+	var n int
+	if err := q.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
+		AND state LIKE 'idle in transaction%'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

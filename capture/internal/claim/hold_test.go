@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/internal/outboxtest"
 )
 
 // TestNoTransactionWhileInFlight shows that a claimed batch holds neither a
@@ -32,13 +33,8 @@ func TestNoTransactionWhileInFlight(t *testing.T) {
 			b.Abandon(ctx)
 		}
 	}()
-	var open int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-		WHERE datname = current_database() AND xact_start IS NOT NULL AND pid <> pg_backend_pid()`).Scan(&open); err != nil {
-		t.Fatal(err)
-	}
-	if open != 0 {
-		t.Fatalf("%d transactions open while the batch is in flight", open)
+	if n := outboxtest.HeldTransactions(t, pool); n != 0 {
+		t.Fatalf("%d transactions held open while the batch is in flight", n)
 	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
