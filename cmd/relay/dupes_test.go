@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -22,15 +23,23 @@ const drainBatch = 100
 // published and unarchived events at once.)
 const drainWindow = 24 * drainBatch
 
+// killAfter is how many events a relay of TestKillDuringDrain has had
+// acknowledged when it is killed, of a backlog of at least 4,000.
+const killAfter = 600
+
 // TestKillDuringDrain writes a backlog while no relay runs (an outage),
 // starts the relay and kills it with -9 while it publishes the backlog, a
 // few times, then lets a last relay finish, on every sink and in both
 // capture modes: nothing is lost or out of order, and each kill resends at
 // most one in-flight window (drainWindow). Before wal replay dropped the
 // events an earlier run had archived, a wal relay resent everything
-// archived since the slot's confirmed position. SQS FIFO drops the copies
-// within five minutes, so its consumer sees none. RELAY_TEST_KILLS sets
-// the number of kills (default 3).
+// archived since the slot's confirmed position. A relay is killed once the
+// broker acknowledged killAfter of its events (its own counter: the
+// consumers lag behind, the SQS one by seconds), and at least one kill
+// must leave rows of the backlog in the outbox. SQS FIFO drops a copy
+// while the queue still holds the original; the test's consumer deletes
+// what it receives, so its copies count as on the other sinks.
+// RELAY_TEST_KILLS sets the number of kills (default 3).
 func TestKillDuringDrain(t *testing.T) {
 	t.Parallel()
 	kills := 3
@@ -70,12 +79,19 @@ func killDuringDrain(t *testing.T, opts stackOptions, kills int) {
 	s := newStack(t, opts)
 	rewriteDSN(t, s.cfgPath, "interval: 50ms", fmt.Sprintf("interval: 50ms\n    batch_size: %d", drainBatch))
 	ctx := context.Background()
-	for range kills {
+	left := make([]int, kills) // the backlog's rows left in the outbox by each kill
+	for i := range kills {
 		s.produce(ctx, 4000, 400, 4)
 		relay := s.start()
-		before := s.delivered()
-		waitFor(t, func() bool { return s.delivered() >= before+600 })
+		waitFor(t, func() bool {
+			return readyz(addr) != 0 && scrapeCounter(t, addr, "relay_events_published_total") >= killAfter
+		})
 		relay.kill()
+		left[i] = s.outboxRows()
+		s.syncWire() // receive now what the final wait would otherwise receive all at once
+	}
+	if kills > 0 && slices.Max(left) == 0 {
+		t.Errorf("every kill came after the relay had archived the whole backlog (rows left %v): no kill hit a drain", left)
 	}
 	relay := s.start()
 	// The previous relays may have published everything already: the
@@ -87,15 +103,9 @@ func killDuringDrain(t *testing.T, opts stackOptions, kills int) {
 	}
 	wire, _ := s.verify()
 	perKill := float64(wire.Duplicates) / float64(kills)
-	t.Logf("kill -9 during the backlog drain, %d times (%s): %s; %.1f duplicates per kill (window %d)",
-		kills, opts.Mode, wire, perKill, drainWindow)
+	t.Logf("kill -9 during the backlog drain, %d times (%s), rows left by the kills %v: %s; %.1f duplicates per kill (window %d)",
+		kills, opts.Mode, left, wire, perKill, drainWindow)
 	if perKill > drainWindow {
 		t.Errorf("%.1f duplicates per kill, more than the in-flight window of %d events", perKill, drainWindow)
 	}
-}
-
-// delivered returns how many deliveries the stack's consumer has seen.
-func (s *stack) delivered() int {
-	s.syncWire()
-	return s.wire.Deliveries()
 }
