@@ -155,7 +155,7 @@ func floorRatios(runs []ImpactResult) {
 
 // pin pins the PostgreSQL server (the postmaster, its processes and the
 // backends it forks later) to CPU 0 and this process (NATS, the clients and
-// the relays it starts later) to the other CPUs when taskset exists and the
+// the relays and floors it starts later) to the other CPUs when taskset exists and the
 // machine has two CPUs or more. It records what it did in im and returns
 // what undoes it.
 func (b *bench) pin(im *Impact) func() {
@@ -187,7 +187,7 @@ func (b *bench) pin(im *Impact) func() {
 		return func() {}
 	}
 	im.Pinned = true
-	im.Pinning = fmt.Sprintf("pinned with taskset: PostgreSQL on CPU 0, the bench (clients, NATS) and the relay on CPUs %s", rest)
+	im.Pinning = fmt.Sprintf("pinned with taskset: PostgreSQL on CPU 0, the bench (clients, NATS) and the relay or floor on CPUs %s", rest)
 	return func() {
 		_ = taskset(all, serverPids(pm)...)
 		_ = taskset(all, os.Getpid())
