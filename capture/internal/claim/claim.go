@@ -244,7 +244,8 @@ FROM locks, released`
 // claim claims the next rows up to the safe watermark in one round trip on
 // the lease connection, whose session holds this relay's partition leases
 // (so a claim commits only while they are held): a short transaction that
-// takes the work locks, works out the safe seq, claims and commits; see
+// takes the work locks, works out the safe seq, runs the statements of the
+// completions waiting for it (see fold.go), claims and commits; see
 // docs/design.md. It returns nil when there are none.
 //
 // The claim does not end when ctx does: pgx closes a connection whose
@@ -254,6 +255,18 @@ FROM locks, released`
 func (s *Source) claim(ctx context.Context) (*batch, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*txTimeout)
 	defer cancel()
+	taken := s.folds.take(hashedArray)
+	b, err := s.claimWith(ctx, taken)
+	settle(taken, err)
+	if err != nil && len(taken) > 0 && !s.lease.conn.IsClosed() {
+		return s.claimWith(ctx, nil) // without the completions, which run on their own
+	}
+	return b, err
+}
+
+// claimWith is claim with the statements of the folded completions taken
+// in its transaction (see fold.go).
+func (s *Source) claimWith(ctx context.Context, taken []*fold) (*batch, error) {
 	s.dropNotifications(ctx)
 	if s.rewind.Swap(false) {
 		s.cursor = 0
@@ -266,8 +279,13 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 	}
 	limit := s.claimLimit()
 	skip, held := s.flight.above(s.cursor), s.heldKeys.List()
+	n := len(skip) + len(held)
+	for _, w := range taken {
+		n += w.n
+	}
 	var r readings
-	br := s.prepare(&r, limit, len(skip)+len(held))
+	br := s.prepare(&r, limit, n)
+	queueFolds(br, taken) // before the claim, which sees their dead-lettered (parked) aggregates
 	sql, skippedSQL, args := s.sql.claimOf(s.lease.owned, s.opts.Partitions, s.cursor, bound, limit, skip, held)
 	br.Queue(sql, args...).
 		Query(func(rows pgx.Rows) error {
@@ -299,7 +317,7 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 	s.recordReadings(&r, bound, time.Now())
 	least := b.holdBack(skipped)
 	s.skipped = least > 0
-	n := len(b.seqs)
+	n = len(b.seqs)
 	s.idle = n < limit
 	s.few = n > 0 && n < fillRows
 	s.limit = limit * 2
@@ -558,30 +576,18 @@ func (b *batch) leftUnheld(o capture.Outcome) bool {
 	return false
 }
 
+// complete runs the statements of o (see statements): in the next claim
+// when they are few (see fold.go), else in a transaction of their own.
 func (b *batch) complete(ctx context.Context, o capture.Outcome) error {
-	dead := append(o.Dead, b.bad...)
-	n := len(o.Published) + len(dead)
-	if n == 0 {
+	stmts, n := b.statements(o)
+	if n == 0 || n <= hashedArray && b.s.folds.run(ctx, stmts, n) {
 		return nil
 	}
 	br := &pgx.Batch{}
 	br.Queue(begin)
 	br.Queue(txLimits, txLimitsArg, planMode(n))
-	if len(dead) > 0 {
-		seqs := make([]int64, len(dead))
-		for i, d := range dead {
-			seqs[i] = int64(d.Event.Position)
-		}
-		br.Queue(b.s.sql.deadLetter, deadArgs(dead)...)
-		br.Queue(b.s.sql.dropDead, seqs)
-	}
-	if len(o.Published) > 0 {
-		seqs := make([]int64, len(o.Published))
-		for i, ev := range o.Published {
-			seqs[i] = int64(ev.Position)
-		}
-		sql, args := b.s.sql.archiveOf(seqs)
-		br.Queue(sql, args...)
+	for _, st := range stmts {
+		br.Queue(st.sql, st.args...)
 	}
 	br.Queue("COMMIT")
 	ctx, cancel := context.WithTimeout(ctx, 2*txTimeout)
@@ -595,6 +601,29 @@ func (b *batch) complete(ctx context.Context, o capture.Outcome) error {
 		return fmt.Errorf("archive %d rows: %w", n, err)
 	}
 	return nil
+}
+
+// statements returns the statements that settle the batch with outcome o:
+// they move its dead events to the dead-letter table and archive its
+// published ones; n counts those rows.
+func (b *batch) statements(o capture.Outcome) (stmts []statement, n int) {
+	dead := append(o.Dead, b.bad...)
+	if len(dead) > 0 {
+		seqs := make([]int64, len(dead))
+		for i, d := range dead {
+			seqs[i] = int64(d.Event.Position)
+		}
+		stmts = append(stmts, statement{b.s.sql.deadLetter, deadArgs(dead)}, statement{b.s.sql.dropDead, []any{seqs}})
+	}
+	if len(o.Published) > 0 {
+		seqs := make([]int64, len(o.Published))
+		for i, ev := range o.Published {
+			seqs[i] = int64(ev.Position)
+		}
+		sql, args := b.s.sql.archiveOf(seqs)
+		stmts = append(stmts, statement{sql, args})
+	}
+	return stmts, len(o.Published) + len(dead)
 }
 
 func deadArgs(dead []capture.DeadEvent) []any {

@@ -148,6 +148,7 @@ type Source struct {
 	lease    leases
 	marks    watermarks
 	flight   inFlight          // rows of batches not settled yet
+	folds    folds             // completions waiting for a claim (see fold.go)
 	heldKeys *capture.HeldKeys // see Hold
 	cursor   int64             // claims continue after this seq until reset
 	rewind   atomic.Bool       // set when rows below cursor may be claimable again
@@ -398,8 +399,9 @@ func (s *Source) disconnect(ctx context.Context) {
 }
 
 // wait blocks for fillWait after a claim that found few rows, else until an
-// insert is notified (with the trigger of capture.poll.notify) or the
-// current poll interval passes: busyInterval after rows were found,
+// insert is notified (with the trigger of capture.poll.notify), a
+// completion waits for a claim (see fold.go), or the current poll interval
+// passes: busyInterval after rows were found,
 // doubling with every empty claim up to Options.Interval. The claim that
 // follows drops the notifications received so far (dropNotifications).
 func (s *Source) wait(ctx context.Context) error {
@@ -408,6 +410,10 @@ func (s *Source) wait(ctx context.Context) error {
 	}
 	wctx, cancel := context.WithTimeout(ctx, s.pause())
 	defer cancel()
+	if !s.folds.watch(cancel) {
+		return nil // completions wait for the claim
+	}
+	defer s.folds.watch(nil)
 
 	_, err := s.lease.conn.WaitForNotification(wctx)
 	switch {
