@@ -258,7 +258,7 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 	taken := s.folds.take(hashedArray)
 	b, err := s.claimWith(ctx, taken)
 	settle(taken, err)
-	if err != nil && len(taken) > 0 && !s.lease.conn.IsClosed() {
+	if err != nil && len(taken) > 0 && s.lease.conn != nil && !s.lease.conn.IsClosed() { // rollback may have closed it
 		return s.claimWith(ctx, nil) // without the completions, which run on their own
 	}
 	return b, err

@@ -124,19 +124,19 @@ func BenchmarkSteadyCost(b *testing.B) {
 	b.ReportMetric(after.execMs*1e6/n, "exec-ns/op")
 	b.ReportMetric(float64(cpu.Nanoseconds())/n, "cpu-ns/op")
 	if testing.Verbose() {
-		rows, err := admin.Query(ctx, `SELECT calls, round(total_plan_time::numeric, 1), round(total_exec_time::numeric, 1), wal_bytes, left(regexp_replace(query, '\s+', ' ', 'g'), 90)
+		rows, err := admin.Query(ctx, `SELECT calls, rows, round(total_plan_time::numeric, 1), round(total_exec_time::numeric, 1), wal_bytes, left(regexp_replace(query, '\s+', ' ', 'g'), 90)
 			FROM pg_stat_statements WHERE query NOT LIKE 'INSERT INTO outbox%' ORDER BY total_plan_time + total_exec_time DESC LIMIT 12`)
 		if err != nil {
 			b.Fatal(err)
 		}
 		for rows.Next() {
-			var calls, wal int64
+			var calls, n, wal int64
 			var plan, exec float64
 			var q string
-			if err := rows.Scan(&calls, &plan, &exec, &wal, &q); err != nil {
+			if err := rows.Scan(&calls, &n, &plan, &exec, &wal, &q); err != nil {
 				b.Fatal(err)
 			}
-			b.Logf("%7d calls %8.1f ms plan %8.1f ms exec %9d WAL B  %s", calls, plan, exec, wal, q)
+			b.Logf("%7d calls %7d rows %8.1f ms plan %8.1f ms exec %9d WAL B  %s", calls, n, plan, exec, wal, q)
 		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/outboxrelay/relay/capture"
 )
 
 // TestLostLeaseClaimsNothing shows that a claim runs in the session that
@@ -45,5 +47,55 @@ func TestLostLeaseClaimsNothing(t *testing.T) {
 	got, err := a.claim(ctx)
 	if got != nil {
 		t.Fatalf("the relay that lost its leases claimed %d rows the other relay has in flight", len(got.Events()))
+	}
+}
+
+// TestFoldedArchiveOfLostClaim: a completion folded into a claim whose
+// lease connection died archives its rows in a transaction of its own.
+func TestFoldedArchiveOfLostClaim(t *testing.T) {
+	ctx := context.Background()
+	pool, l := outboxDB(t, nil)
+	a := leasedSource(t, pool, l)
+	if _, err := pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+		VALUES (gen_random_uuid(), 'order', 'a', 'created', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	b, err := a.Next(ctx)
+	if err != nil || len(b.Events()) != 1 {
+		t.Fatalf("claimed %v, %v", b, err)
+	}
+	if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, a.lease.conn.PgConn().PID()); err != nil {
+		t.Fatal(err)
+	}
+	completed := make(chan error, 1)
+	go func() { completed <- b.Complete(ctx, capture.Outcome{Published: b.Events()}) }()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
+		a.folds.mu.Lock()
+		n := len(a.folds.waiting)
+		a.folds.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the completion did not wait for a claim")
+		}
+	}
+	if got, err := a.claim(ctx); err == nil {
+		t.Fatalf("a claim on the dead lease connection claimed %v", got)
+	}
+	select {
+	case err := <-completed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Complete did not return within a minute")
+	}
+	var left int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Fatalf("%d rows left in the outbox", left)
 	}
 }
