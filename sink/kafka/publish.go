@@ -27,7 +27,9 @@ import (
 // It returns nil when all were acknowledged and a *sink.BatchError
 // otherwise. Several events of one aggregate may share a batch (see
 // MaxPerAggregate): once one of them fails, the later ones fail too, with
-// sink.ErrHeldBack when they were not produced.
+// sink.ErrHeldBack when they were not produced. Of one aggregate, Publish
+// produces only the events that fit in one record batch of their topic
+// and holds back the rest (see records).
 //
 // Before the first publish to a topic, Publish makes sure the topic exists
 // (see docs/design.md, Kafka). Errors are classified by classify.
@@ -69,38 +71,28 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	}
 	results := make(chan result, len(batch)) // promises never block
 	pending := 0
-	keys := make([]string, len(batch))
-	seen := make(map[string]bool) // keys with an earlier event in batch
-	held := make(map[string]bool) // keys whose later events are held back
+	recs, keys := s.records(batch, topics, errs)
+	stopped := make(map[string]bool) // keys whose later events are held back
 	t, err := s.enterTxn()
 	if err != nil {
 		return err
 	}
+	// Every record is built before the first is produced, so that the
+	// records of one aggregate follow each other closely.
 	for i, e := range batch {
-		r := record(e, topics[i], s.rows)
-		if env := s.opts.Envelope; env != nil {
-			env.Binary(e, envelope.Kafka, func(k, v string) { r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)}) })
-		}
-		k := topics[i] + "\x00" + string(r.Key)
-		keys[i] = k
+		k, r := keys[i], recs[i]
 		g := guards.of(k)
-		// The client fails a record too large for a batch on its own,
-		// without the records behind it: such a record goes alone.
-		large := s.mayBeTooLarge(r, topics[i])
-		if held[k] || large && seen[k] || g.failed() {
-			errs[i], held[k] = sink.ErrHeldBack, true
+		if errs[i] != nil {
 			continue
 		}
-		seen[k] = true
-		if errs[i] == nil && ctx.Err() != nil {
+		if stopped[k] || g.failed() {
+			errs[i], stopped[k] = sink.ErrHeldBack, true
+			continue
+		}
+		if ctx.Err() != nil {
 			// Produce buffers a record even with a done context when the
 			// client has room; a later record of the key must not be.
-			errs[i] = s.explain(ctx.Err())
-		}
-		if errs[i] != nil || large {
-			held[k] = true
-		}
-		if errs[i] != nil {
+			errs[i], stopped[k] = s.explain(ctx.Err()), true
 			continue
 		}
 		pending++
@@ -179,6 +171,48 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 		return &sink.BatchError{Errs: errs}
 	}
 	return nil
+}
+
+// records builds the record of every event of batch to topics and the
+// key of its aggregate on its topic, and marks the events that are not to
+// be produced in this call: errs[i] is set for an event that cannot be
+// published and becomes sink.ErrHeldBack for each later event of its
+// aggregate. Besides those, an aggregate's events are held back
+//   - after a record that may be too large for a batch of its topic, and
+//     from such a record on when it is not the aggregate's first: the
+//     client fails such a record on its own, without the records behind it;
+//   - once its records would no longer fit in one batch of the topic (its
+//     first record always goes). A longer run would fill a batch and
+//     start the next one while the first is sent. When the broker rejects
+//     the first, the client fails the records buffered behind it but
+//     reports that only later, from another goroutine, and a record of
+//     the run produced in between starts a new sequence, which the broker
+//     stores ahead of the rejected records' retry.
+func (s *Sink) records(batch []*event.Event, topics []string, errs []error) ([]*kgo.Record, []string) {
+	recs := make([]*kgo.Record, len(batch))
+	keys := make([]string, len(batch))
+	run := make(map[string]int)   // bytes of each key's records to produce
+	held := make(map[string]bool) // keys whose later events are held back
+	for i, e := range batch {
+		r := record(e, topics[i], s.rows)
+		if env := s.opts.Envelope; env != nil {
+			env.Binary(e, envelope.Kafka, func(k, v string) { r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)}) })
+		}
+		k := topics[i] + "\x00" + string(r.Key)
+		recs[i], keys[i] = r, k
+		n, limit := recordBytes(r), int(s.maxMessageBytes(topics[i]))-batchMargin
+		large := n > limit
+		_, seen := run[k]
+		if held[k] || seen && run[k]+n > limit {
+			errs[i], held[k] = sink.ErrHeldBack, true
+			continue
+		}
+		run[k] += n
+		if errs[i] != nil || large {
+			held[k] = true
+		}
+	}
+	return recs, keys
 }
 
 // aggGuards stop the producing of an aggregate's records in one Publish
@@ -268,22 +302,27 @@ func (s *Sink) enterTxn() (*txn, error) {
 // MaxPerAggregate implements sink.Ordered: within a partition, the
 // idempotent producer keeps records in order and fails every record behind
 // a failed one, so a batch may carry as many events of one aggregate as the
-// client can buffer (see docs/design.md, Hot aggregates).
+// client can buffer; Publish produces those that fit in one record batch
+// of the topic and holds back the rest (see docs/design.md, Hot
+// aggregates).
 func (s *Sink) MaxPerAggregate() int { return s.opts.MaxBufferedRecords }
 
-// mayBeTooLarge reports whether r may not fit in an empty record batch of
-// topic, so that the client might fail it alone.
-func (s *Sink) mayBeTooLarge(r *kgo.Record, topic string) bool {
-	n := len(r.Key) + len(r.Value) + tooLargeMargin
+// recordBytes over-estimates the bytes r takes in a record batch.
+func recordBytes(r *kgo.Record) int {
+	n := len(r.Key) + len(r.Value) + recordMargin
 	for _, h := range r.Headers {
 		n += len(h.Key) + len(h.Value) + 10
 	}
-	return n > int(s.maxMessageBytes(topic))
+	return n
 }
 
-// tooLargeMargin over-estimates a record's and its batch's framing, in
-// bytes.
-const tooLargeMargin = 512
+// Framing over-estimates, in bytes: recordMargin of a record's (its
+// length, attributes, deltas and field lengths), batchMargin of a record
+// batch's and of the produce request around it.
+const (
+	recordMargin = 40
+	batchMargin  = 512
+)
 
 // errClosed fails the publishes waiting for acks when the sink is closed.
 var errClosed = errors.New("kafka sink closed")
