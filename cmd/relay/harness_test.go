@@ -419,25 +419,39 @@ func streamDeliveries(t *testing.T, url string, opts ...nats.Option) []verify.De
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	st, err := js.Stream(ctx, "OUTBOX")
 	if err != nil {
 		t.Fatal(err)
 	}
 	info, _ := st.Info(ctx)
-	// The server drops the consumer soon after the read: tests that poll
-	// the stream must not pile consumers up.
-	c, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{InactiveThreshold: 2 * time.Second})
+	// The read deletes its consumer at the end, so that tests that poll the
+	// stream do not pile consumers up; the server drops one a failed read
+	// left a minute after. (A threshold of 2s let the server drop, under
+	// load, a consumer the fetch had just created before its pull request
+	// came: "no responders available for request".)
+	c, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{InactiveThreshold: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() {
+		if info := c.CachedInfo(); info != nil {
+			st.DeleteConsumer(context.Background(), info.Name)
+		}
+	}()
+	// Each fetch asks for messages the stream already holds, so it returns
+	// as soon as they arrive and a long wait costs nothing: a wait of one
+	// second ran out under load before a 20 MiB message
+	// (TestBigTransactionMemory) arrived, and the next fetch started over.
+	// Waits of 10s and more make the server send heartbeats, whose late
+	// arrival under load failed the read ("no heartbeat received").
 	var ds []verify.Delivery
 	for left := int(info.State.Msgs); left > 0; {
 		if ctx.Err() != nil {
 			t.Fatalf("read stream: %d messages not received", left)
 		}
-		batch, err := c.Fetch(min(left, 1000), jetstream.FetchMaxWait(time.Second))
+		batch, err := c.Fetch(min(left, 1000), jetstream.FetchMaxWait(9*time.Second))
 		if err != nil {
 			t.Fatalf("read stream: %v", err)
 		}
