@@ -18,6 +18,7 @@ import (
 // TestBadInput checks each kind of bad input gives a message naming the
 // thing and the contract's exit status, without creating anything.
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	n, err := testenv.StartNATS(testenv.NATSOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 // it, not retry silently as if Postgres were down, and exit 1 once
 // postgres.fatal_after has passed, with every row still in the outbox.
 func TestLastingDatabaseFailure(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ mode, missing, fix string }{
 		{"poll", "UPDATE", `GRANT SELECT, DELETE, UPDATE ("id") ON TABLE "public"."outbox"`},
 		{"wal", "DELETE", `GRANT SELECT, DELETE, UPDATE ("id") ON TABLE "public"."outbox"`},

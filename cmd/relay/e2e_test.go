@@ -19,13 +19,14 @@ import (
 // The relay runs as a role with only the privileges `relay init --dry-run
 // --role` prints.
 func TestEndToEnd(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
 			s := newStack(t, stackOptions{Mode: mode, LeastPrivilege: true})
 			relay := s.start()
 			begin := time.Now()
 			s.produce(context.Background(), 12000, 600, 8)
-			s.waitDrained(60 * time.Second)
+			s.waitDrained(120 * time.Second)
 			elapsed := time.Since(begin)
 			if code := relay.stop(t, 15*time.Second); code != 0 {
 				t.Fatalf("relay exited %d after SIGTERM, want 0", code)
@@ -76,6 +77,7 @@ func TestKillAndRestart(t *testing.T) {
 // TestGracefulStop stops the relay with SIGTERM mid-stream: it exits 0,
 // and a restarted relay finishes the work.
 func TestGracefulStop(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	relay := s.start()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -128,6 +130,7 @@ func TestPoisonRowDeadLettered(t *testing.T) {
 // run with least privilege plus INSERT on the outbox, which redrive needs
 // (docs/operations.md).
 func TestDeadLetterRedrive(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{LeastPrivilege: true})
 	ctx := context.Background()
 	if _, err := s.pool.Exec(ctx, "GRANT INSERT ON outbox TO "+s.role); err != nil {
@@ -230,6 +233,7 @@ func TestParkAggregate(t *testing.T) {
 // marked or moved, never deleted, and retention prunes them. The relay
 // runs with least privilege (see TestEndToEnd).
 func TestArchiveModes(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"mark", "move"} {
 		t.Run(mode, func(t *testing.T) {
 			s := newStack(t, stackOptions{Archive: mode, LeastPrivilege: true})

@@ -241,6 +241,7 @@ func TestPostgresRestartAndCuts(t *testing.T) {
 // one with SIGKILL mid-stream, and checks that the others take over its
 // partitions with no loss and per-aggregate order intact.
 func TestThreePollRelaysOneKilled(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	relays := []*relayProc{s.start(), s.start(), s.start()}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -272,6 +273,7 @@ func TestThreePollRelaysOneKilled(t *testing.T) {
 // TestStallsAndCuts runs the relay's NATS and Postgres connections through
 // proxies that stall and cut them while producers write.
 func TestStallsAndCuts(t *testing.T) {
+	t.Parallel()
 	_, dbProxy, s := proxiedStack(t)
 	s.wireGaps = true
 	natsProxy, err := testenv.StartProxy(strings.TrimPrefix(s.nats.URL(), "nats://"))

@@ -142,6 +142,7 @@ func TestHeldRouteKeepsNoWAL(t *testing.T) {
 // filled the pipeline's window and stopped them), and once it works the
 // backlog is delivered in per-aggregate order. Both capture modes.
 func TestHeldBacklogLeavesOthers(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
 			s, rc := heldStack(t, mode, "")
@@ -200,6 +201,7 @@ func TestHeldBacklogLeavesOthers(t *testing.T) {
 // events arrive in order with the row ids as message ids, and the outbox
 // ends empty. Both capture modes.
 func TestHeldRouteKill9(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
 			s, rc := heldStack(t, mode, "")

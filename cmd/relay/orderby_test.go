@@ -31,6 +31,7 @@ const orderByYAML = "outbox:\n  order_by: tenant_id\n"
 // tenant's events, written by interleaving four aggregates, arrive in
 // commit order.
 func TestOrderByTenant(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
 			s := newTenantStack(t, mode)

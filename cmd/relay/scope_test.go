@@ -392,6 +392,7 @@ func TestNATSStreamDeletedMidStream(t *testing.T) {
 // connections so that no send answered after that counts. Both capture
 // modes.
 func TestSQSQueueDeletedMidStream(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
 			srv, url, collect := startSQSQueue(t)
