@@ -427,6 +427,9 @@ type readings struct {
 	head  int64
 	safe  int64
 	open  []string
+	// visible is the safe seq of the bound statement, over visible seqs,
+	// before safeBound raised it.
+	visible int64
 	// from is the safe seq the bound statement started from, and limit the
 	// most seqs above it it looked at.
 	from  int64
@@ -444,7 +447,11 @@ func (s *Source) prepare(r *readings, limit, n int) *pgx.Batch {
 	br.Queue(begin)
 	br.Queue(txLimits, txLimitsArg, planMode(n))
 	br.Queue(s.sql.lockWork, s.lease.keys.work, s.lease.owned)
-	scan := func(row pgx.Row) error { return row.Scan(&r.head, &r.safe) }
+	scan := func(row pgx.Row) error {
+		err := row.Scan(&r.head, &r.safe)
+		r.visible = r.safe
+		return err
+	}
 	if s.contiguous {
 		br.Queue(s.sql.bound, s.info.SeqSequence, s.marks.safe, limit).QueryRow(scan)
 	} else {
@@ -464,7 +471,7 @@ func (s *Source) prepare(r *readings, limit, n int) *pgx.Batch {
 // the outbox (safeBound): always when the seq column has no unique index
 // (see Source.contiguous), while this relay does not lease every partition
 // (the rows other relays archived leave gaps in the seqs it sees), and once
-// the first seq above the safe seq has been missing for gapInterval (its
+// the first seq above the safe seq has been missing for gapWait (its
 // writer rolled back, failed, or is still open), then again every
 // blockedInterval while it stays missing. Otherwise the safe seq only
 // rises over visible seqs, which needs no read of pg_locks; the pairs a
@@ -474,10 +481,23 @@ func (s *Source) readWriters(now time.Time) bool {
 	if !s.contiguous || !coversAll(s.lease.owned, s.opts.Partitions) {
 		return true
 	}
-	if s.gapAt == 0 || now.Sub(s.gapSince) < gapInterval {
+	if s.gapAt == 0 || now.Sub(s.gapSince) < s.gapWait() {
 		return false
 	}
 	return s.locksAt.Before(s.gapSince) || now.Sub(s.locksAt) >= blockedInterval
+}
+
+// gapWait returns how long the first seq above the safe seq may be missing
+// before a claim reads the open writers: twice as long as the last missing
+// seq took to appear by itself (its writer committed), between gapInterval
+// and blockedInterval, or gapInterval after a read of the writers released
+// a missing seq (a rolled-back one, which no writer fills). While writers
+// keep seqs missing for a few milliseconds (a busy database, claims a few
+// milliseconds apart) the claims thus mostly find the seq filled instead of
+// reading pg_locks for it; a rolled-back seq then holds the rows behind it
+// up to blockedInterval longer.
+func (s *Source) gapWait() time.Duration {
+	return min(max(2*s.gapFilled, gapInterval), blockedInterval)
 }
 
 // recordReadings records, at now, what a claim bounded by bound read: the
@@ -489,6 +509,12 @@ func (s *Source) recordReadings(r *readings, bound int64, now time.Time) {
 	s.marks.raise(r.safe)
 	if r.locks {
 		s.marks.advance(r.head, r.open)
+	}
+	if s.gapAt > 0 && s.marks.safe >= s.gapAt && !s.gapSince.IsZero() {
+		s.gapFilled = 0 // released by a read of the writers
+		if r.visible >= s.gapAt {
+			s.gapFilled = now.Sub(s.gapSince)
+		}
 	}
 	switch {
 	case r.head <= s.marks.safe || s.contiguous && s.marks.safe >= r.from+int64(r.limit):

@@ -113,3 +113,40 @@ func TestClaimDeadlineKeepsLeases(t *testing.T) {
 		t.Error("a claim interrupted by Next's context closed the lease connection")
 	}
 }
+
+// TestGapWaitFollowsWriters: after a missing seq appeared by itself (its
+// writer committed) 4 ms after a claim found it missing, the next missing
+// seq waits twice that before a claim reads the open writers, instead of
+// gapInterval; after a read of the writers released a missing seq (rolled
+// back), the next one waits gapInterval again. The wait stays between
+// gapInterval and blockedInterval.
+func TestGapWaitFollowsWriters(t *testing.T) {
+	s := &Source{opts: Options{Partitions: 1}, lease: leases{owned: []int32{0}}, contiguous: true}
+	now := time.Now()
+	s.recordReadings(&readings{head: 2, safe: 0, visible: 0, limit: 500}, 1<<62, now)
+	if s.gapAt != 1 {
+		t.Fatalf("gapAt %d, want 1", s.gapAt)
+	}
+	now = now.Add(4 * time.Millisecond)
+	s.recordReadings(&readings{head: 4, safe: 2, visible: 2, limit: 500}, 1<<62, now) // seq 1 appeared; 3 missing
+	if s.gapAt != 3 || s.gapWait() != 8*time.Millisecond {
+		t.Fatalf("gapAt %d, gapWait %v; want 3, 8ms", s.gapAt, s.gapWait())
+	}
+	if s.readWriters(now.Add(5 * time.Millisecond)) {
+		t.Error("a seq missing for 5 ms reads the writers while they commit within 4")
+	}
+	if !s.readWriters(now.Add(8 * time.Millisecond)) {
+		t.Error("a seq missing for 8 ms does not read the writers")
+	}
+	now = now.Add(8 * time.Millisecond)
+	s.locksAt = now
+	s.recordReadings(&readings{locks: true, head: 6, safe: 4, visible: 2, open: []string{"3/7"}, limit: 500}, 1<<62, now) // 3 released by the read, a writer open
+	if s.gapAt != 5 || s.gapWait() != gapInterval {
+		t.Fatalf("gapAt %d, gapWait %v; want 5, %v", s.gapAt, s.gapWait(), gapInterval)
+	}
+	now = now.Add(time.Second)
+	s.recordReadings(&readings{head: 8, safe: 6, visible: 6, limit: 500}, 1<<62, now) // 5 appeared after a second
+	if s.gapWait() != blockedInterval {
+		t.Fatalf("gapWait %v after a seq missing for a second, want %v", s.gapWait(), blockedInterval)
+	}
+}

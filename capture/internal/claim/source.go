@@ -42,9 +42,9 @@
 // the application set) from taking the seq an open writer drew, so when
 // every seq from the safe seq up to some s is visible, every row up to s is
 // committed and the safe seq rises to s, never above H. A claim reads L
-// only when the first seq above the safe seq has been missing for
-// gapInterval (its writer is still open, or rolled back and left a gap no
-// row will fill), when this relay does not lease every partition (the rows
+// only when the first seq above the safe seq has been missing for gapWait
+// (its writer is still open, or rolled back and left a gap no row will
+// fill), when this relay does not lease every partition (the rows
 // other relays archived leave gaps), or on every claim when no unique index
 // covers seq. A sequence that caches values per session (CACHE > 1) hands
 // out seqs below H after H was read; New refuses it.
@@ -112,12 +112,12 @@ const DedicatedConns = 1
 // open writers cost at most one claim per blockedInterval.
 const blockedInterval = 10 * time.Millisecond
 
-// gapInterval is how long the first seq above the safe seq may be missing
-// before a claim reads the open writers (safeBound): a writer's own
-// single-row transaction mostly commits within it, and a rolled-back seq,
-// which no row will ever fill, holds the rows behind it about this long.
-// After that read the writers are read again at most every
-// blockedInterval while the gap stays.
+// gapInterval is the least time the first seq above the safe seq may be
+// missing before a claim reads the open writers (safeBound): a writer's
+// own single-row transaction mostly commits within it, and a rolled-back
+// seq, which no row will ever fill, holds the rows behind it at least this
+// long (see gapWait). After that read the writers are read again at most
+// every blockedInterval while the gap stays.
 const gapInterval = 2 * time.Millisecond
 
 // busyInterval is the wait after a claim that found at least fillRows rows
@@ -171,6 +171,9 @@ type Source struct {
 	// found it missing; 0 when no seq up to H is missing.
 	gapAt    int64
 	gapSince time.Time
+	// gapFilled is how long the last missing seq took to appear by
+	// itself, 0 when a read of the open writers released it (see gapWait).
+	gapFilled time.Duration
 	// locksAt is when a claim last read the open writers (see readWriters).
 	locksAt time.Time
 	// contiguous is set when a valid unique index covers the seq column
@@ -465,7 +468,7 @@ func (s *Source) backOff(now time.Time) {
 // pause returns how long wait waits at most: busyInterval after a claim
 // that found rows, doubling with every empty claim up to Options.Interval,
 // or up to blockedInterval while rows are held back by open writers, and
-// at most gapInterval while a missing seq waits for its first read of the
+// at most gapWait while a missing seq waits for its first read of the
 // open writers.
 func (s *Source) pause() time.Duration {
 	d := min(busyInterval<<min(s.quiet, 16), s.opts.Interval)
@@ -473,7 +476,7 @@ func (s *Source) pause() time.Duration {
 		d = min(d, blockedInterval)
 	}
 	if s.gapAt > 0 && s.locksAt.Before(s.gapSince) {
-		d = min(d, gapInterval) // the claim after it reads the writers (readWriters)
+		d = min(d, s.gapWait()) // the claim after it reads the writers (readWriters)
 	}
 	return d
 }
