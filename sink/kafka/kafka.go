@@ -201,6 +201,8 @@ type Sink struct {
 
 	txn *txns // nil unless cfg.Transactional
 
+	alone *loner // republishes the records of rejected batches one by one
+
 	closeOnce sync.Once
 	closed    chan struct{}
 }
@@ -236,6 +238,7 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 		fixed:  !strings.Contains(cfg.Topic, "{"),
 		rows:   sink.NewHeaderFilter(sink.KafkaRules, envelope.Kafka.ReservedPrefix(opts.Envelope), opts.HeaderDrops),
 		topics: make(map[string]*topicState),
+		alone:  newLoner(),
 		closed: make(chan struct{}),
 	}
 	if cfg.Transactional {
@@ -442,6 +445,7 @@ func (s *Sink) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.closed)
 		s.cl.Close()
+		s.alone.close()
 	})
 	return nil
 }

@@ -136,6 +136,10 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 		}
 	}
 
+	if t == nil {
+		s.retryAlone(ctx, recs, keys, errs, settled)
+	}
+
 	failed := false
 	firstErr := make(map[string]error) // key -> failure of its first failed event
 	for i, e := range batch {
