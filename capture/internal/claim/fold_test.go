@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/capture/internal/claim"
@@ -71,15 +70,8 @@ func poller(t *testing.T, src *claim.Source) <-chan string {
 // small batch archives its rows in the next claim's transaction, not in one
 // of its own, and Complete returns after that transaction committed.
 func TestArchiveFoldedIntoClaim(t *testing.T) {
-	ctx := context.Background()
-	cfg := setup(t, layout).Config()
 	counter := &archiveCounter{}
-	cfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := tracedPool(t, counter)
 	src := newSource(t, pool, layout, 100)
 	claimed := poller(t, src)
 	const n = 20

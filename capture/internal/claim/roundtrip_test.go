@@ -27,19 +27,27 @@ func (c *batchCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.T
 func (c *batchCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 func (c *batchCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
+// tracedPool returns a pool on a new outbox (setup) whose connections,
+// the source's lease connection too, report to tracer.
+func tracedPool(t *testing.T, tracer pgx.QueryTracer) *pgxpool.Pool {
+	t.Helper()
+	cfg := setup(t, layout).Config()
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // TestHeldBackRowsClaimedInOneRoundTrip shows that rows held back by an
 // open writer are claimed by the first claim after the writer committed,
 // and that this claim, watermark check included, is one round trip.
 func TestHeldBackRowsClaimedInOneRoundTrip(t *testing.T) {
 	ctx := context.Background()
-	cfg := setup(t, layout).Config()
 	counter := &batchCounter{}
-	cfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := tracedPool(t, counter)
 	src := newSource(t, pool, layout, 100)
 	slow, err := pool.Begin(ctx)
 	if err != nil {
@@ -83,15 +91,8 @@ func (c *locksCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.Tra
 // nor the leases from pg_locks, whose every read takes all of the lock
 // manager's partition locks.
 func TestSteadyClaimsReadNoLocks(t *testing.T) {
-	ctx := context.Background()
-	cfg := setup(t, layout).Config()
 	counter := &locksCounter{}
-	cfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := tracedPool(t, counter)
 	src := newSource(t, pool, layout, 100)
 	insert(t, pool, "a", 0)
 	complete(t, next(t, src, 5*time.Second)) // the first claim reads the writers
