@@ -23,6 +23,7 @@ import (
 // attributes come from its outbox row (source prefix joined with the
 // aggregate_type, the traceparent extension from the row's headers).
 func TestCloudEventsEnvelope(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
 			var mu sync.Mutex

@@ -102,6 +102,7 @@ func TestGracefulStop(t *testing.T) {
 // aggregate: it goes to the dead-letter table with its error, and the rest
 // are published in order.
 func TestPoisonRowDeadLettered(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	ctx := context.Background()
 	s.produce(ctx, 20, 4, 2)
@@ -188,6 +189,7 @@ func waitFor(t *testing.T, cond func() bool) {
 // outbox while other aggregates flow; after the dead letter is repaired and
 // redriven, it and the parked events are published in order.
 func TestParkAggregate(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{Extra: "dead_letter:\n  park_aggregate: true\n"})
 	ctx := context.Background()
 	ids := make([]string, 5)
@@ -269,6 +271,7 @@ func TestArchiveModes(t *testing.T) {
 // by hand: run creates the dead-letter table, the publication, the slot and
 // the NATS stream itself, and rows written before it started are published.
 func TestRunWithoutInit(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
 			s := newStack(t, stackOptions{Mode: mode, NoInit: true})
@@ -295,6 +298,7 @@ func TestRunWithoutInit(t *testing.T) {
 // otherwise publish the aggregate's next new event before them. It also
 // checks that redrive and drop without a filter need --all.
 func TestDLQDropResequencesParked(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{Extra: "dead_letter:\n  park_aggregate: true\n"})
 	ctx := context.Background()
 	var parked []string

@@ -28,6 +28,7 @@ const sqlASCII = "ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE temp
 // their aggregate and in other aggregates flow, /metrics and /readyz answer,
 // and the relay never exits. Both capture modes.
 func TestInvalidUTF8Row(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) { invalidUTF8Row(t, mode) })
 	}
@@ -113,6 +114,7 @@ func invalidUTF8Row(t *testing.T, mode string) {
 // those escaped and cut: nothing reaches the terminal that could set its
 // title, clear it or recolour it.
 func TestDLQListEscapes(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{DSN: testenv.NewDB(t, sqlASCII)})
 	if _, err := s.pool.Exec(context.Background(), `INSERT INTO outbox_dead_letter
 		(id, aggregate_type, aggregate_id, event_type, payload, error, error_class, attempts, first_failed_at, last_failed_at)
@@ -142,6 +144,7 @@ func TestDLQListEscapes(t *testing.T) {
 // grows by a few kilobytes, not megabytes; a 1,000-character type and one
 // with a newline and an escape sequence are labelled escaped and cut.
 func TestManyAggregateTypes(t *testing.T) {
+	t.Parallel()
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	s := newStack(t, stackOptions{Extra: "http:\n  listen: " + addr + "\n"})
 	relay := s.start()

@@ -25,6 +25,7 @@ import (
 // wire. One archive span links to both publish spans. Every span is
 // exported by the time SIGTERM's exit returns: shutdown flushes them.
 func TestTracing(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ mode, transport string }{{"poll", "grpc"}, {"wal", "http"}} {
 		t.Run(c.mode, func(t *testing.T) {
 			rcv := testenv.StartOTLP(t)
@@ -114,6 +115,7 @@ func TestTracing(t *testing.T) {
 // listens on: events are still published and archived, and SIGTERM still
 // exits 0, the flush of the last spans bounded, with a warning logged.
 func TestTracingCollectorDown(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{Extra: fmt.Sprintf("tracing:\n  otlp_endpoint: 127.0.0.1:%d\n", freePort(t))})
 	headers := natsHeaders(t, s.nats.URL())
 	id := uuid.NewString()
