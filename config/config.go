@@ -115,6 +115,14 @@ type WAL struct {
 	// synchronizing slots keeps its position across a promotion
 	// (PostgreSQL 17 and later). Default false.
 	Failover bool `yaml:"failover"`
+	// Linger is how long a stream of small transactions gathers into one
+	// batch: after a read from the replication socket that brought little,
+	// the next read waits until Linger after it, so each transaction waits
+	// at most Linger and the relay wakes up, publishes and archives once
+	// per Linger rather than once per transaction. The first transaction
+	// after a pause and a backlog go without waiting. At most 100ms.
+	// Default 2ms.
+	Linger Duration `yaml:"linger"`
 }
 
 // Sink selects and configures the broker.

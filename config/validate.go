@@ -40,6 +40,10 @@ const maxIdentifier = 63
 // one in the pool. wal capture needs more; see internal/app.
 const minConns = 2
 
+// maxLinger bounds capture.wal.linger: each transaction of a steady
+// stream may wait that long.
+const maxLinger = 100 * time.Millisecond
+
 var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 
 // setDefaults replaces zero values with the defaults documented on the
@@ -165,6 +169,9 @@ func (l *loader) checkCapture(c Capture) {
 	}
 	if !slotName.MatchString(c.WAL.Slot) {
 		l.invalid("capture.wal.slot", "must match %s (lowercase letters, digits and _), got %q", slotName, c.WAL.Slot)
+	}
+	if c.WAL.Linger.D() > maxLinger {
+		l.invalid("capture.wal.linger", "must be at most %s, got %s", maxLinger, c.WAL.Linger.D())
 	}
 	if len(c.WAL.Publication) > 63 {
 		l.invalid("capture.wal.publication", "must be at most 63 bytes (PostgreSQL truncates longer names), got %d", len(c.WAL.Publication))

@@ -3,6 +3,7 @@ package wal
 import (
 	"io"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -35,7 +36,8 @@ func TestReplConnReadsLargeChunks(t *testing.T) {
 		data, _ = m.Encode(data)
 	}
 	r := &readSizes{data: data}
-	f := replConfig(Options{ReplConfig: &pgconn.Config{}}).BuildFrontend(r, io.Discard)
+	cfg, _ := pacedConfig(replConfig(Options{ReplConfig: &pgconn.Config{}}), DefaultLinger)
+	f := cfg.BuildFrontend(r, io.Discard)
 	for i := range 1000 {
 		m, err := f.Receive()
 		if err != nil {
@@ -47,5 +49,29 @@ func TestReplConnReadsLargeChunks(t *testing.T) {
 	}
 	if r.asks[0] < replReadBuffer || len(r.asks) > len(data)/replReadBuffer+2 {
 		t.Fatalf("reads of %v bytes for %d bytes of stream", r.asks, len(data))
+	}
+}
+
+// TestPacedReaderPacesOnlyBusyStreams: a small read right after another
+// marks the stream busy (the next read waits for the pace), a large read
+// does not, and the connection's reader is told before each read that it
+// caught up.
+func TestPacedReaderPacesOnlyBusyStreams(t *testing.T) {
+	src := &readSizes{data: make([]byte, replReadBuffer+200)}
+	caught := 0
+	p := &pacedReader{r: src, pace: time.Hour, caughtUp: func() { caught++ }}
+	small := make([]byte, 100)
+	if _, err := p.Read(small); err != nil || p.busy {
+		t.Fatalf("first small read: busy %v, err %v", p.busy, err)
+	}
+	if _, err := p.Read(small); err != nil || !p.busy {
+		t.Fatalf("second small read within the pace: busy %v, err %v", p.busy, err)
+	}
+	p.busy = false // skip the hour's wait
+	if _, err := p.Read(make([]byte, replReadBuffer)); err != nil || p.busy {
+		t.Fatalf("large read: busy %v, err %v", p.busy, err)
+	}
+	if caught != 3 {
+		t.Fatalf("caughtUp called %d times for 3 reads", caught)
 	}
 }

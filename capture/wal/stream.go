@@ -16,7 +16,6 @@ import (
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/internal/rowtext"
-	"github.com/outboxrelay/relay/internal/wait"
 )
 
 // stream is one replication connection, from START_REPLICATION until it
@@ -47,7 +46,6 @@ type stream struct {
 	flushed         pglogrepl.LSN // the position confirmed to the server
 	unarchived      int           // rows of handed-out batches not archived yet
 	unarchivedBytes int           // their bytes (event.Event.Size)
-	lastTake        time.Time     // when the last batch was handed out
 }
 
 // maxUnarchivedBatches bounds the rows handed out and not yet archived, in
@@ -82,19 +80,12 @@ func (st *stream) newBatch() *batch {
 	return &batch{src: st.src, st: st, events: make([]*event.Event, 0, n), seqs: make([]int64, 0, n)}
 }
 
-// batchLinger is the least time between two batches handed out at a
-// commit: while transactions keep coming, the ones within a millisecond
-// travel together, so a stream of small transactions costs a publish and
-// an archive per millisecond, not per transaction. The first transaction
-// after a pause goes at once; full batches never wait.
-const batchLinger = time.Millisecond
-
 // next returns the next batch of the stream, waiting for one, without the
 // replayed events an earlier run archived (see replay.go). It fails when
 // the stream ended; a failed look-up ends the stream.
 func (st *stream) next(ctx context.Context) (capture.Batch, error) {
 	for {
-		b, linger := st.take()
+		b := st.take()
 		if b != nil && st.replayed(b) {
 			left, err := st.dropArchived(ctx, b)
 			if err != nil {
@@ -109,12 +100,6 @@ func (st *stream) next(ctx context.Context) (capture.Batch, error) {
 		if b != nil {
 			return b, nil
 		}
-		if linger > 0 {
-			if err := wait.Sleep(ctx, linger); err != nil {
-				return nil, err
-			}
-			continue
-		}
 		select {
 		case <-st.ready:
 		case <-st.done:
@@ -125,22 +110,17 @@ func (st *stream) next(ctx context.Context) (capture.Batch, error) {
 	}
 }
 
-// take hands out the open batch when it is full, or ends at a commit and
-// batchLinger passed since the last one; otherwise it returns how long
-// the batch lingers, or 0 to wait for the stream.
-func (st *stream) take() (*batch, time.Duration) {
+// take hands out the open batch when it is full, or ends at a commit;
+// otherwise it returns nil.
+func (st *stream) take() *batch {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	b := st.open
 	full := st.isFull(b)
 	if b.rows() == 0 || !(full || st.atCommit) ||
 		st.unarchived >= maxUnarchivedBatches*st.src.opts.BatchSize || st.unarchivedBytes >= unarchivedBatchBytes*st.src.opts.MaxBatchBytes {
-		return nil, 0
+		return nil
 	}
-	if since := time.Since(st.lastTake); !full && since < batchLinger {
-		return nil, batchLinger - since
-	}
-	st.lastTake = time.Now()
 	b.n = b.rows()
 	st.unarchived += b.n
 	st.unarchivedBytes += b.bytes
@@ -149,7 +129,7 @@ func (st *stream) take() (*batch, time.Duration) {
 	if full {
 		signal(st.taken)
 	}
-	return b, 0
+	return b
 }
 
 // archived marks b archived and moves the confirmed position to the ack of
@@ -213,11 +193,21 @@ func (st *stream) commit(end pglogrepl.LSN) {
 	switch {
 	case st.open.rows() > 0:
 		st.open.ack, st.atCommit = end, true
-		signal(st.ready)
 	case len(st.inflight) > 0:
 		st.inflight[len(st.inflight)-1].ack = end
 	default:
 		st.flushed = max(st.flushed, end)
+	}
+}
+
+// caughtUp hands out the open batch when it ends at a commit: run handled
+// every message received so far (see pacedReader), so the batch holds every
+// transaction that arrived with the last read from the socket.
+func (st *stream) caughtUp() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.atCommit {
+		signal(st.ready)
 	}
 }
 

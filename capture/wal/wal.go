@@ -72,6 +72,17 @@ type Options struct {
 	// size. Rows handed out and not archived yet hold at most three times
 	// as much: the stream is not read meanwhile. Default 8 MiB.
 	MaxBatchBytes int
+	// Linger is how long a busy stream of small transactions gathers into
+	// one batch: while reads from the replication socket bring less than
+	// 8 KiB each and come within twice Linger of each other, the next read
+	// waits until Linger after the last one, which then takes every
+	// transaction committed meanwhile, and they travel as one batch, so the
+	// relay wakes up, publishes and archives once per Linger instead of
+	// once per transaction; each waits at most Linger for it. A larger read
+	// is followed at once, so a backlog streams at full speed, and a light
+	// stream is read as it arrives. Default DefaultLinger; negative: no
+	// wait.
+	Linger time.Duration
 	// StatusInterval is the longest time between standby status updates.
 	// It is lowered to a third of the connection's wal_sender_timeout.
 	// Default 1s, so that a crash replays little more than a second of
@@ -116,6 +127,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.MaxBatchBytes <= 0 {
 		o.MaxBatchBytes = 8 << 20
+	}
+	if o.Linger == 0 {
+		o.Linger = DefaultLinger
 	}
 	if o.StatusInterval <= 0 {
 		o.StatusInterval = time.Second
@@ -294,10 +308,20 @@ func replConfig(opts Options) *pgconn.Config {
 	c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
 	}
-	c.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
-		return pgproto3.NewFrontend(bufio.NewReaderSize(&pacedReader{r: r}, replReadBuffer), w)
-	}
 	return c
+}
+
+// pacedConfig returns a copy of the replication connection's config whose
+// connection reads through a pacedReader with pace, and a function
+// returning that reader once connected.
+func pacedConfig(c *pgconn.Config, pace time.Duration) (*pgconn.Config, func() *pacedReader) {
+	c = c.Copy()
+	var last *pacedReader // of the last connection attempt, the one that succeeded
+	c.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
+		last = &pacedReader{r: r, pace: pace}
+		return pgproto3.NewFrontend(bufio.NewReaderSize(last, replReadBuffer), w)
+	}
+	return c, func() *pacedReader { return last }
 }
 
 // replReadBuffer is how much of the replication stream one read from the
@@ -307,34 +331,38 @@ func replConfig(opts Options) *pgconn.Config {
 // what the buffer holds.
 const replReadBuffer = 64 << 10
 
-// replReadPace is the least time between a small read from the
-// replication socket (under replSmallRead bytes: the stream is light and
-// the relay caught up) and the next read. While small transactions stream,
-// one read then takes every message that arrived within it, instead of the
-// relay waking up for each commit's few messages. After a larger read the
-// next follows at once, so a backlog streams at full speed, and the first
-// message after a pause is read as it arrives.
-const replReadPace = batchLinger
+// DefaultLinger is Options.Linger's default.
+const DefaultLinger = 2 * time.Millisecond
 
 // replSmallRead is the size of a read under which the next one is paced.
 const replSmallRead = replReadBuffer / 8
 
-// pacedReader reads from r at most once per replReadPace after a small
-// read. It is used by the connection's one reader.
+// pacedReader reads from r at most once per pace (Options.Linger) while
+// the stream is busy: the last read was small (under replSmallRead bytes)
+// and returned within twice the pace of the one before. A light stream is
+// read as data arrives, without a timer per read, and so is a backlog.
+// Before each read it calls caughtUp, when set: the connection's reader
+// asks for more bytes only once it has taken every complete message of the
+// bytes read before. It is used by the connection's one reader.
 type pacedReader struct {
-	r    io.Reader
-	next time.Time // no read before then
+	r        io.Reader
+	pace     time.Duration
+	last     time.Time // when the last read returned
+	busy     bool
+	caughtUp func()
 }
 
 func (p *pacedReader) Read(b []byte) (int, error) {
-	if d := time.Until(p.next); d > 0 {
+	if p.caughtUp != nil {
+		p.caughtUp()
+	}
+	if d := time.Until(p.last.Add(p.pace)); p.busy && d > 0 {
 		time.Sleep(d)
 	}
 	n, err := p.r.Read(b)
-	p.next = time.Time{}
-	if n < replSmallRead {
-		p.next = time.Now().Add(replReadPace)
-	}
+	now := time.Now()
+	p.busy = n < replSmallRead && now.Sub(p.last) < 2*p.pace
+	p.last = now
 	return n, err
 }
 
@@ -487,7 +515,8 @@ func (s *Source) openStream(ctx, term context.Context, start pglogrepl.LSN) (*st
 		s.opening.Store(nil)
 		cancel(nil)
 	}()
-	conn, err := pgconn.ConnectConfig(ctx, s.repl)
+	cfg, reader := pacedConfig(s.repl, s.opts.Linger)
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, permanentIfDenied(fmt.Errorf("open replication connection: %w", err))
 	}
@@ -508,6 +537,7 @@ func (s *Source) openStream(ctx, term context.Context, start pglogrepl.LSN) (*st
 		return nil, permanentIfDenied(fmt.Errorf("start replication from slot %s: %w", s.opts.Slot, err))
 	}
 	st := newStream(s, conn, start, replayTo, every)
+	reader().caughtUp = st.caughtUp
 	sctx, stop := context.WithCancelCause(term)
 	st.stop = stop
 	s.cur.Store(st)

@@ -180,7 +180,7 @@ func openSource(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, log
 		return wal.New(ctx, wal.Options{Pool: pool, Layout: table.Layout(l),
 			Slot: cfg.Capture.WAL.Slot, Publication: cfg.Capture.WAL.Publication,
 			ArchiveMode: cfg.Archive.Mode, BatchSize: cfg.Capture.Poll.BatchSize, MaxBatchBytes: cfg.Capture.MaxBatchBytes,
-			Failover: cfg.Capture.WAL.Failover, Logger: log})
+			Failover: cfg.Capture.WAL.Failover, Linger: cfg.Capture.WAL.Linger.D(), Logger: log})
 	}
 	return poll.New(ctx, poll.Options{
 		Pool: pool, Layout: table.Layout(l), BatchSize: cfg.Capture.Poll.BatchSize, MaxBatchBytes: cfg.Capture.MaxBatchBytes,
