@@ -30,6 +30,9 @@ func FuzzRecordHeaders(f *testing.F) {
 		e.Headers = map[string]string{k1: v1, k2: v2}
 		for i, rows := range filters {
 			r := record(e, "outbox.order", rows)
+			if string(r.Key) != aggregateID || r.Key == nil || string(r.Value) != string(e.Payload) {
+				t.Fatalf("key %q (nil %v), value %q", r.Key, r.Key == nil, r.Value)
+			}
 			sent := map[string][]string{}
 			var names []string
 			for _, h := range r.Headers {

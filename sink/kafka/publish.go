@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
+
 	"net"
 	"regexp"
 	"slices"
@@ -43,13 +43,15 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	defer cancel()
 
 	topics := make([]string, len(batch))
+	keys := make([]string, len(batch)) // topic and ordering key
 	errs := make([]error, len(batch))
 	prepared := make(map[string]error)
 	guards := newAggGuards(ctx, len(batch))
 	defer guards.release()
 	for i, e := range batch {
 		topics[i] = s.topicOf(e)
-		guards.count(topics[i] + "\x00" + e.Key())
+		keys[i] = topics[i] + "\x00" + e.Key()
+		guards.count(keys[i])
 		if err := destname.KafkaTopic(topics[i]); err != nil {
 			errs[i], topics[i] = fault.AsPermanent(err), "an invalid topic"
 			continue
@@ -71,7 +73,7 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	}
 	results := make(chan result, len(batch)) // promises never block
 	pending := 0
-	recs, keys := s.records(batch, topics, errs)
+	recs := s.records(batch, topics, keys, errs)
 	stopped := make(map[string]bool) // keys whose later events are held back
 	t, err := s.enterTxn()
 	if err != nil {
@@ -177,11 +179,11 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	return nil
 }
 
-// records builds the record of every event of batch to topics and the
-// key of its aggregate on its topic, and marks the events that are not to
-// be produced in this call: errs[i] is set for an event that cannot be
-// published and becomes sink.ErrHeldBack for each later event of its
-// aggregate. Besides those, an aggregate's events are held back
+// records builds the record of every event of batch to topics, and marks
+// the events not to produce in this call, by their keys (topic and ordering
+// key): errs[i] is set for an event that cannot be published and becomes
+// sink.ErrHeldBack for each later event of its aggregate. Besides those,
+// an aggregate's events are held back
 //   - after a record that may be too large for a batch of its topic, and
 //     from such a record on when it is not the aggregate's first: the
 //     client fails such a record on its own, without the records behind it;
@@ -192,9 +194,8 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 //     reports that only later, from another goroutine, and a record of
 //     the run produced in between starts a new sequence, which the broker
 //     stores ahead of the rejected records' retry.
-func (s *Sink) records(batch []*event.Event, topics []string, errs []error) ([]*kgo.Record, []string) {
+func (s *Sink) records(batch []*event.Event, topics, keys []string, errs []error) []*kgo.Record {
 	recs := make([]*kgo.Record, len(batch))
-	keys := make([]string, len(batch))
 	run := make(map[string]int)   // bytes of each key's records to produce
 	held := make(map[string]bool) // keys whose later events are held back
 	for i, e := range batch {
@@ -202,8 +203,8 @@ func (s *Sink) records(batch []*event.Event, topics []string, errs []error) ([]*
 		if env := s.opts.Envelope; env != nil {
 			env.Binary(e, envelope.Kafka, func(k, v string) { r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)}) })
 		}
-		k := topics[i] + "\x00" + string(r.Key)
-		recs[i], keys[i] = r, k
+		recs[i] = r
+		k := keys[i]
 		n, limit := recordBytes(r), int(s.maxMessageBytes(topics[i]))-batchMargin
 		large := n > limit
 		_, seen := run[k]
@@ -216,7 +217,7 @@ func (s *Sink) records(batch []*event.Event, topics []string, errs []error) ([]*
 			held[k] = true
 		}
 	}
-	return recs, keys
+	return recs
 }
 
 // aggGuards stop the producing of an aggregate's records in one Publish
@@ -336,25 +337,51 @@ var contractHeaders = []string{"message_id", "event_type", "aggregate_type", "ag
 
 // record builds e's record: key e.Key(), value the payload, and the row
 // headers rows forwards in name order followed by the contract headers.
+// The key and the header values share one allocation.
 func record(e *event.Event, topic string, rows *sink.HeaderFilter) *kgo.Record {
-	headers := make([]kgo.RecordHeader, 0, len(e.Headers)+len(contractHeaders))
-	for _, k := range slices.Sorted(maps.Keys(e.Headers)) {
+	contract := [...]string{e.ID, e.EventType, e.AggregateType, e.AggregateID, e.ContentType}
+	names := make([]string, 0, len(e.Headers))
+	for k := range e.Headers {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	n := len(e.Key())
+	for _, v := range contract {
+		n += len(v)
+	}
+	forwarded := names[:0]
+	for _, k := range names {
 		if rows.Forward(k) {
-			headers = append(headers, kgo.RecordHeader{Key: k, Value: []byte(e.Headers[k])})
+			forwarded = append(forwarded, k)
+			n += len(e.Headers[k])
 		}
 	}
-	for i, v := range []string{e.ID, e.EventType, e.AggregateType, e.AggregateID, e.ContentType} {
-		headers = append(headers, kgo.RecordHeader{Key: contractHeaders[i], Value: []byte(v)})
+	buf := make([]byte, 0, n)
+	headers := make([]kgo.RecordHeader, 0, len(forwarded)+len(contract))
+	var v []byte
+	for _, k := range forwarded {
+		buf, v = appendBytes(buf, e.Headers[k])
+		headers = append(headers, kgo.RecordHeader{Key: k, Value: v})
+	}
+	for i, s := range contract {
+		buf, v = appendBytes(buf, s)
+		headers = append(headers, kgo.RecordHeader{Key: contractHeaders[i], Value: v})
 	}
 	value := e.Payload
 	if value == nil {
 		value = []byte{} // a null value is a tombstone on compacted topics
 	}
-	key := []byte(e.Key())
-	if key == nil {
-		key = []byte{} // an empty key is an empty key, not a null one
-	}
+	_, key := appendBytes(buf, e.Key()) // never nil: an empty key is not a null one
 	return &kgo.Record{Topic: topic, Key: key, Value: value, Headers: headers}
+}
+
+// appendBytes appends s to buf, which must have room for it, and returns
+// buf and the bytes of s in it, capped so that appending to them cannot
+// overwrite what follows.
+func appendBytes(buf []byte, s string) ([]byte, []byte) {
+	i := len(buf)
+	buf = append(buf, s...)
+	return buf, buf[i:len(buf):len(buf)]
 }
 
 // batchBytes finds the batch size in franz-go's message for a batch the
