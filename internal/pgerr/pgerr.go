@@ -24,6 +24,14 @@ func Lasting(err error) bool {
 	return strings.HasPrefix(pe.Code, "42") || strings.HasPrefix(pe.Code, "28") || pe.Code == "3F000"
 }
 
+// LockNotAvailable reports whether err carries a PostgreSQL
+// lock_not_available error (SQLSTATE 55P03): a statement gave up waiting
+// for a lock at its lock_timeout, or NOWAIT found it taken.
+func LockNotAvailable(err error) bool {
+	pe := Of(err)
+	return pe != nil && pe.Code == "55P03"
+}
+
 // Of returns the PostgreSQL error in err's chain, or nil.
 func Of(err error) *pgconn.PgError {
 	var pe *pgconn.PgError

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/internal/pgerr"
 	"github.com/outboxrelay/relay/internal/rowtext"
 	"github.com/outboxrelay/relay/internal/schema"
 )
@@ -250,15 +251,17 @@ FROM locks, released`
 //
 // The claim does not end when ctx does: pgx closes a connection whose
 // query a context interrupts, which would give up the leases, so the
-// claim runs to its end, bounded by txTimeout on the server and twice that
-// on the client.
+// claim runs to its end, bounded by txTimeout on the server (the lease
+// connection's statement_timeout bounds the preparing of its statements,
+// outside its transaction) and twice that on the client. A claim whose
+// folded statements waited foldLockTimeout for a row lock is tried again
+// without them, with a bound of its own; after any other failure the
+// completions run on their own and the next claim comes in the next cycle.
 func (s *Source) claim(ctx context.Context) (*batch, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*txTimeout)
-	defer cancel()
 	taken := s.folds.take(hashedArray)
 	b, err := s.claimWith(ctx, taken)
 	settle(taken, err)
-	if err != nil && len(taken) > 0 && s.lease.conn != nil && !s.lease.conn.IsClosed() { // rollback may have closed it
+	if err != nil && len(taken) > 0 && pgerr.LockNotAvailable(err) && s.lease.conn != nil && !s.lease.conn.IsClosed() { // rollback may have closed it
 		return s.claimWith(ctx, nil) // without the completions, which run on their own
 	}
 	return b, err
@@ -267,6 +270,8 @@ func (s *Source) claim(ctx context.Context) (*batch, error) {
 // claimWith is claim with the statements of the folded completions taken
 // in its transaction (see fold.go).
 func (s *Source) claimWith(ctx context.Context, taken []*fold) (*batch, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*txTimeout)
+	defer cancel()
 	s.dropNotifications(ctx)
 	if s.rewind.Swap(false) {
 		s.cursor = 0

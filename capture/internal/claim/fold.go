@@ -22,10 +22,11 @@ import (
 // poller waits for notifications the completion wakes it up, so only a
 // poller that is not claiming (stopped, or waiting for room) lets it wait
 // that long. When the claim fails, its folded completions run their own
-// transactions and the claim is tried again without them. The rows a
-// folded completion archives stay in flight until the claim committed, so
-// no claim sees them again before; and a claim commits only while this
-// relay holds the partitions' leases, as before.
+// transactions; the claim is tried again without them when one of their
+// statements timed out waiting for a lock (foldLockTimeout), else the next
+// cycle claims. The rows a folded completion archives stay in flight until
+// the claim committed, so no claim sees them again before; and a claim
+// commits only while this relay holds the partitions' leases, as before.
 
 // foldWait is the longest a completion waits for a claim to take its
 // statements: the poller claims again within fillWait after a claim that

@@ -56,30 +56,14 @@ func TestFoldedArchiveOfLostClaim(t *testing.T) {
 	ctx := context.Background()
 	pool, l := outboxDB(t, nil)
 	a := leasedSource(t, pool, l)
-	if _, err := pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
-		VALUES (gen_random_uuid(), 'order', 'a', 'created', '{}')`); err != nil {
-		t.Fatal(err)
-	}
-	b, err := a.Next(ctx)
-	if err != nil || len(b.Events()) != 1 {
-		t.Fatalf("claimed %v, %v", b, err)
-	}
+	insertRow(t, a, "a")
+	b := claimOne(t, a)
 	if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, a.lease.conn.PgConn().PID()); err != nil {
 		t.Fatal(err)
 	}
 	completed := make(chan error, 1)
 	go func() { completed <- b.Complete(ctx, capture.Outcome{Published: b.Events()}) }()
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
-		a.folds.mu.Lock()
-		n := len(a.folds.waiting)
-		a.folds.mu.Unlock()
-		if n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the completion did not wait for a claim")
-		}
-	}
+	waitFolded(t, a, 1)
 	if got, err := a.claim(ctx); err == nil {
 		t.Fatalf("a claim on the dead lease connection claimed %v", got)
 	}

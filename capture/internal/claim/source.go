@@ -362,7 +362,16 @@ func (s *Source) connect(ctx context.Context) error {
 		return nil
 	}
 	s.lease.lost()
-	conn, err := pgx.ConnectConfig(ctx, s.opts.Pool.Config().ConnConfig.Copy())
+	cfg := s.opts.Pool.Config().ConnConfig.Copy()
+	// pgx prepares a claim's new statements before its transaction begins,
+	// and preparing one waits for any lock an application holds on the
+	// outbox: the server ends the wait before the client's bound, which
+	// would close the connection (see claim).
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	cfg.RuntimeParams["statement_timeout"] = txLimitsArg
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("connect lease connection: %w", err)
 	}

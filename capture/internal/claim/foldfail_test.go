@@ -1,0 +1,136 @@
+package claim
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/outboxrelay/relay/capture"
+)
+
+// waitFolded waits until n completions of s wait for a claim.
+func waitFolded(t *testing.T, s *Source, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
+		s.folds.mu.Lock()
+		k := len(s.folds.waiting)
+		s.folds.mu.Unlock()
+		if k == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d completions wait for a claim, want %d", k, n)
+		}
+	}
+}
+
+// insertRow inserts one outbox row of aggregate agg through s's pool.
+func insertRow(t *testing.T, s *Source, agg string) {
+	t.Helper()
+	if _, err := s.opts.Pool.Exec(context.Background(), `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+		VALUES (gen_random_uuid(), 'order', $1, 'created', '{}')`, agg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// claimOne claims the one row in s's outbox.
+func claimOne(t *testing.T, s *Source) capture.Batch {
+	t.Helper()
+	b, err := s.Next(context.Background())
+	if err != nil || len(b.Events()) != 1 {
+		t.Fatalf("claimed %v, %v", b, err)
+	}
+	return b
+}
+
+// TestFailedFoldedClaimKeepsLeaseConnection: while an application holds
+// an ACCESS EXCLUSIVE lock on the outbox, a claim fails at its statement
+// timeout and keeps the lease connection (its leases), whether or not a
+// completion was folded into it: the claim is tried again without the
+// completion only when a folded statement timed out waiting for a row
+// lock.
+func TestFailedFoldedClaimKeepsLeaseConnection(t *testing.T) {
+	for _, fold := range []bool{false, true} {
+		name := "alone"
+		if fold {
+			name = "folded"
+		}
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			pool, l := outboxDB(t, nil)
+			a := leasedSource(t, pool, l)
+			insertRow(t, a, "a") // one folded completion first, so that the claim's statements are prepared
+			b := claimOne(t, a)
+			done := make(chan error, 1)
+			complete := func() { done <- b.Complete(ctx, capture.Outcome{Published: b.Events()}) }
+			go complete()
+			waitFolded(t, a, 1)
+			if _, err := a.claim(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			insertRow(t, a, "a")
+			b = claimOne(t, a)
+			locker, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer locker.Rollback(ctx)
+			if _, err := locker.Exec(ctx, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
+				t.Fatal(err)
+			}
+			if fold {
+				go complete()
+				waitFolded(t, a, 1)
+			}
+			start := time.Now()
+			_, err = a.claim(ctx)
+			t.Logf("the claim failed after %v: %v", time.Since(start).Round(time.Millisecond), err)
+			if err == nil {
+				t.Fatal("the claim did not fail")
+			}
+			if err := locker.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if !fold {
+				complete()
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if a.lease.conn == nil || a.lease.conn.IsClosed() {
+				t.Fatal("the failed claim closed the lease connection (gave up the leases)")
+			}
+		})
+	}
+}
+
+// TestClaimPreparedUnderLockKeepsLeaseConnection: the first claim on a new
+// lease connection prepares its statements outside its transaction; while
+// an application holds an ACCESS EXCLUSIVE lock on the outbox that
+// preparation fails at the lease connection's statement timeout, before
+// the client gives up and closes the connection (and its leases).
+func TestClaimPreparedUnderLockKeepsLeaseConnection(t *testing.T) {
+	ctx := context.Background()
+	pool, l := outboxDB(t, nil)
+	a := leasedSource(t, pool, l)
+	locker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(ctx)
+	if _, err := locker.Exec(ctx, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = a.claim(ctx)
+	t.Logf("the claim failed after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	if err == nil {
+		t.Fatal("the claim did not fail")
+	}
+	if a.lease.conn == nil || a.lease.conn.IsClosed() {
+		t.Fatal("the failed claim closed the lease connection (gave up the leases)")
+	}
+}
