@@ -385,7 +385,9 @@ func TestPublishOverStreamMaxMsgSizeIsPermanent(t *testing.T) {
 // destination, and the events behind it with it).
 func TestPublishOverFileStoreLimitIsPermanent(t *testing.T) {
 	srv := startServer(t, testenv.NATSOptions{MaxPayload: 64 << 20})
-	s := newStreamSink(t, srv.URL(), Options{})
+	// A loaded machine takes longer than the default 5 s to move 40 MiB
+	// and answer: the test is about the answer's class, not its speed.
+	s := newStreamSink(t, srv.URL(), Options{AckTimeout: 2 * time.Minute})
 	batch := testEvents(2, 2)
 	batch[0].Payload = bytes.Repeat([]byte("x"), 40<<20)
 
