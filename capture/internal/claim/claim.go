@@ -254,22 +254,25 @@ FROM locks, released`
 // claim runs to its end, bounded by txTimeout on the server (the lease
 // connection's statement_timeout bounds the preparing of its statements,
 // outside its transaction) and twice that on the client. A claim whose
-// folded statements waited foldLockTimeout for a row lock is tried again
-// without them, with a bound of its own; after any other failure the
-// completions run on their own and the next claim comes in the next cycle.
+// folded statements failed (an archive refused, a row lock waited for
+// foldLockTimeout) or that waited foldLockTimeout itself is tried again
+// without them, with a bound of its own, so a completion's failure is
+// never the claim's; after any other failure the completions run on their
+// own and the next claim comes in the next cycle.
 func (s *Source) claim(ctx context.Context) (*batch, error) {
 	taken := s.folds.take(hashedArray)
-	b, err := s.claimWith(ctx, taken)
+	var foldFailed bool
+	b, err := s.claimWith(ctx, taken, &foldFailed)
 	settle(taken, err)
-	if err != nil && len(taken) > 0 && pgerr.LockNotAvailable(err) && s.lease.conn != nil && !s.lease.conn.IsClosed() { // rollback may have closed it
-		return s.claimWith(ctx, nil) // without the completions, which run on their own
+	if err != nil && (foldFailed || pgerr.LockNotAvailable(err)) && s.lease.conn != nil && !s.lease.conn.IsClosed() { // rollback may have closed it
+		return s.claimWith(ctx, nil, &foldFailed) // without the completions, which run on their own
 	}
 	return b, err
 }
 
 // claimWith is claim with the statements of the folded completions taken
 // in its transaction (see fold.go).
-func (s *Source) claimWith(ctx context.Context, taken []*fold) (*batch, error) {
+func (s *Source) claimWith(ctx context.Context, taken []*fold, foldFailed *bool) (*batch, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*txTimeout)
 	defer cancel()
 	s.dropNotifications(ctx)
@@ -290,7 +293,7 @@ func (s *Source) claimWith(ctx context.Context, taken []*fold) (*batch, error) {
 	}
 	var r readings
 	br := s.prepare(&r, limit, n)
-	queueFolds(br, taken) // before the claim, which sees their dead-lettered (parked) aggregates
+	queueFolds(br, taken, foldFailed) // before the claim, which sees their dead-lettered (parked) aggregates
 	sql, skippedSQL, args := s.sql.claimOf(s.lease.owned, s.opts.Partitions, s.cursor, bound, limit, skip, held)
 	br.Queue(sql, args...).
 		Query(func(rows pgx.Rows) error {

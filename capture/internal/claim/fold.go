@@ -125,15 +125,21 @@ func (f *folds) watch(cancel context.CancelFunc) bool {
 }
 
 // queueFolds adds the folded completions' statements to the claim br, with the
-// lock timeout of foldLockTimeout.
-func queueFolds(br *pgx.Batch, taken []*fold) {
+// lock timeout of foldLockTimeout; *failed reports whether one of them failed
+// (an archive refused, a row lock waited for too long), so that the claim is
+// tried again without them.
+func queueFolds(br *pgx.Batch, taken []*fold, failed *bool) {
 	if len(taken) == 0 {
 		return
 	}
 	br.Queue(`SELECT set_config('lock_timeout', $1, true)`, foldLockTimeout)
 	for _, w := range taken {
 		for _, st := range w.stmts {
-			br.Queue(st.sql, st.args...)
+			br.Queue(st.sql, st.args...).Fn = func(r pgx.BatchResults) error {
+				_, err := r.Exec()
+				*failed = err != nil
+				return err
+			}
 		}
 	}
 }

@@ -134,3 +134,33 @@ func TestClaimPreparedUnderLockKeepsLeaseConnection(t *testing.T) {
 		t.Fatal("the failed claim closed the lease connection (gave up the leases)")
 	}
 }
+
+// TestRefusedFoldedArchiveIsNotTheClaims: a folded archive that a trigger
+// refuses fails on its own, as an archive failure; the claim it was
+// folded into is tried again without it and claims the next row.
+func TestRefusedFoldedArchiveIsNotTheClaims(t *testing.T) {
+	ctx := context.Background()
+	pool, l := outboxDB(t, nil)
+	a := leasedSource(t, pool, l)
+	if _, err := pool.Exec(ctx, `CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'archiving refused by a trigger'; END $$;
+		CREATE TRIGGER refuse BEFORE DELETE ON outbox FOR EACH ROW EXECUTE FUNCTION refuse()`); err != nil {
+		t.Fatal(err)
+	}
+	insertRow(t, a, "a")
+	b := claimOne(t, a)
+	insertRow(t, a, "b")
+	done := make(chan error, 1)
+	go func() { done <- b.Complete(ctx, capture.Outcome{Published: b.Events()}) }()
+	waitFolded(t, a, 1)
+	next, err := a.claim(ctx)
+	if err != nil {
+		t.Fatalf("the claim failed with its folded archive: %v", err)
+	}
+	if next == nil || len(next.Events()) != 1 {
+		t.Fatalf("claimed %v, want the row of b", next)
+	}
+	if err := <-done; err == nil {
+		t.Fatal("the refused archive was reported as done")
+	}
+}
