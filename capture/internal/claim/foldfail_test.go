@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/outboxrelay/relay/capture"
 )
 
@@ -43,6 +46,31 @@ func claimOne(t *testing.T, s *Source) capture.Batch {
 	return b
 }
 
+// lockOutbox holds an ACCESS EXCLUSIVE lock on the outbox, as a migration
+// would, in a transaction rolled back at the end of the test.
+func lockOutbox(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	locker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { locker.Rollback(ctx) })
+	if _, err := locker.Exec(ctx, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	return locker
+}
+
+// checkLeaseConnection fails t when s's lease connection (and with it its
+// leases) is gone.
+func checkLeaseConnection(t *testing.T, s *Source) {
+	t.Helper()
+	if s.lease.conn == nil || s.lease.conn.IsClosed() {
+		t.Fatal("the failed claim closed the lease connection (gave up the leases)")
+	}
+}
+
 // TestFailedFoldedClaimKeepsLeaseConnection: while an application holds
 // an ACCESS EXCLUSIVE lock on the outbox, a claim fails at its statement
 // timeout and keeps the lease connection (its leases), whether or not a
@@ -73,20 +101,13 @@ func TestFailedFoldedClaimKeepsLeaseConnection(t *testing.T) {
 			}
 			insertRow(t, a, "a")
 			b = claimOne(t, a)
-			locker, err := pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer locker.Rollback(ctx)
-			if _, err := locker.Exec(ctx, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
-				t.Fatal(err)
-			}
+			locker := lockOutbox(t, pool)
 			if fold {
 				go complete()
 				waitFolded(t, a, 1)
 			}
 			start := time.Now()
-			_, err = a.claim(ctx)
+			_, err := a.claim(ctx)
 			t.Logf("the claim failed after %v: %v", time.Since(start).Round(time.Millisecond), err)
 			if err == nil {
 				t.Fatal("the claim did not fail")
@@ -100,9 +121,7 @@ func TestFailedFoldedClaimKeepsLeaseConnection(t *testing.T) {
 			if err := <-done; err != nil {
 				t.Fatal(err)
 			}
-			if a.lease.conn == nil || a.lease.conn.IsClosed() {
-				t.Fatal("the failed claim closed the lease connection (gave up the leases)")
-			}
+			checkLeaseConnection(t, a)
 		})
 	}
 }
@@ -116,23 +135,14 @@ func TestClaimPreparedUnderLockKeepsLeaseConnection(t *testing.T) {
 	ctx := context.Background()
 	pool, l := outboxDB(t, nil)
 	a := leasedSource(t, pool, l)
-	locker, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer locker.Rollback(ctx)
-	if _, err := locker.Exec(ctx, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	lockOutbox(t, pool)
 	start := time.Now()
-	_, err = a.claim(ctx)
+	_, err := a.claim(ctx)
 	t.Logf("the claim failed after %v: %v", time.Since(start).Round(time.Millisecond), err)
 	if err == nil {
 		t.Fatal("the claim did not fail")
 	}
-	if a.lease.conn == nil || a.lease.conn.IsClosed() {
-		t.Fatal("the failed claim closed the lease connection (gave up the leases)")
-	}
+	checkLeaseConnection(t, a)
 }
 
 // TestRefusedFoldedArchiveIsNotTheClaims: a folded archive that a trigger
