@@ -53,9 +53,10 @@ func watchHeapPeak(path string) func() {
 // profile of the whole run written to dir/cpu.pprof and an allocation
 // profile to dir/allocs.pprof when it stops. The bench re-executes itself
 // this way (the relay has no pprof endpoint), so the profiled process holds
-// only the relay, with the relay's garbage collector settings, as in
-// production.
+// only the relay, with the relay's runtime and garbage collector settings,
+// as in production.
 func asRelay(cfgPath, dir string, stderr io.Writer) int {
+	app.CalmSysmon()
 	app.TuneGC()
 	cfg, err := config.Load(cfgPath)
 	if err != nil {
