@@ -63,7 +63,7 @@ func TestAckErrorAsJetStream(t *testing.T) {
 	if _, err := js.Publish(ctx, "full.x", []byte("x")); err != nil { // FULL holds its one message
 		t.Fatal(err)
 	}
-	// A callback subscription, as the acker's: a synchronous one turns a
+	// A channel subscription, as the acker's: a synchronous one turns a
 	// no-responders status into an error instead of a message.
 	inbox := nc.NewInbox()
 	replies := make(chan *nats.Msg, 1)

@@ -18,12 +18,19 @@ import (
 // It is what jetstream.PublishMsgAsync does, with one wait per Publish
 // call instead of one future, timer and pair of channels per message, and
 // a PubAck read without reflection. At most max messages await their acks
-// at once, each in a slot of its own. Safe for concurrent use.
+// at once, each in a slot of its own.
+//
+// The client's reading goroutine hands each PubAck straight to a waiting
+// Publish call through the channel acks, without a delivery goroutine in
+// between: whichever call is waiting, for its acks or for room in the
+// window, reads the acks that come and settles them for whichever call
+// they belong to. Safe for concurrent use.
 type acker struct {
 	nc     *nats.Conn
 	prefix string // reply subjects are prefix + a decimal token
 	sub    *nats.Subscription
-	window chan struct{} // one element per message awaiting its ack
+	acks   chan *nats.Msg // the PubAcks not yet read
+	window chan struct{}  // one element per message awaiting its ack
 
 	mu     sync.Mutex
 	issued uint64 // tokens handed out so far
@@ -65,14 +72,11 @@ func newAcker(nc *nats.Conn, max int, closed <-chan struct{}) (*acker, error) {
 	for k := range a.free {
 		a.free[k] = k
 	}
-	sub, err := nc.Subscribe(a.prefix+"*", a.received)
+	// The acks of the window's messages, and late ones of messages given
+	// up on, fit; one beyond is dropped (and logged as a slow consumer).
+	a.acks = make(chan *nats.Msg, 4*max+1024)
+	sub, err := nc.ChanSubscribe(a.prefix+"*", a.acks)
 	if err != nil {
-		return nil, err
-	}
-	// Acks never exceed the window; the limits only guard against a
-	// misbehaving server.
-	if err := sub.SetPendingLimits(4*max+1024, 64<<20); err != nil {
-		sub.Unsubscribe()
 		return nil, err
 	}
 	a.sub = sub
@@ -123,20 +127,8 @@ func (a *acker) sent(w *ackWait) {
 // an error when the window stayed full or ctx or closed ended the wait; a
 // failed send settles message i with the error.
 func (a *acker) send(ctx context.Context, msg *nats.Msg, w *ackWait, i int, deadline time.Time, closed <-chan struct{}) error {
-	select {
-	case a.window <- struct{}{}:
-	default:
-		t := time.NewTimer(time.Until(deadline))
-		defer t.Stop()
-		select {
-		case a.window <- struct{}{}:
-		case <-t.C:
-			return jetstream.ErrTooManyStalledMsgs
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-closed:
-			return errClosed
-		}
+	if err := a.enter(ctx, deadline, closed); err != nil {
+		return err
 	}
 	k, token := a.add(w, i)
 	// PublishMsg copies the reply subject into its buffer before it
@@ -154,6 +146,54 @@ func (a *acker) send(ctx context.Context, msg *nats.Msg, w *ackWait, i int, dead
 		a.mu.Unlock()
 	}
 	return nil
+}
+
+// enter takes a place in the window, reading acks while it waits for one,
+// until deadline or until ctx or closed end the wait.
+func (a *acker) enter(ctx context.Context, deadline time.Time, closed <-chan struct{}) error {
+	select {
+	case a.window <- struct{}{}:
+		return nil
+	default:
+	}
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	for {
+		select {
+		case a.window <- struct{}{}:
+			return nil
+		case m := <-a.acks:
+			a.received(m)
+		case <-t.C:
+			return jetstream.ErrTooManyStalledMsgs
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-closed:
+			return errClosed
+		}
+	}
+}
+
+// wait reads acks until w is done, and returns nil then, or returns
+// jetstream.ErrAsyncPublishTimeout when timeout passes first, or the
+// reason when ctx or closed end the wait.
+func (a *acker) wait(ctx context.Context, w *ackWait, timeout time.Duration, closed <-chan struct{}) error {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.done:
+			return nil
+		case m := <-a.acks:
+			a.received(m)
+		case <-t.C:
+			return jetstream.ErrAsyncPublishTimeout
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-closed:
+			return errClosed
+		}
+	}
 }
 
 // add puts message i of w in a free slot and returns the slot and the

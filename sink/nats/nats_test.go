@@ -653,3 +653,17 @@ func TestNewBadTemplate(t *testing.T) {
 		}
 	}
 }
+
+// TestWindowRefilledByOwnAcks publishes, as the only caller, more events
+// than the window holds: the call reads the acks that free room while it
+// waits for it, with no other goroutine reading them.
+func TestWindowRefilledByOwnAcks(t *testing.T) {
+	srv := startServer(t, testenv.NATSOptions{})
+	s := newStreamSink(t, srv.URL(), Options{MaxInFlight: 2, AckTimeout: time.Minute})
+	if err := s.Publish(context.Background(), testEvents(50, 50)); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(storedMsgs(t, s)); n != 50 {
+		t.Fatalf("stream holds %d messages, want 50", n)
+	}
+}

@@ -185,16 +185,8 @@ var errClosed = errors.New("nats sink closed")
 // waiting when AckTimeout passes, ctx ends or the sink closes fail.
 func (s *Sink) await(ctx context.Context, w *ackWait) {
 	s.acks.sent(w)
-	t := time.NewTimer(s.opts.AckTimeout)
-	defer t.Stop()
-	select {
-	case <-w.done:
-	case <-t.C:
-		s.acks.abandon(w, jetstream.ErrAsyncPublishTimeout)
-	case <-ctx.Done():
-		s.acks.abandon(w, ctx.Err())
-	case <-s.closed:
-		s.acks.abandon(w, errClosed)
+	if err := s.acks.wait(ctx, w, s.opts.AckTimeout, s.closed); err != nil {
+		s.acks.abandon(w, err)
 	}
 }
 
