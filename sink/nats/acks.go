@@ -50,12 +50,13 @@ type ackSlot struct {
 
 // ackWait collects the acks of one Publish call. errs[i] is message i's
 // error; left counts the messages still waiting (and the call while it
-// sends), and done is closed when it reaches zero.
+// sends), and done receives a value when it reaches zero. A call that
+// ends reuses it for the next (reset).
 type ackWait struct {
 	errs  []error
 	left  int
-	done  chan struct{}
-	reply []byte // the reply subject of the message being sent
+	done  chan struct{} // buffered: settling never blocks
+	reply []byte        // the reply subject of the message being sent
 }
 
 // newAcker subscribes to the reply subjects of nc's PubAcks. The
@@ -106,10 +107,34 @@ func (a *acker) watch(status chan nats.Status, closed <-chan struct{}) {
 	}
 }
 
-// newWait returns the wait of a Publish call of n messages. It counts the
-// call itself as waiting until sent.
+// newWait returns the wait of a Publish call of n messages.
 func newWait(n int) *ackWait {
-	return &ackWait{errs: make([]error, n), left: 1, done: make(chan struct{})}
+	w := &ackWait{done: make(chan struct{}, 1)}
+	w.reset(n)
+	return w
+}
+
+// reset readies w for a Publish call of n messages, counting the call
+// itself as waiting until sent. No message of w may still be waiting. It
+// reuses errs unless the last call handed them out (set errs to nil).
+func (w *ackWait) reset(n int) {
+	if cap(w.errs) < n {
+		w.errs = make([]error, n)
+	}
+	w.errs = w.errs[:n]
+	clear(w.errs)
+	w.left = 1
+	select {
+	case <-w.done:
+	default:
+	}
+}
+
+// settled counts one message or the call's sends as settled; a.mu is held.
+func (w *ackWait) settled() {
+	if w.left--; w.left == 0 {
+		w.done <- struct{}{}
+	}
 }
 
 // sent marks the end of w's sends: w is done once every message sent is
@@ -117,9 +142,7 @@ func newWait(n int) *ackWait {
 func (a *acker) sent(w *ackWait) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if w.left--; w.left == 0 {
-		close(w.done)
-	}
+	w.settled()
 }
 
 // send publishes msg as message i of w with a reply subject of the acker,
@@ -175,11 +198,9 @@ func (a *acker) enter(ctx context.Context, deadline time.Time, closed <-chan str
 }
 
 // wait reads acks until w is done, and returns nil then, or returns
-// jetstream.ErrAsyncPublishTimeout when timeout passes first, or the
-// reason when ctx or closed end the wait.
-func (a *acker) wait(ctx context.Context, w *ackWait, timeout time.Duration, closed <-chan struct{}) error {
-	t := time.NewTimer(timeout)
-	defer t.Stop()
+// jetstream.ErrAsyncPublishTimeout when t fires first, or the reason when
+// ctx or closed end the wait.
+func (a *acker) wait(ctx context.Context, w *ackWait, t *time.Timer, closed <-chan struct{}) error {
 	for {
 		select {
 		case <-w.done:
@@ -233,9 +254,7 @@ func (a *acker) settle(k int, err error) {
 	a.free = append(a.free, k)
 	<-a.window
 	s.w.errs[s.i] = err
-	if s.w.left--; s.w.left == 0 {
-		close(s.w.done)
-	}
+	s.w.settled()
 }
 
 // abandon settles every message of w still waiting with err.

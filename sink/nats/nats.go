@@ -152,6 +152,9 @@ type Sink struct {
 	nc      *nats.Conn
 	js      jetstream.JetStream
 	acks    *acker
+	// calls holds the state of ended Publish calls for the next ones. It
+	// is the sink's own: a header map holds the names rows forwards.
+	calls sync.Pool
 
 	closeOnce sync.Once
 	closed    chan struct{}

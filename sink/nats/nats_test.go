@@ -667,3 +667,52 @@ func TestWindowRefilledByOwnAcks(t *testing.T) {
 		t.Fatalf("stream holds %d messages, want 50", n)
 	}
 }
+
+// TestCallsReused publishes, one call after another on one sink (which
+// reuses a call's state for the next): a failed call's errors stay as it
+// returned them, and each message carries its own event's headers, none
+// of an earlier call's.
+func TestCallsReused(t *testing.T) {
+	srv := startServer(t, testenv.NATSOptions{})
+	s := newStreamSink(t, srv.URL(), Options{})
+	ctx := context.Background()
+	first := testEvents(2, 2)
+	first[0].Headers = map[string]string{"tenant": "t1"}
+	first[1].AggregateType = strings.Repeat("a", 4050) // fails: subject too long
+	failed := s.Publish(ctx, first)
+	want := sink.Failed(failed, 1)
+	if sink.Failed(failed, 0) != nil || want == nil {
+		t.Fatalf("first call: %v", failed)
+	}
+	wantMsg := want.Error()
+	bad := testEvent(9, strings.Repeat("b", 4050), "y")
+	if err := s.Publish(ctx, []*event.Event{bad, testEvent(10, "order", "x")}); sink.Failed(err, 0) == nil || sink.Failed(err, 1) != nil {
+		t.Fatalf("second call: %v", err)
+	}
+	for i, headers := range []map[string]string{{"tenant": "t2"}, {"source": "s"}, {"tenant": "t4"}} {
+		e := testEvent(11+i, "order", "x")
+		e.Headers = headers
+		if err := s.Publish(ctx, []*event.Event{e}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := sink.Failed(failed, 1); got == nil || got.Error() != wantMsg || sink.Failed(failed, 0) != nil {
+		t.Fatalf("the first call's errors changed: %v", failed)
+	}
+	msgs := storedMsgs(t, s)
+	if len(msgs) != 5 {
+		t.Fatalf("stream holds %d messages, want 5", len(msgs))
+	}
+	for i, want := range []map[string]string{{"tenant": "t1"}, nil, {"tenant": "t2"}, {"source": "s"}, {"tenant": "t4"}} {
+		h := msgs[i].Headers()
+		id := h.Get("message_id")
+		if len(h) != 6+len(want) || h.Get(jetstream.MsgIDHeader) != id || h.Get("aggregate_type") != "order" {
+			t.Errorf("message %d (%s): headers %v", i, id, h)
+		}
+		for k, v := range want {
+			if h.Get(k) != v {
+				t.Errorf("message %d (%s): %s = %q, want %q", i, id, k, h.Get(k), v)
+			}
+		}
+	}
+}

@@ -24,9 +24,9 @@ import (
 // a *sink.BatchError otherwise. Errors are classified by classify. Publish
 // is safe for concurrent use.
 func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
-	subjects := make([]string, len(batch))
-	w := newWait(len(batch))
-	msg, hs := &nats.Msg{}, &headerSet{} // reused: PublishMsg copies them out
+	c := s.newCall(len(batch))
+	defer s.release(c)
+	subjects, w, msg, hs := c.subjects, &c.w, &c.msg, &c.hs
 	stall := s.opts.AckTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		stall = max(min(stall, time.Until(dl)), time.Millisecond)
@@ -48,7 +48,7 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 			stalled = errors.Is(err, jetstream.ErrTooManyStalledMsgs)
 		}
 	}
-	s.await(ctx, w)
+	s.await(ctx, c)
 	failed := false
 	for i, e := range batch {
 		if err := w.errs[i]; err != nil {
@@ -57,9 +57,46 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 		}
 	}
 	if failed {
-		return &sink.BatchError{Errs: w.errs}
+		errs := w.errs
+		w.errs = nil // the caller keeps them
+		return &sink.BatchError{Errs: errs}
 	}
 	return nil
+}
+
+// call is what a Publish call works with. A call that ends puts it in the
+// sink's pool for the next, which saves allocating the wait, the header
+// map, the subjects and the ack timer for each small batch.
+type call struct {
+	w        ackWait
+	hs       headerSet
+	msg      nats.Msg // reused for each message: PublishMsg copies it out
+	subjects []string
+	timer    *time.Timer // stopped between uses
+}
+
+// newCall returns a call for a batch of n events, from the pool or new.
+func (s *Sink) newCall(n int) *call {
+	c, _ := s.calls.Get().(*call)
+	if c == nil {
+		c = &call{w: ackWait{done: make(chan struct{}, 1)}}
+	}
+	c.w.reset(n)
+	if cap(c.subjects) < n {
+		c.subjects = make([]string, n)
+	}
+	c.subjects = c.subjects[:n]
+	return c
+}
+
+// release puts c in the pool without what it holds of its batch's events
+// (payload, header values, subjects), so that a pooled call pins none of
+// them. The header map keeps its names for the next batch.
+func (s *Sink) release(c *call) {
+	c.msg = nats.Msg{}
+	clear(c.hs.vals)
+	clear(c.subjects)
+	s.calls.Put(c)
 }
 
 // send publishes e as message i of w in msg, with headers from hs. When
@@ -181,12 +218,18 @@ func (hs *headerSet) changed() { hs.same = false }
 // errClosed fails the publishes waiting for acks when the sink is closed.
 var errClosed = errors.New("nats sink closed")
 
-// await waits until every message of w sent is settled. Those still
+// await waits until every message of c sent is settled. Those still
 // waiting when AckTimeout passes, ctx ends or the sink closes fail.
-func (s *Sink) await(ctx context.Context, w *ackWait) {
-	s.acks.sent(w)
-	if err := s.acks.wait(ctx, w, s.opts.AckTimeout, s.closed); err != nil {
-		s.acks.abandon(w, err)
+func (s *Sink) await(ctx context.Context, c *call) {
+	s.acks.sent(&c.w)
+	if c.timer == nil {
+		c.timer = time.NewTimer(s.opts.AckTimeout)
+	} else {
+		c.timer.Reset(s.opts.AckTimeout)
+	}
+	defer c.timer.Stop()
+	if err := s.acks.wait(ctx, &c.w, c.timer, s.closed); err != nil {
+		s.acks.abandon(&c.w, err)
 	}
 }
 
