@@ -260,6 +260,7 @@ FROM locks, released`
 // never the claim's; after any other failure the completions run on their
 // own and the next claim comes in the next cycle.
 func (s *Source) claim(ctx context.Context) (*batch, error) {
+	defer s.folds.claimStarts()()
 	taken := s.folds.take(hashedArray)
 	var foldFailed bool
 	b, err := s.claimWith(ctx, taken, &foldFailed)

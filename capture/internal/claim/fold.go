@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,16 +22,21 @@ import (
 // claim within foldWait runs its own transaction as before: while the
 // poller waits for notifications the completion wakes it up, so only a
 // poller that is not claiming (stopped, or waiting for room) lets it wait
-// that long. When the claim fails, its folded completions run their own
+// that long; a claim slower than foldWait (a loaded database) or a poller
+// slow to come back for the next claim (a loaded relay) does not: the
+// completions wait while the poller claims. When the claim fails, its folded completions run their own
 // transactions; the claim is tried again without them when one of their
 // statements timed out waiting for a lock (foldLockTimeout), else the next
 // cycle claims. The rows a folded completion archives stay in flight until
 // the claim committed, so no claim sees them again before; and a claim
 // commits only while this relay holds the partitions' leases, as before.
 
-// foldWait is the longest a completion waits for a claim to take its
-// statements: the poller claims again within fillWait after a claim that
-// found few rows, or at once when woken up.
+// foldWait is how long a completion waits for a claim to take its
+// statements once the poller stopped claiming (no claim runs, and none
+// ended within foldWait): the poller claims again within fillWait after a
+// claim that found few rows, or at once when woken up. A completion thus
+// waits for its claim as long as the poller keeps claiming, and at most
+// twice foldWait after it stopped.
 const foldWait = 4 * fillWait
 
 // foldLockTimeout is the lock_timeout of a claim's folded statements in
@@ -60,9 +66,27 @@ type fold struct {
 // folds are the completions waiting for a claim, and how to wake the
 // poller up. Safe for concurrent use.
 type folds struct {
-	mu      sync.Mutex
-	waiting []*fold
-	wake    context.CancelFunc // ends the poller's wait; nil when it is not waiting
+	mu       sync.Mutex
+	waiting  []*fold
+	wake     context.CancelFunc // ends the poller's wait; nil when it is not waiting
+	claiming atomic.Bool        // a claim runs (see polling)
+	claimed  atomic.Int64       // when the last claim ended, in Unix nanoseconds
+}
+
+// claimStarts records that a claim begins; it returns the function that
+// records its end.
+func (f *folds) claimStarts() (ends func()) {
+	f.claiming.Store(true)
+	return func() {
+		f.claimed.Store(time.Now().UnixNano())
+		f.claiming.Store(false)
+	}
+}
+
+// polling reports whether the poller keeps claiming at now: a claim runs,
+// or one ended less than foldWait ago.
+func (f *folds) polling(now time.Time) bool {
+	return f.claiming.Load() || now.UnixNano()-f.claimed.Load() < int64(foldWait)
 }
 
 // run hands stmts, whose arrays hold n elements, to the next claim and
@@ -79,11 +103,16 @@ func (f *folds) run(ctx context.Context, stmts []statement, n int) (ok bool) {
 	f.mu.Unlock()
 	t := time.NewTimer(foldWait)
 	defer t.Stop()
-	select {
-	case err := <-w.done:
-		return err == nil
-	case <-t.C:
-	case <-ctx.Done():
+	for waiting := true; waiting; {
+		select {
+		case err := <-w.done:
+			return err == nil
+		case now := <-t.C:
+			waiting = f.polling(now)
+			t.Reset(foldWait)
+		case <-ctx.Done():
+			waiting = false
+		}
 	}
 	f.mu.Lock()
 	for i, x := range f.waiting {

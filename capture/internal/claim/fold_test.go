@@ -151,3 +151,67 @@ func TestFoldedArchiveOfLockedRow(t *testing.T) {
 		t.Fatalf("%d rows left in the outbox", left)
 	}
 }
+
+// slowClaims is an archiveCounter whose claims take at least delay before
+// they are sent, like claims on a loaded database.
+type slowClaims struct {
+	archiveCounter
+	delay time.Duration
+}
+
+func (c *slowClaims) TraceBatchStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	for _, q := range d.Batch.QueuedQueries {
+		if strings.Contains(q.SQL, "FOR UPDATE SKIP LOCKED") {
+			time.Sleep(c.delay)
+			break
+		}
+	}
+	return c.archiveCounter.TraceBatchStart(ctx, conn, d)
+}
+
+// TestArchiveFoldedIntoSlowClaim: claims take longer than a completion
+// waits for a claim while the poller does not claim, and each batch
+// completes while the next claim runs, too late for it. The completions
+// still archive in the claim after it, not in transactions of their own.
+func TestArchiveFoldedIntoSlowClaim(t *testing.T) {
+	counter := &slowClaims{delay: 200 * time.Millisecond}
+	pool := tracedPool(t, counter)
+	src := newSource(t, pool, layout, 100)
+	ctx, cancel := context.WithCancel(context.Background())
+	completed := make(chan error, 100)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			b, err := src.Next(ctx)
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				time.Sleep(50 * time.Millisecond) // the next claim has begun
+				completed <- b.Complete(context.Background(), capture.Outcome{Published: b.Events()})
+			})
+		}
+	})
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	const n = 5
+	for i := range n {
+		insert(t, pool, "a", i)
+		select {
+		case err := <-completed:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("event %d not completed within a minute", i)
+		}
+	}
+	if left := count(t, pool, "outbox"); left != 0 {
+		t.Fatalf("%d rows left in the outbox", left)
+	}
+	if alone := counter.alone.Load(); alone > 0 {
+		t.Fatalf("%d of %d archives ran in transactions of their own, %d folded into claims", alone, n, counter.folded.Load())
+	}
+}
