@@ -6,24 +6,27 @@ GO ?= go
 # the capture sources, the sinks): test runs them under the race detector.
 RACE_PKGS = ./pipeline/... ./capture/... ./sink/...
 
-# test installs missing test dependencies, then runs every test: RACE_PKGS
-# with -race in one go test run and, at the same time, the relay module's
+# test installs missing test dependencies, then runs every test in three
+# go test runs at the same time: RACE_PKGS with -race; the relay module's
 # other packages without (their tests, cmd/relay's above all, mostly wait on
-# servers and relay processes, which leaves the race run CPU; the race run's
-# output is printed after theirs); then those of the nested modules helpers
-# and deploy/helm (./... stops at their go.mod), each also when an earlier
-# one failed; it fails if any did. -parallel 4 lets four of cmd/relay's
-# parallel tests wait at once on two cores. deploy/helm requires the relay's
-# module through a replace, so -mod=mod lets it follow the relay's go.mod as
-# that changes.
+# servers and relay processes, which leaves the race run CPU); and those of
+# the nested modules helpers and deploy/helm (./... stops at their go.mod),
+# one after the other, which mostly wait on their PostgreSQL cluster and the
+# helm CLI. The output of the race run, then of the nested modules, is
+# printed after the relay module's; test fails if any run failed, and runs
+# every one also when an earlier one failed. -parallel 4 lets four of
+# cmd/relay's parallel tests wait at once on two cores. deploy/helm
+# requires the relay's module through a replace, so -mod=mod lets it follow
+# the relay's go.mod as that changes.
 test: deps
-	status=0; race=$$(mktemp); \
-	$(GO) test -count=1 -timeout 15m -race $(RACE_PKGS) >$$race 2>&1 & pid=$$!; \
+	status=0; race=$$(mktemp); nested=$$(mktemp); \
+	$(GO) test -count=1 -timeout 15m -race $(RACE_PKGS) >$$race 2>&1 & race_pid=$$!; \
+	( s=0; (cd helpers && $(GO) test -count=1 -timeout 5m ./...) || s=1; \
+	  (cd deploy/helm && $(GO) test -mod=mod -count=1 -timeout 5m ./...) || s=1; exit $$s ) >$$nested 2>&1 & nested_pid=$$!; \
 	$(GO) test -count=1 -timeout 25m -parallel 4 $$($(GO) list ./... | grep -v -E '/relay/(pipeline|capture|sink)(/|$$)') || status=1; \
-	wait $$pid || status=1; cat $$race; rm -f $$race; \
-	(cd helpers && $(GO) test -count=1 -timeout 5m ./...) || status=1; \
-	(cd deploy/helm && $(GO) test -mod=mod -count=1 -timeout 5m ./...) || status=1; \
-	exit $$status
+	wait $$race_pid || status=1; cat $$race; \
+	wait $$nested_pid || status=1; cat $$nested; \
+	rm -f $$race $$nested; exit $$status
 
 # fuzz runs the fuzz targets on the paths from a row's bytes to metric
 # labels, log lines, templates and headers (Kafka record headers, SQS
