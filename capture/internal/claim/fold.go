@@ -22,9 +22,9 @@ import (
 // claim within foldWait runs its own transaction as before: while the
 // poller waits for notifications the completion wakes it up, so only a
 // poller that is not claiming (stopped, or waiting for room) lets it wait
-// that long; a claim slower than foldWait (a loaded database) or a poller
-// slow to come back for the next claim (a loaded relay) does not: the
-// completions wait while the poller claims. When the claim fails, its folded completions run their own
+// that long; a claim slower than foldWait (a loaded database) does not,
+// nor a poller back for its next claim within foldWait of the last one:
+// the completions wait while the poller claims. When the claim fails, its folded completions run their own
 // transactions; the claim is tried again without them when one of their
 // statements timed out waiting for a lock (foldLockTimeout), else the next
 // cycle claims. The rows a folded completion archives stay in flight until
@@ -70,15 +70,21 @@ type folds struct {
 	waiting  []*fold
 	wake     context.CancelFunc // ends the poller's wait; nil when it is not waiting
 	claiming atomic.Bool        // a claim runs (see polling)
-	claimed  atomic.Int64       // when the last claim ended, in Unix nanoseconds
+	claimed  atomic.Int64       // when the last claim ended, in nanoseconds since foldEpoch
 }
+
+// foldEpoch is the origin of folds.claimed: durations since it are read on
+// the monotonic clock, so a step of the wall clock does not make a claim
+// seem to have ended in the future (completions then waited for a poller
+// that had stopped).
+var foldEpoch = time.Now()
 
 // claimStarts records that a claim begins; it returns the function that
 // records its end.
 func (f *folds) claimStarts() (ends func()) {
 	f.claiming.Store(true)
 	return func() {
-		f.claimed.Store(time.Now().UnixNano())
+		f.claimed.Store(int64(time.Since(foldEpoch)))
 		f.claiming.Store(false)
 	}
 }
@@ -86,7 +92,7 @@ func (f *folds) claimStarts() (ends func()) {
 // polling reports whether the poller keeps claiming at now: a claim runs,
 // or one ended less than foldWait ago.
 func (f *folds) polling(now time.Time) bool {
-	return f.claiming.Load() || now.UnixNano()-f.claimed.Load() < int64(foldWait)
+	return f.claiming.Load() || now.Sub(foldEpoch)-time.Duration(f.claimed.Load()) < foldWait
 }
 
 // run hands stmts, whose arrays hold n elements, to the next claim and
