@@ -20,6 +20,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"regexp"
 	"slices"
 	"strings"
@@ -312,13 +313,22 @@ func replConfig(opts Options) *pgconn.Config {
 }
 
 // pacedConfig returns a copy of the replication connection's config whose
-// connection reads through a pacedReader with pace, and a function
-// returning that reader once connected.
+// connection reads through a pacedReader with pace, on a markConn where
+// there is one, and a function returning that reader once connected.
 func pacedConfig(c *pgconn.Config, pace time.Duration) (*pgconn.Config, func() *pacedReader) {
 	c = c.Copy()
+	if dial := c.DialFunc; dial != nil {
+		c.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := dial(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return withMark(conn), nil
+		}
+	}
 	var last *pacedReader // of the last connection attempt, the one that succeeded
 	c.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
-		last = &pacedReader{r: r, pace: pace}
+		last = &pacedReader{r: r, pace: pace, raise: markRaiser(w)}
 		return pgproto3.NewFrontend(bufio.NewReaderSize(last, replReadBuffer), w)
 	}
 	return c, func() *pacedReader { return last }
@@ -341,14 +351,17 @@ const replSmallRead = replReadBuffer / 8
 // the stream is busy: the last read was small (under replSmallRead bytes)
 // and returned within twice the pace of the one before. A light stream is
 // read as data arrives, without a timer per read, and so is a backlog.
-// Before each read it calls caughtUp, when set: the connection's reader
-// asks for more bytes only once it has taken every complete message of the
-// bytes read before. It is used by the connection's one reader.
+// Before it waits for the pace it calls raise, when set (see markConn), so
+// that the messages arriving meanwhile do not wake the process. Before
+// each read it calls caughtUp, when set: the connection's reader asks for
+// more bytes only once it has taken every complete message of the bytes
+// read before. It is used by the connection's one reader.
 type pacedReader struct {
 	r        io.Reader
 	pace     time.Duration
 	last     time.Time // when the last read returned
 	busy     bool
+	raise    func()
 	caughtUp func()
 }
 
@@ -357,6 +370,9 @@ func (p *pacedReader) Read(b []byte) (int, error) {
 		p.caughtUp()
 	}
 	if d := time.Until(p.last.Add(p.pace)); p.busy && d > 0 {
+		if p.raise != nil {
+			p.raise()
+		}
 		time.Sleep(d)
 	}
 	n, err := p.r.Read(b)
