@@ -36,7 +36,7 @@ func TestReplConnReadsLargeChunks(t *testing.T) {
 		data, _ = m.Encode(data)
 	}
 	r := &readSizes{data: data}
-	cfg, _ := pacedConfig(replConfig(Options{ReplConfig: &pgconn.Config{}}), DefaultLinger)
+	cfg, _ := pacedConfig(replConfig(Options{ReplConfig: &pgconn.Config{}}), DefaultLinger, nil)
 	f := cfg.BuildFrontend(r, io.Discard)
 	for i := range 1000 {
 		m, err := f.Receive()
@@ -73,5 +73,28 @@ func TestPacedReaderPacesOnlyBusyStreams(t *testing.T) {
 	}
 	if caught != 3 {
 		t.Fatalf("caughtUp called %d times for 3 reads", caught)
+	}
+}
+
+// TestPacerSleeps: a pacer's sleep lasts at least its duration, also
+// after close (Go's timers then) and when nil.
+func TestPacerSleeps(t *testing.T) {
+	p := newPacer()
+	var none *pacer
+	for _, c := range []struct {
+		name  string
+		p     *pacer
+		close bool
+	}{{"open", p, false}, {"closed", p, true}, {"nil", none, false}} {
+		if c.close {
+			c.p.close()
+		}
+		for _, d := range []time.Duration{time.Millisecond, 3 * time.Millisecond} {
+			start := time.Now()
+			c.p.sleep(d)
+			if took := time.Since(start); took < d {
+				t.Errorf("%s: sleep(%s) returned after %s", c.name, d, took)
+			}
+		}
 	}
 }

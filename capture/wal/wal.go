@@ -157,6 +157,7 @@ type Source struct {
 	sql    queries
 	arch   *archiver
 	repl   *pgconn.Config
+	pace   *pacer // the paced reads' timer, of one stream at a time
 	lead   *leadership
 	guard  guard
 	stop   context.CancelFunc
@@ -225,7 +226,7 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 		return nil, err
 	}
 	s := &Source{opts: opts, log: opts.Logger, layout: l, sql: buildQueries(l, opts.ArchiveMode, info, opts.Slot), repl: replConfig(opts),
-		unsettled: map[*drained]bool{}, recreated: map[string]*atomic.Int64{},
+		pace: newPacer(), unsettled: map[*drained]bool{}, recreated: map[string]*atomic.Int64{},
 		lead: newLeadership(opts.Pool.Config().ConnConfig.Copy(), l, opts.Logger)}
 	s.guard = *newGuard(l, opts.ArchiveMode)
 	for _, r := range SlotRecreateReasons {
@@ -313,9 +314,10 @@ func replConfig(opts Options) *pgconn.Config {
 }
 
 // pacedConfig returns a copy of the replication connection's config whose
-// connection reads through a pacedReader with pace, on a markConn where
-// there is one, and a function returning that reader once connected.
-func pacedConfig(c *pgconn.Config, pace time.Duration) (*pgconn.Config, func() *pacedReader) {
+// connection reads through a pacedReader with pace, sleeping on pc, on a
+// markConn where there is one, and a function returning that reader once
+// connected.
+func pacedConfig(c *pgconn.Config, pace time.Duration, pc *pacer) (*pgconn.Config, func() *pacedReader) {
 	c = c.Copy()
 	if dial := c.DialFunc; dial != nil {
 		c.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -328,7 +330,7 @@ func pacedConfig(c *pgconn.Config, pace time.Duration) (*pgconn.Config, func() *
 	}
 	var last *pacedReader // of the last connection attempt, the one that succeeded
 	c.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
-		last = &pacedReader{r: r, pace: pace, raise: markRaiser(w)}
+		last = &pacedReader{r: r, pace: pace, pacer: pc, raise: markRaiser(w)}
 		return pgproto3.NewFrontend(bufio.NewReaderSize(last, replReadBuffer), w)
 	}
 	return c, func() *pacedReader { return last }
@@ -351,8 +353,9 @@ const replSmallRead = replReadBuffer / 8
 // the stream is busy: the last read was small (under replSmallRead bytes)
 // and returned within twice the pace of the one before. A light stream is
 // read as data arrives, without a timer per read, and so is a backlog.
-// Before it waits for the pace it calls raise, when set (see markConn), so
-// that the messages arriving meanwhile do not wake the process. Before
+// It waits on pacer (nil: Go's timers). Before it waits for the pace it
+// calls raise, when set (see markConn), so that the messages arriving
+// meanwhile do not wake the process. Before
 // each read it calls caughtUp, when set: the connection's reader asks for
 // more bytes only once it has taken every complete message of the bytes
 // read before. It is used by the connection's one reader.
@@ -361,6 +364,7 @@ type pacedReader struct {
 	pace     time.Duration
 	last     time.Time // when the last read returned
 	busy     bool
+	pacer    *pacer
 	raise    func()
 	caughtUp func()
 }
@@ -373,7 +377,7 @@ func (p *pacedReader) Read(b []byte) (int, error) {
 		if p.raise != nil {
 			p.raise()
 		}
-		time.Sleep(d)
+		p.pacer.sleep(d)
 	}
 	n, err := p.r.Read(b)
 	now := time.Now()
@@ -531,7 +535,7 @@ func (s *Source) openStream(ctx, term context.Context, start pglogrepl.LSN) (*st
 		s.opening.Store(nil)
 		cancel(nil)
 	}()
-	cfg, reader := pacedConfig(s.repl, s.opts.Linger)
+	cfg, reader := pacedConfig(s.repl, s.opts.Linger, s.pace)
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, permanentIfDenied(fmt.Errorf("open replication connection: %w", err))
@@ -668,5 +672,6 @@ func (s *Source) Close() error {
 		s.endDrain()
 	}
 	s.st = nil
+	s.pace.close()
 	return nil
 }
