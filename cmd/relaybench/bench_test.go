@@ -255,8 +255,9 @@ func TestMain(m *testing.M) {
 }
 
 // TestImpactProfileKafka runs the impact phase's wal run into kfake with
-// -cpuprofile: every committed event reaches the topics and the profiling
-// relay writes its CPU profile to DIR/impact-wal.
+// -cpuprofile: every committed event reaches the topics, the run counts
+// kfake's produce requests, and the profiling relay writes its CPU profile
+// to DIR/impact-wal.
 func TestImpactProfileKafka(t *testing.T) {
 	var log bytes.Buffer
 	dir := t.TempDir()
@@ -277,6 +278,9 @@ func TestImpactProfileKafka(t *testing.T) {
 	r := res.Impact.Runs[1]
 	if r.Sink != "kafka" || !r.Complete || r.EventsRelayed != r.Transactions || r.RelayCPUSeconds <= 0 {
 		t.Errorf("impact run %s into %s: relayed %d of %d, relay CPU %.2fs", r.Relay, r.Sink, r.EventsRelayed, r.Transactions, r.RelayCPUSeconds)
+	}
+	if r.ProduceRequestsPer100k <= 0 || r.ProduceRequestsPer100k > 100_000 {
+		t.Errorf("impact run into kfake: %.0f produce requests per 100,000 events, want some and at most one per event", r.ProduceRequestsPer100k)
 	}
 	fi, err := os.Stat(filepath.Join(dir, "impact-wal", "cpu.pprof"))
 	if err != nil || fi.Size() == 0 {

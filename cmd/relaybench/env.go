@@ -334,13 +334,22 @@ func (e *env) startKafka() error {
 	if e.kafka != nil {
 		return nil
 	}
-	k, err := kafkatest.Start(kafkatest.Options{DefaultPartitions: 3})
+	k, err := kafkatest.Start(kafkatest.Options{DefaultPartitions: 3, CountProduce: true})
 	if err != nil {
 		return fmt.Errorf("start kfake: %w", err)
 	}
 	e.kafka = k
 	e.closers = append(e.closers, k.Close)
 	return nil
+}
+
+// produceRequests returns how many produce requests kfake received so
+// far, 0 when it does not run.
+func (e *env) produceRequests() int64 {
+	if e.kafka == nil {
+		return 0
+	}
+	return e.kafka.ProduceRequests()
 }
 
 // kafkaRecords returns the sum of the end offsets of the bench topics:

@@ -78,8 +78,13 @@ type ImpactResult struct {
 	// and write system calls and its threads' context switches.
 	RelaySyscallsPer100k float64 `json:"relay_syscalls_per_100k,omitempty"`
 	RelaySwitchesPer100k float64 `json:"relay_context_switches_per_100k,omitempty"`
+	// ProduceRequestsPer100k is how many produce requests kfake received
+	// (-impact-sink kafka): the relay's Kafka client pays a round of
+	// wakeups and system calls for each.
+	ProduceRequestsPer100k float64 `json:"kafka_produce_requests_per_100k,omitempty"`
 
 	relaySyscalls, relaySwitches int64
+	produceRequests              int64
 	TPSRatio                     float64 `json:"tps_ratio_to_no_relay,omitempty"`
 	P99Ratio                     float64 `json:"p99_ratio_to_no_relay,omitempty"`
 	// Floor is the run of the same phase that TPSToFloor and
@@ -112,8 +117,12 @@ func (b *bench) impact(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("impact, %s: %w", runLabel(run), err)
 		}
-		b.opts.logf("impact, %s: %.0f TPS, p50 %.2f ms, p99 %.2f ms, %d events relayed, relay CPU %.2f s/100k, postgres CPU %.2f s/100k, %.0f syscalls and %.0f context switches /100k",
-			runLabel(run), r.TPS, r.Latency.P50, r.Latency.P99, r.EventsRelayed, r.RelayCPUPer100k, r.PostgresPer100k, r.RelaySyscallsPer100k, r.RelaySwitchesPer100k)
+		produce := ""
+		if r.ProduceRequestsPer100k > 0 {
+			produce = fmt.Sprintf(", %.0f Kafka produce requests /100k", r.ProduceRequestsPer100k)
+		}
+		b.opts.logf("impact, %s: %.0f TPS, p50 %.2f ms, p99 %.2f ms, %d events relayed, relay CPU %.2f s/100k, postgres CPU %.2f s/100k, %.0f syscalls and %.0f context switches /100k%s",
+			runLabel(run), r.TPS, r.Latency.P50, r.Latency.P99, r.EventsRelayed, r.RelayCPUPer100k, r.PostgresPer100k, r.RelaySyscallsPer100k, r.RelaySwitchesPer100k, produce)
 	}
 	return nil
 }
@@ -332,7 +341,7 @@ func (b *bench) startSide(ctx context.Context, d *database, run string) (*impact
 // until side handled every committed event. It records the load, and
 // side's CPU seconds, system calls and context switches over both, in res.
 func (b *bench) measureLoad(ctx context.Context, d *database, side *impactSide, res *ImpactResult) error {
-	side0, cpu0, count0 := side.cpu(), sampleCPU(), side.counters()
+	side0, cpu0, count0, produce0 := side.cpu(), sampleCPU(), side.counters(), b.produceRequests()
 	if err := b.applicationLoad(ctx, d, res); err != nil {
 		return err
 	}
@@ -342,6 +351,7 @@ func (b *bench) measureLoad(ctx context.Context, d *database, side *impactSide, 
 	res.RelayCPUSeconds = side.cpu() - side0
 	count1 := side.counters()
 	res.relaySyscalls, res.relaySwitches = count1.syscalls-count0.syscalls, count1.switches-count0.switches
+	res.produceRequests = b.produceRequests() - produce0
 	res.CPU = cpuBetween(cpu0, sampleCPU(), res.RelayCPUSeconds)
 	return nil
 }
@@ -357,6 +367,7 @@ func (res *ImpactResult) perEvent(st0, st1 outboxStats) {
 	if res.Relay != "none" {
 		res.RelayCPUPer100k = per(res.RelayCPUSeconds)
 		res.RelaySyscallsPer100k, res.RelaySwitchesPer100k = per(float64(res.relaySyscalls)), per(float64(res.relaySwitches))
+		res.ProduceRequestsPer100k = per(float64(res.produceRequests))
 	}
 	res.PostgresPer100k = per(res.CPU.PostgresSeconds)
 	res.WALBytesPer100k = per(float64(res.WALBytes))

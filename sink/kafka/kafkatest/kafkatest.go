@@ -17,11 +17,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Options configures a Cluster. The zero value is one broker that does not
@@ -35,6 +37,9 @@ type Options struct {
 	Dir string
 	// Extra are more kfake options, such as kfake.SeedTopics.
 	Extra []kfake.Opt
+	// CountProduce counts the produce requests the broker receives (see
+	// ProduceRequests). Default false.
+	CountProduce bool
 }
 
 // Cluster is a one-broker kfake cluster that can be stopped and started
@@ -48,6 +53,9 @@ type Cluster struct {
 
 	mu sync.Mutex
 	c  *kfake.Cluster
+
+	count    bool
+	produces atomic.Int64 // produce requests received, when count
 }
 
 // Start starts a cluster on a free loopback port.
@@ -58,7 +66,7 @@ func Start(o Options) (*Cluster, error) {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	c := &Cluster{port: port, dir: o.Dir}
+	c := &Cluster{port: port, dir: o.Dir, count: o.CountProduce}
 	if c.dir == "" {
 		if c.dir, err = os.MkdirTemp("", "kafkatest-"); err != nil {
 			return nil, err
@@ -92,12 +100,29 @@ func (c *Cluster) Start() error {
 	var err error
 	for range 100 { // the port may be busy for a moment after a stop
 		if c.c, err = kfake.NewCluster(c.opts...); err == nil {
+			c.countProduce()
 			return nil
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	return fmt.Errorf("start kfake on port %d: %w", c.port, err)
 }
+
+// countProduce makes the running broker count the produce requests it
+// receives, with Options.CountProduce.
+func (c *Cluster) countProduce() {
+	if !c.count {
+		return
+	}
+	c.c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.produces.Add(1)
+		return nil, nil, false // observed, not handled: the broker answers it
+	})
+}
+
+// ProduceRequests returns how many produce requests the broker received
+// since Start first ran, with Options.CountProduce; 0 without.
+func (c *Cluster) ProduceRequests() int64 { return c.produces.Load() }
 
 // Stop stops the broker, keeping its data; clients see refused
 // connections until Start.

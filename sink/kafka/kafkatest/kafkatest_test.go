@@ -58,3 +58,43 @@ func TestRestartKeepsData(t *testing.T) {
 		t.Errorf("Records of no topic = %v, %v", recs, err)
 	}
 }
+
+// TestCountProduce counts the produce requests of synchronous produces,
+// one request each, across a restart; a cluster without CountProduce
+// counts none.
+func TestCountProduce(t *testing.T) {
+	for _, count := range []bool{true, false} {
+		c, err := Start(Options{CountProduce: count, Extra: []kfake.Opt{kfake.SeedTopics(1, "kt.c")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		cl, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		produce := func() {
+			for range 3 {
+				if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "kt.c", Value: []byte("v")}).FirstErr(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		produce()
+		c.Stop()
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		produce()
+		want := int64(0)
+		if count {
+			want = 6
+		}
+		if got := c.ProduceRequests(); got != want {
+			t.Errorf("CountProduce %v: %d produce requests counted, want %d", count, got, want)
+		}
+	}
+}
