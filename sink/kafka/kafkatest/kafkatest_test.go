@@ -13,16 +13,7 @@ import (
 // TestRestartKeepsData produces to a cluster, restarts it and reads the
 // records back, then produces again with the same client.
 func TestRestartKeepsData(t *testing.T) {
-	c, err := Start(Options{Extra: []kfake.Opt{kfake.SeedTopics(1, "kt.a")}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	c, cl := startWithClient(t, Options{Extra: []kfake.Opt{kfake.SeedTopics(1, "kt.a")}})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	produce := func(from, to int) {
@@ -64,16 +55,7 @@ func TestRestartKeepsData(t *testing.T) {
 // counts none.
 func TestCountProduce(t *testing.T) {
 	for _, count := range []bool{true, false} {
-		c, err := Start(Options{CountProduce: count, Extra: []kfake.Opt{kfake.SeedTopics(1, "kt.c")}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		cl, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cl.Close()
+		c, cl := startWithClient(t, Options{CountProduce: count, Extra: []kfake.Opt{kfake.SeedTopics(1, "kt.c")}})
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		produce := func() {
@@ -97,4 +79,21 @@ func TestCountProduce(t *testing.T) {
 			t.Errorf("CountProduce %v: %d produce requests counted, want %d", count, got, want)
 		}
 	}
+}
+
+// startWithClient starts a cluster with o and a client of it, both closed
+// when the test ends.
+func startWithClient(t *testing.T, o Options) (*Cluster, *kgo.Client) {
+	t.Helper()
+	c, err := Start(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Addrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return c, cl
 }
