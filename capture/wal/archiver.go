@@ -33,6 +33,7 @@ type archiver struct {
 	queue   []*archiveReq
 	rows    int // ids queued
 	running int
+	started time.Time // when a runner last took a group
 }
 
 // maxArchivers bounds the archive statements running at once: two keep
@@ -41,9 +42,12 @@ type archiver struct {
 const maxArchivers = 2
 
 // archiveLinger is the least time between the starts of one runner's
-// statements, unless enough ids are waiting. It bounds how long a
-// published row waits for its archive while rows keep coming, and so how
-// many published events a crash publishes again.
+// statements, unless enough ids are waiting. The first request queued
+// after it starts the next statement, on the wake that brought it, so that
+// a stream of small transactions costs the runner no timer of its own;
+// without one the runner's timer starts it at twice archiveLinger. It
+// bounds how long a published row waits for its archive, and so how many
+// published events a crash publishes again.
 const archiveLinger = 20 * time.Millisecond
 
 type archiveReq struct {
@@ -74,7 +78,7 @@ func (a *archiver) archive(ctx context.Context, ids []string, xids []uint32) err
 	case a.running == 0 || a.running < maxArchivers && a.rows >= a.enough:
 		a.running++
 		a.wg.Go(a.run)
-	case a.rows >= a.enough:
+	case a.rows >= a.enough || time.Since(a.started) >= archiveLinger:
 		signal(a.kick)
 	}
 	a.mu.Unlock()
@@ -91,8 +95,7 @@ func (a *archiver) archive(ctx context.Context, ids []string, xids []uint32) err
 // more to gather unless enough are waiting.
 func (a *archiver) run() {
 	for {
-		start := time.Now()
-		group := a.take()
+		group, start := a.take()
 		if group == nil {
 			return
 		}
@@ -106,34 +109,42 @@ func (a *archiver) run() {
 		for _, r := range group {
 			r.done <- err
 		}
-		if err := a.linger(archiveLinger - time.Since(start)); err != nil {
+		if err := a.linger(start); err != nil {
 			a.fail(err)
 			return
 		}
 	}
 }
 
-// linger waits d, or until enough ids are queued, or the archiver's
-// context ends (an error).
-func (a *archiver) linger(d time.Duration) error {
-	if d <= 0 || a.ready() {
+// linger waits until a request is queued archiveLinger or more after
+// start, or twice archiveLinger passed, or enough ids are queued, or the
+// archiver's context ends (an error).
+func (a *archiver) linger(start time.Time) error {
+	if a.ready(start) {
 		return a.ctx.Err()
 	}
-	t := time.NewTimer(d)
+	t := time.NewTimer(2*archiveLinger - time.Since(start))
 	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-a.kick:
-	case <-a.ctx.Done():
+	for {
+		select {
+		case <-t.C:
+			return a.ctx.Err()
+		case <-a.kick:
+			if a.ready(start) {
+				return a.ctx.Err()
+			}
+		case <-a.ctx.Done():
+			return a.ctx.Err()
+		}
 	}
-	return a.ctx.Err()
 }
 
-// ready reports whether enough ids are queued to start a statement.
-func (a *archiver) ready() bool {
+// ready reports whether enough ids are queued to start a statement, or
+// some are and archiveLinger passed since start.
+func (a *archiver) ready(start time.Time) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.rows >= a.enough
+	return a.rows >= a.enough || a.rows > 0 && time.Since(start) >= archiveLinger
 }
 
 // fail fails every queued request with err and counts the runner out.
@@ -147,9 +158,10 @@ func (a *archiver) fail(err error) {
 	a.running--
 }
 
-// take removes the next group from the queue, or returns nil and counts
-// the runner out when the queue is empty.
-func (a *archiver) take() []*archiveReq {
+// take removes the next group from the queue and returns it with the time
+// it was taken, or returns nil and counts the runner out when the queue is
+// empty.
+func (a *archiver) take() ([]*archiveReq, time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	n, rows := 0, 0
@@ -158,12 +170,13 @@ func (a *archiver) take() []*archiveReq {
 	}
 	if n == 0 {
 		a.running--
-		return nil
+		return nil, time.Time{}
 	}
 	group := a.queue[:n:n]
 	a.queue = a.queue[n:]
 	a.rows -= rows
-	return group
+	a.started = time.Now()
+	return group, a.started
 }
 
 // archiveTimeout bounds one archive: its statements (each its own
