@@ -108,6 +108,7 @@ func freePort(t *testing.T) int {
 // privileges what relay run needs (the schema app too), and `relay check`
 // and `relay run` passing afterwards as that role.
 func TestInitDryRunAndCheck(t *testing.T) {
+	t.Parallel()
 	n, err := testenv.StartNATS(testenv.NATSOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -25,6 +25,7 @@ func TestLastingDatabaseFailure(t *testing.T) {
 		{"wal", "DELETE", `GRANT SELECT, DELETE, UPDATE ("id") ON TABLE "public"."outbox"`},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
+			t.Parallel()
 			addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 			s := newStack(t, stackOptions{Mode: tc.mode, Extra: "retry:\n  initial: 50ms\n  max: 500ms\nhttp:\n  listen: " + addr + "\n"})
 			ctx := context.Background()
@@ -123,6 +124,7 @@ func waitCaptureNotReady(addr string, done <-chan struct{}) bool {
 // configurations, while the first keeps running; one with the same
 // configuration joins.
 func TestMixedRelaysRefused(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ first, second, want string }{
 		{"poll", "poll8", "capture.mode poll and capture.poll.partitions 16, this one with capture.mode poll and capture.poll.partitions 8"},
 		{"poll", "wal", "capture.mode poll and capture.poll.partitions 16, this one with capture.mode wal"},

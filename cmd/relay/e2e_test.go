@@ -22,6 +22,7 @@ func TestEndToEnd(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
 			s := newStack(t, stackOptions{Mode: mode, LeastPrivilege: true})
 			relay := s.start()
 			begin := time.Now()
@@ -50,6 +51,7 @@ func TestKillAndRestart(t *testing.T) {
 	}
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
 			s := newStack(t, stackOptions{Mode: mode, LeastPrivilege: true})
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
@@ -238,6 +240,7 @@ func TestArchiveModes(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"mark", "move"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
 			s := newStack(t, stackOptions{Archive: mode, LeastPrivilege: true})
 			ctx := context.Background()
 			s.produce(ctx, 1000, 50, 4)
@@ -274,6 +277,7 @@ func TestRunWithoutInit(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
 			s := newStack(t, stackOptions{Mode: mode, NoInit: true})
 			ctx := context.Background()
 			s.produce(ctx, 600, 60, 3)

@@ -24,7 +24,10 @@ import (
 func TestPostgresFailover(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
-		t.Run(mode, func(t *testing.T) { failover(t, mode) })
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			failover(t, mode)
+		})
 	}
 }
 

@@ -42,7 +42,10 @@ func TestBrokerOutage(t *testing.T) {
 		outage = d
 	}
 	for _, mode := range []string{"poll", "wal"} {
-		t.Run(mode, func(t *testing.T) { brokerOutage(t, mode, outage) })
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			brokerOutage(t, mode, outage)
+		})
 	}
 }
 

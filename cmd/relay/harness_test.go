@@ -57,9 +57,10 @@ func TestMain(m *testing.M) {
 // extra PostgreSQL clusters) besides a database of the shared cluster, and
 // whose assertions are not about timing, call t.Parallel: most of their time
 // is spent waiting on those servers and on relay processes. go test runs
-// them together after the others. The longest (TestKillDuringDrain,
-// TestEverySink) run their subtests in parallel too, each on servers of its
-// own.
+// them together after the others. Their subtests (one per capture mode,
+// sink or PostgreSQL version) run in parallel too, each on servers and a
+// database of its own, so that no long test runs its cases one after the
+// other at the end of the package's run.
 
 // roleCounter makes the names of the roles tests create unique in the
 // package's cluster.

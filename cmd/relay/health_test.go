@@ -15,6 +15,7 @@ const noIndex = `outbox table public.outbox has no index on `
 // made by hand without an index on seq: both warn once with the statement
 // to run; after relay init neither does.
 func TestMissingPollIndexWarned(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, stackOptions{NoInit: true})
 	fix := `fix: CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS "outbox_relay_seq_idx" ON "public"."outbox" ("seq")`
 	out, _ := runRelay(t, "check", "--config", s.cfgPath)
@@ -46,6 +47,7 @@ func TestMissingPollIndexWarned(t *testing.T) {
 // autovacuum off for it): relay check warns with VACUUM and the autovacuum
 // setting to reset, and stops once the table was vacuumed.
 func TestBloatWarned(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	ctx := context.Background()
 	for _, q := range []string{

@@ -145,6 +145,7 @@ func TestHeldBacklogLeavesOthers(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
 			s, rc := heldStack(t, mode, "")
 			ctx := context.Background()
 			const aggregates, steps = 500, 30
@@ -204,6 +205,7 @@ func TestHeldRouteKill9(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
 			s, rc := heldStack(t, mode, "")
 			ctx := context.Background()
 			aggs, held := heldAggregates(20)
@@ -241,6 +243,7 @@ func TestHeldRouteKill9(t *testing.T) {
 // newer events of their aggregates, to a working route, are then
 // delivered. Both capture modes.
 func TestHeldMaxAgeFromTable(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
 			s, rc := heldStack(t, mode, "  held_max_age: 3s\n")

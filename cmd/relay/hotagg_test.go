@@ -14,6 +14,7 @@ func TestHotAggregateKafka(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
 			_, yaml, collect := startKafkaCluster(t)
 			s := newStack(t, stackOptions{Mode: mode, Sink: yaml, Collect: collect})
 			ctx := context.Background()

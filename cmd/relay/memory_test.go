@@ -39,6 +39,7 @@ func TestBigTransactionMemory(t *testing.T) {
 	} {
 		for _, mode := range []string{"poll", "wal"} {
 			t.Run(sk.name+"/"+mode, func(t *testing.T) {
+				t.Parallel()
 				o := stackOptions{Mode: mode, NATS: sk.nats, Collect: func() []verify.Delivery { return nil }}
 				var hook *bodyCounter
 				if sk.name == "webhook" {

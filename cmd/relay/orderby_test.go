@@ -34,6 +34,7 @@ func TestOrderByTenant(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
 			s := newTenantStack(t, mode)
 			tp := newTenantProducer(s, 12)
 			tp.produce(600, 3)
@@ -175,6 +176,7 @@ func execDSN(t *testing.T, dsn, sql string) {
 // order_by differs from a running relay's on the same outbox exits 1
 // naming both while the first keeps running.
 func TestOrderByRefused(t *testing.T) {
+	t.Parallel()
 	dsn := testenv.NewDB(t)
 	execDSN(t, dsn, testenv.ContractOutbox)
 	base := fmt.Sprintf("postgres:\n  url: %s\ncapture:\n  mode: poll\nsink:\n  type: webhook\n  webhook:\n    url: http://127.0.0.1:1/x\n", dsn)
@@ -195,6 +197,7 @@ func TestOrderByRefused(t *testing.T) {
 // tenant_id, then one with the default order: it must exit 1 naming both,
 // since the two would partition the rows differently.
 func TestOrderByMixedRelaysRefused(t *testing.T) {
+	t.Parallel()
 	s := newTenantStack(t, "poll")
 	first := s.start()
 	tp := newTenantProducer(s, 3)
@@ -224,6 +227,7 @@ func TestOrderByMixedRelaysRefused(t *testing.T) {
 // ALTER TABLE, and relay init adds the column with the outbox column's
 // type, after which relay run starts.
 func TestOrderByDeadLetterColumn(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	if _, err := s.pool.Exec(context.Background(), `ALTER TABLE outbox ADD COLUMN tenant_id bigint`); err != nil {
 		t.Fatal(err)

@@ -24,6 +24,7 @@ import (
 // after a superuser's `relay init` and exactly the GRANTs check printed,
 // check passes; a wal-mode run then exits 1 naming the missing drain table.
 func TestLeastPrivilegeMissingObjects(t *testing.T) {
+	t.Parallel()
 	n, err := testenv.StartNATS(testenv.NATSOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 // published without those headers, which relay_row_headers_dropped_total
 // counts; every other event is delivered in order.
 func TestOneRowNeverStopsTheRelay(t *testing.T) {
+	t.Parallel()
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	s := newStack(t, stackOptions{Extra: "http:\n  listen: " + addr + "\n"})
 	ctx := context.Background()

@@ -118,7 +118,10 @@ func refusalWindow(t *testing.T) (time.Duration, int) {
 func TestReceiverRefusesMidStream(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
-		t.Run(mode, func(t *testing.T) { receiverRefuses(t, mode) })
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			receiverRefuses(t, mode)
+		})
 	}
 }
 
@@ -214,6 +217,7 @@ func TestOneBrokenURLDoesNotStopOthers(t *testing.T) {
 // the broker dies (JetStream account info fails) and ready again when it is
 // back, without publishing anything.
 func TestIdleReadiness(t *testing.T) {
+	t.Parallel()
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	s := newStack(t, stackOptions{Extra: "http:\n  listen: " + addr + "\n"})
 	relay := s.start()
@@ -236,6 +240,7 @@ func TestIdleReadiness(t *testing.T) {
 // TestIdleReadinessHealthURL: an idle webhook receiver is checked through
 // sink.webhook.health_url.
 func TestIdleReadinessHealthURL(t *testing.T) {
+	t.Parallel()
 	var healthy atomic.Bool
 	healthy.Store(true)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -268,6 +273,7 @@ func TestKafkaTopicDeniedMidStream(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
 			c, sinkYAML, collect := startKafkaCluster(t)
 			addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 			s := newStack(t, stackOptions{Mode: mode, Collect: collect, Sink: sinkYAML,
@@ -327,6 +333,7 @@ func TestNATSStreamDeletedMidStream(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
 			var s *stack
 			var before []verify.Delivery
 			addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
@@ -395,6 +402,7 @@ func TestSQSQueueDeletedMidStream(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
 			srv, url, collect := startSQSQueue(t)
 			proxy, err := testenv.StartProxy(strings.TrimPrefix(srv.Endpoint(), "http://"))
 			if err != nil {

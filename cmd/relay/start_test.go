@@ -26,6 +26,7 @@ import (
 func TestStartDuringOutage(t *testing.T) {
 	t.Parallel()
 	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
 		pg, _, s := proxiedStack(t)
 		addr := s.withHTTP()
 		s.writeSome(200)
@@ -40,6 +41,7 @@ func TestStartDuringOutage(t *testing.T) {
 		s.finish(relay, addr)
 	})
 	t.Run("nats", func(t *testing.T) {
+		t.Parallel()
 		s := newStack(t)
 		s.wireGaps = true
 		addr := s.withHTTP()
@@ -53,6 +55,7 @@ func TestStartDuringOutage(t *testing.T) {
 		s.finish(relay, addr)
 	})
 	t.Run("kafka", func(t *testing.T) {
+		t.Parallel()
 		c, sinkYAML, collect := startKafkaCluster(t)
 		s := newStack(t, stackOptions{Sink: sinkYAML, Collect: collect})
 		addr := s.withHTTP()

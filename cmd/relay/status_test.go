@@ -97,6 +97,7 @@ func withListen(t *testing.T, path string) (string, string) {
 // running relay's /status (exit 1), and every relay stopped reported as
 // unhealthy (exit 1). Bad usage exits 2.
 func TestStatus(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"wal", "poll"} {
 		t.Run(mode, func(t *testing.T) { testStatus(t, mode) })
 	}

@@ -24,6 +24,7 @@ func TestKafkaTransactionalKillLoop(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
 			c, yaml, _ := startKafkaCluster(t)
 			collect := func() []verify.Delivery {
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

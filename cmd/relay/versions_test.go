@@ -21,6 +21,7 @@ func TestPostgresVersions(t *testing.T) {
 	t.Parallel()
 	for _, major := range testenv.PostgresMajors {
 		t.Run(fmt.Sprint(major), func(t *testing.T) {
+			t.Parallel()
 			bin, err := testenv.PostgresBin(major)
 			if err != nil {
 				t.Fatal(err)
@@ -33,7 +34,10 @@ func TestPostgresVersions(t *testing.T) {
 			}
 			t.Cleanup(func() { pg.Stop() })
 			for _, mode := range []string{"poll", "wal"} {
-				t.Run(mode, func(t *testing.T) { versionScenario(t, pg, mode) })
+				t.Run(mode, func(t *testing.T) {
+					t.Parallel()
+					versionScenario(t, pg, mode)
+				})
 			}
 		})
 	}

@@ -63,7 +63,10 @@ func TestCheckWALGuardrails(t *testing.T) {
 func TestPostgres17FailoverSlot(t *testing.T) {
 	t.Parallel()
 	for _, on := range []bool{true, false} {
-		t.Run(fmt.Sprintf("failover=%v", on), func(t *testing.T) { failoverSlot(t, on) })
+		t.Run(fmt.Sprintf("failover=%v", on), func(t *testing.T) {
+			t.Parallel()
+			failoverSlot(t, on)
+		})
 	}
 }
 
