@@ -10,6 +10,7 @@ import (
 // package testing nor internal/testenv (the demo's servers come from
 // internal/embedded).
 func TestNoTestCodeInBinary(t *testing.T) {
+	t.Parallel()
 	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list -deps: %v\n%s", err, out)
@@ -31,6 +32,7 @@ func TestNoTestCodeInBinary(t *testing.T) {
 // module, and the leaves fault and sink/template import nothing else of
 // the module but event.
 func TestImportsOneWay(t *testing.T) {
+	t.Parallel()
 	const mod = "github.com/outboxrelay/relay/"
 	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}`, mod+"...").CombinedOutput()
 	if err != nil {

@@ -110,6 +110,7 @@ func brokerOutage(t *testing.T, mode string, outage time.Duration) {
 // batches are in flight at once: the relay still opens at most 8
 // connections, and publishes everything once NATS is back.
 func TestConnectionsBounded(t *testing.T) {
+	t.Parallel()
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	s := newStack(t, stackOptions{Extra: "http:\n  listen: " + addr + "\n"})
 	s.wireGaps = true

@@ -55,8 +55,10 @@ func TestRetryAfterPausesOneURL(t *testing.T) {
 // ready (/readyz 503, relay_capture_ready 0), logs the failure once, and
 // archives everything once the trigger is dropped. Both capture modes.
 func TestArchiveFailureBacksOff(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
 			addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 			s := newStack(t, stackOptions{Mode: mode, Extra: "retry:\n  initial: 100ms\n  max: 1s\nhttp:\n  listen: " + addr + "\n"})
 			ctx := context.Background()

@@ -34,10 +34,7 @@ func TestPostgresVersions(t *testing.T) {
 			}
 			t.Cleanup(func() { pg.Stop() })
 			for _, mode := range []string{"poll", "wal"} {
-				t.Run(mode, func(t *testing.T) {
-					t.Parallel()
-					versionScenario(t, pg, mode)
-				})
+				t.Run(mode, func(t *testing.T) { versionScenario(t, pg, mode) })
 			}
 		})
 	}
