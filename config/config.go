@@ -239,6 +239,11 @@ type Kafka struct {
 	// reading with isolation.level=read_committed see each event once,
 	// through crashes of the relay. Default false.
 	Transactional bool `yaml:"transactional"`
+	// Linger is how long a partition's records wait for more before they
+	// are sent: the events of the publishes within one linger go in one
+	// produce request. Zero means the sink's default, 5ms; at most
+	// maxLinger.
+	Linger Duration `yaml:"linger"`
 }
 
 // TLS configures TLS to a broker (sink.kafka.tls, sink.nats.tls).

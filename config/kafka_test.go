@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 // kafkaCase is a valid config with a kafka sink whose keys are section,
@@ -120,7 +121,7 @@ func TestKafkaErrors(t *testing.T) {
 			"must not be empty (use ${VAR} to read it from the environment)"},
 		{"sasl unknown key", brokers + "    sasl:\n      user: u\n", 10, "sink.kafka.sasl.user", "unknown key (expected one of mechanism, username, password, token_file)"},
 		{"unknown kafka key", brokers + "    acks: 1\n", 9, "sink.kafka.acks",
-			"unknown key (expected one of brokers, topic, client_id, partitions, replication_factor, tls, sasl, transactional)"},
+			"unknown key (expected one of brokers, topic, client_id, partitions, replication_factor, tls, sasl, transactional, linger)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -159,5 +160,17 @@ func TestKafkaErrorsHidePassword(t *testing.T) {
 		if err == nil || strings.Contains(err.Error(), "s3cret") {
 			t.Errorf("%q: %v", section, err)
 		}
+	}
+}
+
+func TestKafkaLinger(t *testing.T) {
+	c, err := parse("config.yaml", []byte(kafkaCase("    brokers: [kafka:9092]\n    linger: 20ms\n")), env(nil))
+	if err != nil || c.Sink.Kafka.Linger.D() != 20*time.Millisecond {
+		t.Fatalf("linger %v, err %v", c.Sink.Kafka.Linger, err)
+	}
+	_, err = parse("config.yaml", []byte(kafkaCase("    brokers: [kafka:9092]\n    linger: 101ms\n")), env(nil))
+	want := "config.yaml:9: sink.kafka.linger: must be at most 100ms"
+	if err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("err = %v, want %s...", err, want)
 	}
 }

@@ -40,8 +40,8 @@ const maxIdentifier = 63
 // one in the pool. wal capture needs more; see internal/app.
 const minConns = 2
 
-// maxLinger bounds capture.wal.linger: each transaction of a steady
-// stream may wait that long.
+// maxLinger bounds capture.wal.linger and sink.kafka.linger: each
+// transaction of a steady stream may wait that long.
 const maxLinger = 100 * time.Millisecond
 
 var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
@@ -291,6 +291,9 @@ func (l *loader) checkKafka(k Kafka) {
 	}
 	if k.ReplicationFactor < 0 || k.ReplicationFactor > maxKafkaReplication {
 		l.invalid("sink.kafka.replication_factor", "must be between 1 and %d (0 or unset: the broker's default.replication.factor), got %d", maxKafkaReplication, k.ReplicationFactor)
+	}
+	if k.Linger.D() > maxLinger {
+		l.invalid("sink.kafka.linger", "must be at most %s, got %s", maxLinger, k.Linger.D())
 	}
 	l.checkTLS("sink.kafka.tls", k.TLS)
 	l.checkKafkaSASL(k.SASL)

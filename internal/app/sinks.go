@@ -78,7 +78,8 @@ func openBroker(ctx context.Context, c config.Sink, log *slog.Logger, window int
 				return "nats: stream " + c.NATS.Stream + " ready", s.EnsureStream(ctx)
 			}}, nil
 	case "kafka":
-		s, err := kafkasink.New(ctx, kafkaConfig(c.Kafka, txnID), kafkasink.Options{Logger: log, MaxBufferedRecords: window, Envelope: env, HeaderDrops: drops})
+		s, err := kafkasink.New(ctx, kafkaConfig(c.Kafka, txnID), kafkasink.Options{Logger: log, MaxBufferedRecords: window, Envelope: env, HeaderDrops: drops,
+			Linger: c.Kafka.Linger.D()})
 		if err != nil {
 			return nil, err
 		}
