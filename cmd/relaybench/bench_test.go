@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -24,7 +25,7 @@ func TestBenchSmoke(t *testing.T) {
 		Events: 5000, Aggregates: 500, Payload: 200, Out: out,
 		Modes: []string{"poll", "wal"}, Sinks: []string{"nats", "kafka"}, Phases: []string{"drain", "baselines", "steady"},
 		Steady: time.Second, CommitFor: 500 * time.Millisecond, Writers: 4, Relays: 1, RSSEvents: 3000, Consumer: true,
-		Log: &log, Args: []string{"relaybench", "(smoke test)"},
+		RelayBin: relayBin, Log: &log, Args: []string{"relaybench", "(smoke test)"},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // about 30s on an idle machine
 	defer cancel()
@@ -205,7 +206,7 @@ func TestImpactSmoke(t *testing.T) {
 	opts := Options{
 		Events: 1000, Aggregates: 500, Payload: 200, Modes: []string{"poll", "wal"}, Sinks: []string{"nats"},
 		Phases: []string{"impact"}, Relays: 1, ImpactFor: 2 * time.Second, ImpactClients: 4, ImpactSink: "nats", ImpactFloors: true,
-		Log: &log, Args: []string{"relaybench", "(impact smoke test)"},
+		RelayBin: relayBin, Log: &log, Args: []string{"relaybench", "(impact smoke test)"},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // about a minute on an idle machine
 	defer cancel()
@@ -244,14 +245,34 @@ func TestImpactSmoke(t *testing.T) {
 	}
 }
 
+// relayBin is cmd/relay, built once by TestMain for the bench runs of
+// every test (Options.RelayBin): a build of its own per run took longer
+// than most of the phases the tests run.
+var relayBin string
+
 // TestMain lets the test binary run as a profiling relay and as a floor's
 // database loop: -cpuprofile re-executes the running binary with
-// -as-relay, the impact phase's floors with -as-floor.
+// -as-relay, the impact phase's floors with -as-floor. Otherwise it builds
+// relayBin and runs the tests.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && (os.Args[1] == "-as-relay" || os.Args[1] == "-as-floor") {
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
-	os.Exit(m.Run())
+	dir, err := os.MkdirTemp("", "relaybench-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	e := &env{dir: dir}
+	if err := e.buildRelay(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	relayBin = e.relayBin
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 // TestImpactProfileKafka runs the impact phase's wal run into kfake with
@@ -264,7 +285,7 @@ func TestImpactProfileKafka(t *testing.T) {
 	opts := Options{
 		Events: 1000, Aggregates: 500, Payload: 200, Modes: []string{"wal"}, Sinks: []string{"nats"},
 		Phases: []string{"impact"}, Relays: 1, ImpactFor: 2 * time.Second, ImpactClients: 4, ImpactSink: "kafka",
-		ProfileDir: dir, Log: &log, Args: []string{"relaybench", "(impact profile test)"},
+		ProfileDir: dir, RelayBin: relayBin, Log: &log, Args: []string{"relaybench", "(impact profile test)"},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
