@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -38,6 +39,7 @@ type stream struct {
 	sent     pglogrepl.LSN           // the position of the last status update; run's only
 	replayTo pglogrepl.LSN           // the server's WAL position when the stream started; see replay.go
 	deadline time.Time               // the socket's read deadline; run's only
+	poked    atomic.Bool             // archived moved the confirmed position; see poke
 
 	mu              sync.Mutex
 	open            *batch // being filled by run
@@ -142,12 +144,24 @@ func (st *stream) archived(b *batch) {
 	st.unarchived -= b.n
 	st.unarchivedBytes -= b.bytes
 	signal(st.ready)
-	i := 0
+	i, was := 0, st.flushed
 	for ; i < len(st.inflight) && st.inflight[i].done; i++ {
 		st.flushed = max(st.flushed, st.inflight[i].ack)
 	}
 	clear(st.inflight[:i])
 	st.inflight = st.inflight[i:]
+	if st.flushed != was {
+		st.poke()
+	}
+}
+
+// poke interrupts run's read, so that it reports a confirmed position
+// archived moved without a timer of its own. It sets poked before the
+// deadline and receive checks it after setting its own, so no poke is
+// lost.
+func (st *stream) poke() {
+	st.poked.Store(true)
+	st.conn.Conn().SetReadDeadline(time.Now())
 }
 
 // fail ends the stream; Next then reconnects from the confirmed position.
@@ -274,14 +288,15 @@ func (st *stream) run(ctx context.Context) {
 }
 
 // loop receives messages, waiting at most until the next status update is
-// due. A moved confirmed position is reported at most every ackDelay; the
+// due. A moved confirmed position is reported at most every ackDelay: an
+// archive interrupts the read (poke), and a position moved less than
+// ackDelay after the last update waits for the read's deadline then. The
 // server's requests for a reply are answered at once. While the open batch
 // is full it does not read, so the server stops sending, but it keeps
 // sending status updates on time.
 func (st *stream) loop(ctx context.Context) error {
 	due := time.Now().Add(st.every)
 	var sentAt time.Time
-	tick := time.Now().Add(ackDelay)
 	for {
 		if st.full() {
 			if err := st.waitTaken(ctx, &due); err != nil {
@@ -289,14 +304,9 @@ func (st *stream) loop(ctx context.Context) error {
 			}
 			continue
 		}
-		// tick moves in ackDelay steps, so the socket's deadline rarely
-		// changes while messages flow.
-		if now := time.Now(); !now.Before(tick) {
-			tick = now.Add(ackDelay)
-		}
 		wait := due
-		if st.pending() && tick.Before(due) {
-			wait = tick
+		if at := sentAt.Add(ackDelay); st.position() != st.sent && at.Before(due) {
+			wait = at
 		}
 		reply, err := st.receive(ctx, wait)
 		if err != nil {
@@ -320,27 +330,23 @@ func (st *stream) loop(ctx context.Context) error {
 // does not send the server a status update per archive.
 const ackDelay = 20 * time.Millisecond
 
-// pending reports whether batches are in flight or an archived position is
-// not confirmed yet: then the loop wakes every ackDelay to confirm.
-func (st *stream) pending() bool {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return len(st.inflight) > 0 || st.flushed != st.sent
-}
-
-// receive handles the next message, or returns when due passes. It reports
-// whether the server asked for a reply. The wait is a read deadline on the
-// socket, set only when due moves, not a context per message: a stream of
-// small transactions is thousands of messages a second. run moves the
-// deadline to now when ctx ends.
+// receive handles the next message, or returns when due passes or after a
+// poke. It reports whether the server asked for a reply. The wait is a
+// read deadline on the socket, set only when due moves, not a context per
+// message: a stream of small transactions is thousands of messages a
+// second. run moves the deadline to now when ctx ends.
 func (st *stream) receive(ctx context.Context, due time.Time) (bool, error) {
+	if st.poked.Swap(false) {
+		st.deadline = time.Time{} // the poke's
+		return false, nil
+	}
 	if !due.Equal(st.deadline) {
 		if err := st.conn.Conn().SetReadDeadline(due); err != nil {
 			return false, fmt.Errorf("receive: %w", err)
 		}
 		st.deadline = due
 	}
-	if err := ctx.Err(); err != nil {
+	if err := ctx.Err(); err != nil || st.poked.Load() {
 		return false, err
 	}
 	msg, err := st.conn.ReceiveMessage(context.Background())

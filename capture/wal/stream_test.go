@@ -337,3 +337,23 @@ func TestBatchBytes(t *testing.T) {
 		t.Errorf("12 rows of 100 KB and one of 500 KB came in %d batches, want at least 4", batches)
 	}
 }
+
+// TestArchivedPositionConfirmedSoon: once a batch is archived, the slot
+// confirms it soon, with no message from the server to wake the stream and
+// the next periodic status update 200 s away (a third of
+// wal_sender_timeout): the archive interrupts the stream's read.
+func TestArchivedPositionConfirmedSoon(t *testing.T) {
+	pool := setup(t, layout)
+	o := options(t, pool, layout, 10)
+	o.StatusInterval = time.Hour
+	o.ReplConfig = &pool.Config().ConnConfig.Config
+	o.ReplConfig.RuntimeParams["wal_sender_timeout"] = "10min"
+	src := newStreaming(t, o)
+	insert(t, pool, "a", 0)
+	var end pglogrepl.LSN
+	if err := pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&end); err != nil {
+		t.Fatal(err)
+	}
+	complete(t, collect(t, src, 1, 30*time.Second)[0])
+	waitFor(t, 30*time.Second, fmt.Sprintf("the slot to confirm %s", end), func() bool { return confirmed(t, pool, o.Slot) >= end })
+}
