@@ -87,6 +87,12 @@ type Poll struct {
 	// Interval is the longest wait between polls when the outbox is idle.
 	// Default 200ms.
 	Interval Duration `yaml:"interval"`
+	// Linger is how long the poller waits after a poll that found rows,
+	// fewer than 32, so that a steady stream of small transactions is
+	// claimed in fewer, larger batches: each row waits at most Linger more,
+	// and the relay claims, publishes and archives once per Linger rather
+	// than once per few rows. At most 100ms. Default 5ms.
+	Linger Duration `yaml:"linger"`
 	// BatchSize is the most rows claimed by one poll. Default 500.
 	BatchSize int `yaml:"batch_size"`
 	// Partitions is how many partitions (by hash of the ordering key) relays

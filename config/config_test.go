@@ -207,7 +207,7 @@ func TestErrors(t *testing.T) {
 		// Unknown keys.
 		{"unknown top-level key", minimal + "retries:\n  max: 1s\n", 7, "retries", "unknown key (expected one of postgres, outbox, capture, sink, archive, retry, dead_letter, http, log, tracing, shutdown_timeout)"},
 		{"unknown nested key", minimal + "retry:\n  maximum: 1s\n", 8, "retry.maximum", "unknown key (expected one of initial, max, max_attempts)"},
-		{"unknown deep key", minimal + "  poll:\n    intervall: 1s\n", 8, "capture.poll.intervall", "unknown key (expected one of interval, batch_size, partitions, notify)"},
+		{"unknown deep key", minimal + "  poll:\n    intervall: 1s\n", 8, "capture.poll.intervall", "unknown key (expected one of interval, linger, batch_size, partitions, notify)"},
 		// Types.
 		{"string for integer", minimal + "  poll:\n    batch_size: abc\n", 8, "capture.poll.batch_size", `expected an integer, got "abc"`},
 		{"float for integer", minimal + "retry:\n  max_attempts: 1.5\n", 8, "retry.max_attempts", "expected an integer, got 1.5"},

@@ -40,8 +40,9 @@ const maxIdentifier = 63
 // one in the pool. wal capture needs more; see internal/app.
 const minConns = 2
 
-// maxLinger bounds capture.wal.linger and sink.kafka.linger: each
-// transaction of a steady stream may wait that long.
+// maxLinger bounds capture.wal.linger, capture.poll.linger and
+// sink.kafka.linger: each transaction of a steady stream may wait that
+// long.
 const maxLinger = 100 * time.Millisecond
 
 var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
@@ -169,6 +170,9 @@ func (l *loader) checkCapture(c Capture) {
 	}
 	if !slotName.MatchString(c.WAL.Slot) {
 		l.invalid("capture.wal.slot", "must match %s (lowercase letters, digits and _), got %q", slotName, c.WAL.Slot)
+	}
+	if c.Poll.Linger.D() > maxLinger {
+		l.invalid("capture.poll.linger", "must be at most %s, got %s", maxLinger, c.Poll.Linger.D())
 	}
 	if c.WAL.Linger.D() > maxLinger {
 		l.invalid("capture.wal.linger", "must be at most %s, got %s", maxLinger, c.WAL.Linger.D())

@@ -29,3 +29,15 @@ func TestWALLinger(t *testing.T) {
 		t.Fatalf("err = %v, want %s...", err, want)
 	}
 }
+
+func TestPollLinger(t *testing.T) {
+	c, err := parse("config.yaml", []byte(minimal+"  poll:\n    linger: 12ms\n"), env(nil))
+	if err != nil || c.Capture.Poll.Linger.D() != 12*time.Millisecond {
+		t.Fatalf("linger %v, err %v", c.Capture.Poll.Linger, err)
+	}
+	_, err = parse("config.yaml", []byte(minimal+"  poll:\n    linger: 101ms\n"), env(nil))
+	want := "config.yaml:8: capture.poll.linger: must be at most 100ms"
+	if err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("err = %v, want %s...", err, want)
+	}
+}

@@ -53,6 +53,12 @@ type Options struct {
 	// insert wakes it at once when the notify trigger of `relay init`
 	// (capture.poll.notify) is installed. Default 200ms.
 	Interval time.Duration
+	// Linger is how long the poller waits after a claim that found rows,
+	// fewer than 32, so that a steady stream of small transactions is
+	// claimed in fewer, larger batches: each row waits at most Linger more,
+	// and the relay claims, publishes and archives once per Linger rather
+	// than once per few rows. Notifications do not end it. Default 5ms.
+	Linger time.Duration
 	// Partitions is how many partitions the outbox is split into by a hash
 	// of the ordering key (table.Columns.Key), the unit of work shared
 	// between relays (see Scale-out in capture/internal/claim/lease.go).
@@ -82,7 +88,7 @@ type Source struct{ src *claim.Source }
 func New(ctx context.Context, opts Options) (*Source, error) {
 	l := schema.Layout(opts.Layout)
 	src, err := claim.New(ctx, claim.Options{Pool: opts.Pool, Layout: l, BatchSize: opts.BatchSize,
-		MaxBatchBytes: opts.MaxBatchBytes, Interval: opts.Interval, Partitions: opts.Partitions,
+		MaxBatchBytes: opts.MaxBatchBytes, Interval: opts.Interval, Linger: opts.Linger, Partitions: opts.Partitions,
 		ArchiveMode: opts.ArchiveMode, ParkAggregates: opts.ParkAggregates, Logger: opts.Logger,
 		Join: func(ctx context.Context, conn *pgx.Conn, partitions int) error {
 			return schema.JoinMode(ctx, conn, l, partitions)

@@ -193,6 +193,7 @@ type database struct {
 	pool    *pgxpool.Pool
 
 	pollInterval time.Duration
+	pollLinger   time.Duration
 	batchSize    int
 	notify       bool // capture.poll.notify
 }
@@ -222,6 +223,9 @@ func (d *database) configCopy(tag string) (string, int, error) {
 	poll := ""
 	if d.pollInterval > 0 {
 		poll += fmt.Sprintf("\n    interval: %s", d.pollInterval)
+	}
+	if d.pollLinger > 0 {
+		poll += fmt.Sprintf("\n    linger: %s", d.pollLinger)
 	}
 	if d.batchSize > 0 {
 		poll += fmt.Sprintf("\n    batch_size: %d", d.batchSize)
@@ -265,7 +269,7 @@ func (e *env) newSinkDatabase(ctx context.Context, name, mode, snk string) (*dat
 		return nil, err
 	}
 	d := &database{name: name, dsn: dsn, mode: mode, sink: snk, dir: e.dir, natsURL: e.nats.URL(),
-		pollInterval: e.opts.PollInterval, batchSize: e.opts.BatchSize, notify: e.opts.PollNotify && mode == "poll"}
+		pollInterval: e.opts.PollInterval, pollLinger: e.opts.PollLinger, batchSize: e.opts.BatchSize, notify: e.opts.PollNotify && mode == "poll"}
 	if snk == "kafka" {
 		if err := e.startKafka(); err != nil {
 			return nil, err

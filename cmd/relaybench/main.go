@@ -53,6 +53,7 @@ type Options struct {
 	// insert NOTIFY trigger that wakes poll capture at once.
 	PollNotify    bool
 	PollInterval  time.Duration // capture.poll.interval; 0: the relay's default
+	PollLinger    time.Duration // capture.poll.linger; 0: the relay's default
 	BatchSize     int           // capture.poll.batch_size; 0: the relay's default
 	Background    time.Duration // how long to sample the machine's load before starting
 	Relays        int           // relays draining at once (poll mode shares the work)
@@ -179,6 +180,7 @@ func defineFlags(fs *flag.FlagSet, o *Options) listFlags {
 	fs.DurationVar(&o.Background, "background", 3*time.Second, "how long to sample the machine's background load before starting; 0: skip")
 	fs.BoolVar(&o.PollNotify, "poll-notify", false, "set capture.poll.notify: `relay init` installs the insert NOTIFY trigger that wakes poll capture")
 	fs.DurationVar(&o.PollInterval, "poll-interval", 0, "capture.poll.interval of the relay (default: the relay's default)")
+	fs.DurationVar(&o.PollLinger, "poll-linger", 0, "capture.poll.linger of the relay (default: the relay's default)")
 	fs.IntVar(&o.BatchSize, "batch-size", 0, "capture.poll.batch_size of the relay (default: the relay's default)")
 	fs.IntVar(&o.ScaleEvents, "scale-events", 200_000, "events in each drain of the scaling curves (-phases scaling); one aggregate drains a tenth")
 	fs.BoolVar(&o.Quick, "quick", false, "100,000 events and 4s steady phases (unless -events/-steady are given)")

@@ -184,7 +184,7 @@ func openSource(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, log
 	}
 	return poll.New(ctx, poll.Options{
 		Pool: pool, Layout: table.Layout(l), BatchSize: cfg.Capture.Poll.BatchSize, MaxBatchBytes: cfg.Capture.MaxBatchBytes,
-		Interval: cfg.Capture.Poll.Interval.D(), Partitions: cfg.Capture.Poll.Partitions,
+		Interval: cfg.Capture.Poll.Interval.D(), Linger: cfg.Capture.Poll.Linger.D(), Partitions: cfg.Capture.Poll.Partitions,
 		ParkAggregates: cfg.DeadLetter.ParkAggregate, ArchiveMode: cfg.Archive.Mode, Logger: log,
 	})
 }

@@ -32,12 +32,12 @@ import (
 // commits only while this relay holds the partitions' leases, as before.
 
 // foldWait is how long a completion waits for a claim to take its
-// statements once the poller stopped claiming (no claim runs, and none
-// ended within foldWait): the poller claims again within fillWait after a
-// claim that found few rows, or at once when woken up. A completion thus
-// waits for its claim as long as the poller keeps claiming, and at most
-// twice foldWait after it stopped.
-const foldWait = 4 * fillWait
+// statements once the poller stopped claiming (no claim runs or waits for
+// rows to gather, see fillRows, and none ended within foldWait): the
+// poller claims again at once when woken up. A completion thus waits for
+// its claim as long as the poller keeps claiming, and at most twice
+// foldWait after it stopped.
+const foldWait = 20 * time.Millisecond
 
 // foldLockTimeout is the lock_timeout of a claim's folded statements in
 // milliseconds: an application's lock on an outbox row (a foreign key
@@ -69,7 +69,7 @@ type folds struct {
 	mu       sync.Mutex
 	waiting  []*fold
 	wake     context.CancelFunc // ends the poller's wait; nil when it is not waiting
-	claiming atomic.Bool        // a claim runs (see polling)
+	claiming atomic.Bool        // a claim runs or is about to (see polling)
 	claimed  atomic.Int64       // when the last claim ended, in nanoseconds since foldEpoch
 }
 
@@ -79,8 +79,8 @@ type folds struct {
 // that had stopped).
 var foldEpoch = time.Now()
 
-// claimStarts records that a claim begins; it returns the function that
-// records its end.
+// claimStarts records that a claim begins, or the wait right before it;
+// it returns the function that records its end.
 func (f *folds) claimStarts() (ends func()) {
 	f.claiming.Store(true)
 	return func() {
@@ -89,8 +89,8 @@ func (f *folds) claimStarts() (ends func()) {
 	}
 }
 
-// polling reports whether the poller keeps claiming at now: a claim runs,
-// or one ended less than foldWait ago.
+// polling reports whether the poller keeps claiming at now: a claim runs
+// or is about to, or one ended less than foldWait ago.
 func (f *folds) polling(now time.Time) bool {
 	return f.claiming.Load() || now.Sub(foldEpoch)-time.Duration(f.claimed.Load()) < foldWait
 }

@@ -69,7 +69,7 @@ import (
 )
 
 // Options configures a Source. Pool, Layout, BatchSize, MaxBatchBytes,
-// Interval, Partitions, ArchiveMode, ParkAggregates and Logger mean what
+// Interval, Linger, Partitions, ArchiveMode, ParkAggregates and Logger mean what
 // the fields of poll.Options of those names mean (capture/poll documents
 // them), with the same defaults, which New applies; MaxSeq and Join are
 // the claim's own.
@@ -77,7 +77,7 @@ type Options struct {
 	Pool                                 *pgxpool.Pool
 	Layout                               schema.Layout
 	BatchSize, MaxBatchBytes, Partitions int
-	Interval                             time.Duration
+	Interval, Linger                     time.Duration
 	ArchiveMode                          string
 	ParkAggregates                       bool
 	Logger                               *slog.Logger
@@ -98,6 +98,9 @@ type Options struct {
 	// lock).
 	Join func(ctx context.Context, conn *pgx.Conn, partitions int) error
 }
+
+// DefaultLinger is Options.Linger when it is not set.
+const DefaultLinger = 5 * time.Millisecond
 
 // DedicatedConns is how many connections a Source opens besides its pool:
 // the lease connection.
@@ -126,17 +129,15 @@ const gapInterval = 2 * time.Millisecond
 // milliseconds and an idle outbox costs a few queries a second.
 const busyInterval = time.Millisecond
 
-// fillWait is the wait after a claim that found rows, fewer than fillRows:
-// at a steady rate of small transactions each claim would otherwise take a
-// few rows, every few milliseconds, and every claim and its archive is a
+// fillRows is the fewest rows of a claim after which the poller looks again
+// within busyInterval; after a claim that found fewer it waits
+// Options.Linger: at a steady rate of small transactions each claim would
+// otherwise take a few rows, every few milliseconds, and every claim is a
 // transaction of its own in the database (a commit, a WAL flush) and a
-// round trip of the relay. Waiting fillWait lets the rows of fillWait
-// gather in the next claim, at the cost of at most fillWait of latency.
-// Notifications (capture.poll.notify) do not end this wait.
-const (
-	fillWait = 5 * time.Millisecond
-	fillRows = 32
-)
+// round trip and a few wakeups of the relay. Waiting Linger lets the rows
+// of Linger gather in the next claim, at the cost of at most Linger of
+// latency. Notifications (capture.poll.notify) do not end this wait.
+const fillRows = 32
 
 // Source is a capture.Source that claims rows from the outbox table. Next
 // must be called from one goroutine; batches may be completed from others.
@@ -209,6 +210,9 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	}
 	if opts.Interval <= 0 {
 		opts.Interval = 200 * time.Millisecond
+	}
+	if opts.Linger <= 0 {
+		opts.Linger = DefaultLinger
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -410,7 +414,8 @@ func (s *Source) disconnect(ctx context.Context) {
 	s.lease.lost()
 }
 
-// wait blocks for fillWait after a claim that found few rows, else until an
+// wait blocks for Options.Linger after a claim that found few rows (see
+// fillRows), else until an
 // insert is notified (with the trigger of capture.poll.notify), a
 // completion waits for a claim (see fold.go), or the current poll interval
 // passes: busyInterval after rows were found,
@@ -418,7 +423,8 @@ func (s *Source) disconnect(ctx context.Context) {
 // follows drops the notifications received so far (dropNotifications).
 func (s *Source) wait(ctx context.Context) error {
 	if s.few && s.quiet == 0 {
-		return wait.Sleep(ctx, fillWait)
+		defer s.folds.claimStarts()() // the claim follows: completions wait for it (see foldWait)
+		return wait.Sleep(ctx, s.opts.Linger)
 	}
 	wctx, cancel := context.WithTimeout(ctx, s.pause())
 	defer cancel()
