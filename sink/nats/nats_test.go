@@ -391,9 +391,20 @@ func TestPublishOverFileStoreLimitIsPermanent(t *testing.T) {
 	batch := testEvents(2, 2)
 	batch[0].Payload = bytes.Repeat([]byte("x"), 40<<20)
 
-	err := s.Publish(context.Background(), batch)
-	if got, want := sinktest.Classes(err, 2), []string{"permanent", "ok"}; !slices.Equal(got, want) {
-		t.Fatalf("classes %v, want %v (err %v)", got, want, err)
+	// A machine loaded enough to take over a minute to write 40 MiB ends
+	// the connection (nats.go's flusher timeout): the destination's
+	// fault, which the pipeline retries, and so does the test.
+	var got []string
+	for try := 0; try < 3; try++ {
+		err := s.Publish(context.Background(), batch)
+		got = sinktest.Classes(err, 2)
+		if !slices.Equal(got, []string{"unavailable", "unavailable"}) {
+			break
+		}
+		t.Logf("publish %d: %v; publishing again", try+1, err)
+	}
+	if want := []string{"permanent", "ok"}; !slices.Equal(got, want) {
+		t.Fatalf("classes %v, want %v", got, want)
 	}
 }
 
@@ -472,7 +483,9 @@ func TestPublishBrokerOutage(t *testing.T) {
 	}
 	checkUnavailable(t, "while down", err, 1000)
 	t.Logf("while down: %v", err)
-	if d := time.Since(start); d > 3*time.Second {
+	// The publish gives up at its context's 2 s; a loaded machine (load
+	// 30) took 3.6 s to get there.
+	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("publish while down took %v", d)
 	}
 

@@ -12,6 +12,10 @@ import (
 )
 
 // waitFolded waits until n completions of s wait for a claim.
+//
+// Call keepClaiming before the completion starts: on a loaded machine the
+// completion otherwise may run alone (the poller seems stopped after
+// foldWait) before waitFolded sees it wait.
 func waitFolded(t *testing.T, s *Source, n int) {
 	t.Helper()
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
@@ -26,6 +30,10 @@ func waitFolded(t *testing.T, s *Source, n int) {
 		}
 	}
 }
+
+// keepClaiming makes s's poller look as if a claim runs, until the next
+// claim ends: completions then wait for that claim to take them.
+func keepClaiming(s *Source) { s.folds.claiming.Store(true) }
 
 // insertRow inserts one outbox row of aggregate agg through s's pool.
 func insertRow(t *testing.T, s *Source, agg string) {
@@ -91,6 +99,7 @@ func TestFailedFoldedClaimKeepsLeaseConnection(t *testing.T) {
 			b := claimOne(t, a)
 			done := make(chan error, 1)
 			complete := func() { done <- b.Complete(ctx, capture.Outcome{Published: b.Events()}) }
+			keepClaiming(a)
 			go complete()
 			waitFolded(t, a, 1)
 			if _, err := a.claim(ctx); err != nil {
@@ -103,6 +112,7 @@ func TestFailedFoldedClaimKeepsLeaseConnection(t *testing.T) {
 			b = claimOne(t, a)
 			locker := lockOutbox(t, pool)
 			if fold {
+				keepClaiming(a)
 				go complete()
 				waitFolded(t, a, 1)
 			}
@@ -161,6 +171,7 @@ func TestRefusedFoldedArchiveIsNotTheClaims(t *testing.T) {
 	b := claimOne(t, a)
 	insertRow(t, a, "b")
 	done := make(chan error, 1)
+	keepClaiming(a)
 	go func() { done <- b.Complete(ctx, capture.Outcome{Published: b.Events()}) }()
 	waitFolded(t, a, 1)
 	next, err := a.claim(ctx)

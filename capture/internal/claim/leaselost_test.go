@@ -62,6 +62,7 @@ func TestFoldedArchiveOfLostClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	completed := make(chan error, 1)
+	keepClaiming(a)
 	go func() { completed <- b.Complete(ctx, capture.Outcome{Published: b.Events()}) }()
 	waitFolded(t, a, 1)
 	if got, err := a.claim(ctx); err == nil {
