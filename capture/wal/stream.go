@@ -36,6 +36,7 @@ type stream struct {
 	done     chan struct{} // closed when run returned; err is set then
 	err      error
 	stop     context.CancelCauseFunc // ends run, e.g. after a failed archive
+	life     context.Context         // run's context: once it ends, no batch is handed out
 	sent     pglogrepl.LSN           // the position of the last status update; run's only
 	replayTo pglogrepl.LSN           // the server's WAL position when the stream started; see replay.go
 	deadline time.Time               // the socket's read deadline; run's only
@@ -85,8 +86,25 @@ func (st *stream) newBatch() *batch {
 // next returns the next batch of the stream, waiting for one, without the
 // replayed events an earlier run archived (see replay.go). It fails when
 // the stream ended; a failed look-up ends the stream.
+//
+// Once the stream is stopped it hands out nothing more, not even a batch
+// it received before: after Release (see Source.Release) the rows the
+// drain publishes must come before any newer row of the released
+// aggregates, and the open batch may hold such rows, received while they
+// were held. The pipeline lifts a released aggregate's park at the first
+// batch of a Next called after Release returned, so such a batch must not
+// come from this stream. Its rows are streamed again from the slot's
+// confirmed position after the drain.
 func (st *stream) next(ctx context.Context) (capture.Batch, error) {
 	for {
+		if st.life.Err() != nil {
+			select {
+			case <-st.done:
+				return nil, st.err
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
 		b := st.take()
 		if b != nil && st.replayed(b) {
 			left, err := st.dropArchived(ctx, b)

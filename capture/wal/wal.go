@@ -559,7 +559,7 @@ func (s *Source) openStream(ctx, term context.Context, start pglogrepl.LSN) (*st
 	st := newStream(s, conn, start, replayTo, every)
 	reader().caughtUp = st.caughtUp
 	sctx, stop := context.WithCancelCause(term)
-	st.stop = stop
+	st.stop, st.life = stop, sctx
 	s.cur.Store(st)
 	signal(s.guard.kick)
 	s.wg.Go(func() {
