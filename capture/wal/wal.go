@@ -183,6 +183,9 @@ type Source struct {
 	// Hold); redrain is set by Release until the next drain begins.
 	held    capture.HeldKeys
 	redrain atomic.Bool
+	// drainClaims is the running drain's claim source, which Release
+	// rewinds; nil while no drain runs.
+	drainClaims atomic.Pointer[claim.Source]
 
 	// Used by Next only: the WAL timeline the slot was last seen on, 0
 	// before the slot was first seen.
@@ -474,6 +477,7 @@ func (s *Source) start(ctx, term context.Context) error {
 			return err
 		}
 		s.draining.Store(true)
+		s.drainClaims.Store(s.drain.src) // a new claim source claims from the first seq
 		s.log.Info("publishing outbox rows committed before the slot existed through the poll path, then streaming",
 			"slot", name, "drain_to_seq", to)
 		return nil
@@ -521,6 +525,7 @@ func (s *Source) drainNext(ctx, term context.Context) (capture.Batch, error) {
 }
 
 func (s *Source) endDrain() {
+	s.drainClaims.Store(nil)
 	s.drain.src.Close()
 	s.drain = nil
 	s.draining.Store(false)
@@ -641,9 +646,15 @@ func (s *Source) Hold(key string) { s.held.Add(key) }
 // Release ends the hold of keys: the stream ends and Next drains the outbox
 // up to the pending drain's bound, which publishes the rows left for them
 // in seq order, before streaming again from the slot's confirmed position.
+// A drain running meanwhile claims from the first seq again: its cursor
+// may be past the released rows (claims skipped them), and claiming on
+// from it would publish their aggregates' newer rows first.
 func (s *Source) Release(keys []string) {
 	s.redrain.Store(true)
 	s.held.Remove(keys)
+	if c := s.drainClaims.Load(); c != nil {
+		c.Release(keys) // the keys are removed already: it rewinds
+	}
 	if st := s.cur.Load(); st != nil {
 		st.fail(errRedrain)
 	}
