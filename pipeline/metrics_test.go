@@ -91,7 +91,7 @@ func FuzzPublishedByType(f *testing.F) {
 			t.Fatalf("%d series for one type: %v", len(got), got)
 		}
 		for label := range got {
-			if !utf8.ValidString(label) || len(label) > 4*rowtext.LabelBytes+32 ||
+			if !utf8.ValidString(label) || len(label) > rowtext.LabelBytes+32 ||
 				strings.ContainsFunc(label, unicode.IsControl) {
 				t.Fatalf("label %q of type %q", label, typ)
 			}

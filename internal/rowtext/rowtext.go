@@ -37,38 +37,51 @@ func Value(s string) string { return Clean(s, ValueBytes) }
 // holds it: Clean(s, ErrorBytes).
 func Error(s string) string { return Clean(s, ErrorBytes) }
 
-// Clean returns s cut to at most max bytes (see Cut), with every byte that is
-// not part of a graphic UTF-8 character escaped as Go writes it in a quoted
-// string: control characters (\n, \r, \t, \x1b, \x7f, \u009b), format
-// characters such as U+202E (\u202e) and invalid bytes (\xff). Backslashes
-// are kept as they are. The result is valid UTF-8 with no control
-// character, and at most 4*max bytes plus Cut's suffix. Text that needs
-// nothing is returned as it is, without allocating.
+// Clean returns s with every byte that is not part of a graphic UTF-8
+// character escaped as Go writes it in a quoted string: control characters
+// (\n, \r, \t, \x1b, \x7f, \u009b), format characters such as U+202E
+// (\u202e) and invalid bytes (\xff). Backslashes are kept as they are. A
+// result longer than max bytes is cut to at most max bytes, never inside a
+// character or an escape, and followed by "...(N bytes)", N being s's
+// length, as Cut does. The result is valid UTF-8 with no control character.
+// Text that needs nothing is returned as Cut returns it, without allocating.
 func Clean(s string, max int) string {
-	s = Cut(s, max)
 	i := clean(s)
 	if i == len(s) {
-		return s
+		return Cut(s, max)
+	}
+	if i > max {
+		return Prefix(s, max) + suffix(len(s))
 	}
 	var b strings.Builder
-	b.Grow(len(s) + 16)
+	b.Grow(min(len(s), max) + 16)
 	b.WriteString(s[:i])
 	for i < len(s) {
-		r, n := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && n == 1:
-			b.WriteString(`\x`)
-			b.WriteString(strconv.FormatUint(uint64(s[i])>>4, 16))
-			b.WriteString(strconv.FormatUint(uint64(s[i])&0xf, 16))
-		case unicode.IsGraphic(r):
-			b.WriteString(s[i : i+n])
-		default:
-			q := strconv.QuoteRune(r) // '\x1b', '\n', '\u202e'
-			b.WriteString(q[1 : len(q)-1])
+		text, n := escape(s[i:])
+		if b.Len()+len(text) > max {
+			b.WriteString(suffix(len(s)))
+			break
 		}
+		b.WriteString(text)
 		i += n
 	}
 	return b.String()
+}
+
+// escape returns the first character of s as Clean shows it, and its
+// length in s.
+func escape(s string) (string, int) {
+	r, n := utf8.DecodeRuneInString(s)
+	switch {
+	case r == utf8.RuneError && n == 1:
+		const hex = "0123456789abcdef"
+		return string([]byte{'\\', 'x', hex[s[0]>>4], hex[s[0]&0xf]}), 1
+	case unicode.IsGraphic(r):
+		return s[:n], n
+	default:
+		q := strconv.QuoteRune(r) // '\x1b', '\n', '\u202e'
+		return q[1 : len(q)-1], n
+	}
 }
 
 // clean returns the length of the longest prefix of s that Clean keeps as
@@ -96,8 +109,11 @@ func Cut(s string, max int) string {
 	if len(s) <= max {
 		return s
 	}
-	return Prefix(s, max) + "...(" + strconv.Itoa(len(s)) + " bytes)"
+	return Prefix(s, max) + suffix(len(s))
 }
+
+// suffix returns the mark Cut puts after text cut from n bytes.
+func suffix(n int) string { return "...(" + strconv.Itoa(n) + " bytes)" }
 
 // Prefix returns the longest prefix of s that is at most n bytes long and
 // does not end inside a UTF-8 character.

@@ -24,7 +24,10 @@ func TestClean(t *testing.T) {
 		{strings.Repeat("x", 10), 4, "xxxx...(10 bytes)"},
 		{"ééé", 4, "éé...(6 bytes)"},
 		{"ééé", 3, "é...(6 bytes)"},
-		{"\n\n\n\n\n\n", 4, `\n\n\n\n...(6 bytes)`},
+		{"\n\n\n\n\n\n", 4, `\n\n...(6 bytes)`},
+		{"ab\n\n", 5, `ab\n...(4 bytes)`},
+		{strings.Repeat("\xa6", 100), 10, `\xa6\xa6...(100 bytes)`},
+		{"abcdef\xa6", 3, "abc...(7 bytes)"},
 	} {
 		if got := Clean(c.in, c.max); got != c.want {
 			t.Errorf("Clean(%q, %d) = %q, want %q", c.in, c.max, got, c.want)
@@ -78,7 +81,7 @@ func FuzzClean(f *testing.F) {
 		if !utf8.ValidString(got) || strings.ContainsFunc(got, func(r rune) bool { return !unicode.IsGraphic(r) }) {
 			t.Fatalf("Clean(%q, %d) = %q", s, max, got)
 		}
-		if len(got) > 4*max+len("...( bytes)")+20 {
+		if len(got) > max+len("...( bytes)")+20 {
 			t.Fatalf("Clean(%q, %d) is %d bytes", s, max, len(got))
 		}
 		if again := Clean(got, len(got)); again != got {
