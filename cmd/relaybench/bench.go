@@ -56,6 +56,8 @@ type settings struct {
 	PollNotify    bool              `json:"poll_notify_trigger"`
 	PollInterval  string            `json:"poll_interval"`
 	PollLinger    string            `json:"poll_linger"`
+	WalLinger     string            `json:"wal_linger"`
+	KafkaLinger   string            `json:"kafka_linger"`
 	BatchSize     int               `json:"poll_batch_size"`
 }
 
@@ -70,7 +72,8 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 			Postgres:   pgSettings,
 			NATS:       "embedded nats-server in the bench process, JetStream file storage in a temporary directory (stream created by the relay: file storage, 2 min duplicate window)",
 			Relay:      "`relay run --config` child process: archive delete, log level warn, other settings default (poll batch_size 500, interval 200ms)",
-			PollNotify: opts.PollNotify, PollInterval: opts.PollInterval.String(), PollLinger: opts.PollLinger.String(), BatchSize: opts.BatchSize}}
+			PollNotify: opts.PollNotify, PollInterval: opts.PollInterval.String(), PollLinger: opts.PollLinger.String(),
+			WalLinger: opts.WalLinger.String(), KafkaLinger: opts.KafkaLinger.String(), BatchSize: opts.BatchSize}}
 	if opts.Background > 0 {
 		c0 := sampleCPU()
 		time.Sleep(opts.Background)

@@ -194,6 +194,8 @@ type database struct {
 
 	pollInterval time.Duration
 	pollLinger   time.Duration
+	walLinger    time.Duration
+	kafkaLinger  time.Duration
 	batchSize    int
 	notify       bool // capture.poll.notify
 }
@@ -219,6 +221,9 @@ func (d *database) configCopy(tag string) (string, int, error) {
   kafka:
     brokers: [%q]
     topic: %q`, strings.Join(d.brokers, `", "`), benchSubject)
+		if d.kafkaLinger > 0 {
+			snk += fmt.Sprintf("\n    linger: %s", d.kafkaLinger)
+		}
 	}
 	poll := ""
 	if d.pollInterval > 0 {
@@ -236,13 +241,17 @@ func (d *database) configCopy(tag string) (string, int, error) {
 	if poll != "" {
 		poll = "\n  poll:" + poll
 	}
+	wal := ""
+	if d.walLinger > 0 {
+		wal = fmt.Sprintf("\n    linger: %s", d.walLinger)
+	}
 	cfg := fmt.Sprintf(`postgres:
   url: %q
 capture:
   mode: %s%s
   wal:
     slot: %s
-    publication: %s
+    publication: %s%s
 sink:
 %s
 http:
@@ -250,7 +259,7 @@ http:
 log:
   level: warn
 shutdown_timeout: 10s
-`, d.dsn, d.mode, poll, d.slot(), benchPublication, snk, port)
+`, d.dsn, d.mode, poll, d.slot(), benchPublication, wal, snk, port)
 	path := filepath.Join(d.dir, tag+".yaml")
 	return path, port, os.WriteFile(path, []byte(cfg), 0o600)
 }
@@ -269,7 +278,8 @@ func (e *env) newSinkDatabase(ctx context.Context, name, mode, snk string) (*dat
 		return nil, err
 	}
 	d := &database{name: name, dsn: dsn, mode: mode, sink: snk, dir: e.dir, natsURL: e.nats.URL(),
-		pollInterval: e.opts.PollInterval, pollLinger: e.opts.PollLinger, batchSize: e.opts.BatchSize, notify: e.opts.PollNotify && mode == "poll"}
+		pollInterval: e.opts.PollInterval, pollLinger: e.opts.PollLinger,
+		walLinger: e.opts.WalLinger, kafkaLinger: e.opts.KafkaLinger, batchSize: e.opts.BatchSize, notify: e.opts.PollNotify && mode == "poll"}
 	if snk == "kafka" {
 		if err := e.startKafka(); err != nil {
 			return nil, err

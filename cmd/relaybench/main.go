@@ -54,6 +54,8 @@ type Options struct {
 	PollNotify    bool
 	PollInterval  time.Duration // capture.poll.interval; 0: the relay's default
 	PollLinger    time.Duration // capture.poll.linger; 0: the relay's default
+	WalLinger     time.Duration // capture.wal.linger; 0: the relay's default
+	KafkaLinger   time.Duration // sink.kafka.linger; 0: the relay's default
 	BatchSize     int           // capture.poll.batch_size; 0: the relay's default
 	Background    time.Duration // how long to sample the machine's load before starting
 	Relays        int           // relays draining at once (poll mode shares the work)
@@ -181,6 +183,8 @@ func defineFlags(fs *flag.FlagSet, o *Options) listFlags {
 	fs.BoolVar(&o.PollNotify, "poll-notify", false, "set capture.poll.notify: `relay init` installs the insert NOTIFY trigger that wakes poll capture")
 	fs.DurationVar(&o.PollInterval, "poll-interval", 0, "capture.poll.interval of the relay (default: the relay's default)")
 	fs.DurationVar(&o.PollLinger, "poll-linger", 0, "capture.poll.linger of the relay (default: the relay's default)")
+	fs.DurationVar(&o.WalLinger, "wal-linger", 0, "capture.wal.linger of the relay (default: the relay's default)")
+	fs.DurationVar(&o.KafkaLinger, "kafka-linger", 0, "sink.kafka.linger of the relay (default: the relay's default)")
 	fs.IntVar(&o.BatchSize, "batch-size", 0, "capture.poll.batch_size of the relay (default: the relay's default)")
 	fs.IntVar(&o.ScaleEvents, "scale-events", 200_000, "events in each drain of the scaling curves (-phases scaling); one aggregate drains a tenth")
 	fs.BoolVar(&o.Quick, "quick", false, "100,000 events and 4s steady phases (unless -events/-steady are given)")
