@@ -62,7 +62,7 @@ func TestArchiveFoldedAfterLinger(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { src.Close() })
-	claimed := poller(t, src)
+	claimed := poller(t, src, 0)
 	for i := range 3 {
 		insert(t, pool, "a", i)
 		select {
