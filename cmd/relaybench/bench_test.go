@@ -217,7 +217,7 @@ func TestImpactSmoke(t *testing.T) {
 	var table bytes.Buffer
 	printTable(&table, res)
 	t.Logf("\n%s", table.String())
-	want := []string{"none", floorPoll, "poll", floorWAL, floorWALDelete, "wal"}
+	want := []string{"none", floorPoll, floorPollPublish, "poll", floorWAL, floorWALDelete, "wal"}
 	if res.Impact == nil || len(res.Impact.Runs) != len(want) || res.Impact.Pinning == "" {
 		t.Fatalf("impact: %+v", res.Impact)
 	}
@@ -238,7 +238,7 @@ func TestImpactSmoke(t *testing.T) {
 				r.Relay, r.Floor, floor, r.TPSToFloor, r.PostgresToFloor)
 		}
 	}
-	for _, s := range []string{"IMPACT ON THE APPLICATION", "poll floor (DELETE … RETURNING)", "wal floor (pg_recvlogical, rows stay)", "TPS × floor"} {
+	for _, s := range []string{"IMPACT ON THE APPLICATION", "poll floor (DELETE … RETURNING)", "poll floor + publish", "wal floor (pg_recvlogical, rows stay)", "TPS × floor"} {
 		if !strings.Contains(table.String(), s) {
 			t.Errorf("no %q in the impact table:\n%s", s, table.String())
 		}

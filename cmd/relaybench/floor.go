@@ -22,6 +22,9 @@ const (
 	// floorPoll is the poll floor: a minimal poller deleting batches with
 	// rawDelete, publishing nothing.
 	floorPoll = "floor_poll"
+	// floorPollPublish is floorPoll publishing each batch to the run's
+	// sink, every acknowledgement awaited before the next batch.
+	floorPollPublish = "floor_poll_publish"
 	// floorWAL is the wal floor: pg_recvlogical decoding the outbox's
 	// inserts into /dev/null; the rows stay in the outbox.
 	floorWAL = "floor_wal"
@@ -32,14 +35,18 @@ const (
 
 // floorsOf lists the floor runs of each capture mode; the first is the one
 // the mode's relay is compared with.
-var floorsOf = map[string][]string{"poll": {floorPoll}, "wal": {floorWAL, floorWALDelete}}
+var floorsOf = map[string][]string{"poll": {floorPoll, floorPollPublish}, "wal": {floorWAL, floorWALDelete}}
 
 // floorOf returns the run that run's ratios to the floor are taken against:
 // its mode's first floor for a relay, floorWAL for floorWALDelete (the
-// archive's share), empty otherwise.
+// archive's share), floorPoll for floorPollPublish (the publishing's share),
+// empty otherwise.
 func floorOf(run string) string {
-	if run == floorWALDelete {
+	switch run {
+	case floorWALDelete:
 		return floorWAL
+	case floorPollPublish:
+		return floorPoll
 	}
 	if f := floorsOf[run]; len(f) > 0 {
 		return f[0]
@@ -48,13 +55,15 @@ func floorOf(run string) string {
 }
 
 func isFloor(run string) bool {
-	return run == floorPoll || run == floorWAL || run == floorWALDelete
+	return run == floorPoll || run == floorPollPublish || run == floorWAL || run == floorWALDelete
 }
 
 // floorWhat describes what each floor runs.
 var floorWhat = map[string]string{
 	floorPoll: "one connection: " + rawDelete("seq", floorBatch) + ", reading every returned row; " +
 		"again at once after a full batch, after 5 ms after a short one, doubling up to 200 ms while batches come back empty; publishes nothing",
+	floorPollPublish: "the poll floor, publishing the id and payload of each batch's rows to the run's sink before the next batch " +
+		"(NATS: nats.go's PublishMsgAsync with the id as Nats-Msg-Id, then every acknowledgement; Kafka: franz-go's ProduceSync, 5 ms linger)",
 	floorWAL: "pg_recvlogical --start -f /dev/null -F 0 -s 1 -o proto_version=1 -o publication_names=" + benchPublication +
 		" on the relay's slot and publication; archives nothing: the rows stay in the outbox",
 	floorWALDelete: "the wal floor, plus one connection running every 20 ms " + archiveFloorSQL +
@@ -116,7 +125,7 @@ func recvlogicalArgs(dsn, slot, pub string, status int) []string {
 // so far, this binary re-executed as the floor's database loop (-as-floor).
 func (b *bench) startFloor(ctx context.Context, d *database, run string) ([]*relayProc, error) {
 	var procs []*relayProc
-	if run != floorPoll {
+	if run == floorWAL || run == floorWALDelete {
 		p, err := b.startProc(run+"-recvlogical", 0, filepath.Join(b.pgBin, "pg_recvlogical"),
 			recvlogicalArgs(d.dsn, d.slot(), benchPublication, 1)...)
 		if err != nil {
@@ -127,7 +136,7 @@ func (b *bench) startFloor(ctx context.Context, d *database, run string) ([]*rel
 			return procs, err
 		}
 	}
-	kind := map[string]string{floorPoll: "poll", floorWALDelete: "archive"}[run]
+	kind := map[string]string{floorPoll: "poll", floorPollPublish: "publish", floorWALDelete: "archive"}[run]
 	if kind == "" {
 		return procs, nil
 	}
@@ -135,7 +144,14 @@ func (b *bench) startFloor(ctx context.Context, d *database, run string) ([]*rel
 	if err != nil {
 		return procs, err
 	}
-	p, err := b.startProc(run+"-"+kind, 0, exe, "-as-floor", kind, d.dsn)
+	args := []string{"-as-floor", kind, d.dsn}
+	if run == floorPollPublish {
+		if err := b.prepareFloorSink(ctx, d); err != nil {
+			return procs, err
+		}
+		args = append(args, floorSinkArgs(d)...)
+	}
+	p, err := b.startProc(run+"-"+kind, 0, exe, args...)
 	if err != nil {
 		return procs, err
 	}
@@ -158,7 +174,7 @@ func (b *bench) waitFloor(ctx context.Context, d *database, run string, procs []
 			return fmt.Errorf("outbox not emptied: %w", err)
 		}
 	}
-	if run != floorPoll {
+	if run == floorWAL || run == floorWALDelete {
 		if err := decoderCatchUp(ctx, d, procs); err != nil {
 			return err
 		}
@@ -212,12 +228,28 @@ func waitFor(ctx context.Context, limit time.Duration, procs []*relayProc, done 
 	}
 }
 
-// asFloor runs a floor's database loop on dsn until SIGTERM or SIGINT:
-// kind "poll" is pollFloor, "archive" archiveFloor.
-func asFloor(kind, dsn string, stderr io.Writer) int {
-	loop := map[string]func(context.Context, *pgx.Conn) error{"poll": pollFloor, "archive": archiveFloor}[kind]
-	if loop == nil {
-		fmt.Fprintf(stderr, "relaybench -as-floor: unknown floor %q (poll, archive)\n", kind)
+// asFloor runs a floor's database loop until SIGTERM or SIGINT. args are
+// the kind and the database's DSN, and for kind "publish" the sink (nats
+// or kafka) and its address: "poll" is pollFloor publishing nothing,
+// "publish" pollFloor publishing to the sink, "archive" archiveFloor.
+func asFloor(args []string, stderr io.Writer) int {
+	kind, dsn := args[0], args[1]
+	var loop func(context.Context, *pgx.Conn) error
+	switch {
+	case kind == "poll" && len(args) == 2:
+		loop = func(ctx context.Context, conn *pgx.Conn) error { return pollFloor(ctx, conn, nil) }
+	case kind == "archive" && len(args) == 2:
+		loop = archiveFloor
+	case kind == "publish" && len(args) == 4:
+		publish, closeSink, err := floorPublisher(args[2], args[3])
+		if err != nil {
+			fmt.Fprintf(stderr, "relaybench -as-floor publish: %v\n", err)
+			return 1
+		}
+		defer closeSink()
+		loop = func(ctx context.Context, conn *pgx.Conn) error { return pollFloor(ctx, conn, publish) }
+	default:
+		fmt.Fprintf(stderr, "relaybench -as-floor: unknown floor %q (poll DSN, publish DSN SINK ADDRESS, archive DSN)\n", args)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -238,12 +270,13 @@ func asFloor(kind, dsn string, stderr io.Writer) int {
 // pollFloor deletes the outbox's oldest rows in batches of floorBatch until
 // ctx ends: the next batch at once after a full one, after floorWait after
 // a short one, and after a wait doubling up to floorIdle while batches
-// come back empty.
-func pollFloor(ctx context.Context, conn *pgx.Conn) error {
+// come back empty. Unless publish is nil, it publishes each batch's rows
+// before the next batch.
+func pollFloor(ctx context.Context, conn *pgx.Conn, publish publishFunc) error {
 	query := rawDelete("seq", floorBatch)
 	var pause time.Duration
 	for {
-		n, _, err := deleteBatch(ctx, conn, query)
+		n, err := floorDelete(ctx, conn, query, publish)
 		switch {
 		case err != nil:
 			return err
@@ -258,6 +291,20 @@ func pollFloor(ctx context.Context, conn *pgx.Conn) error {
 			return err
 		}
 	}
+}
+
+// floorDelete runs query, a rawDelete, publishes the rows it returned
+// unless publish is nil, and returns how many there were.
+func floorDelete(ctx context.Context, conn *pgx.Conn, query string, publish publishFunc) (int, error) {
+	if publish == nil {
+		n, _, err := deleteBatch(ctx, conn, query)
+		return n, err
+	}
+	rows, err := deleteRows(ctx, conn, query)
+	if err == nil && len(rows) > 0 {
+		err = publish(ctx, rows)
+	}
+	return len(rows), err
 }
 
 // archiveFloor deletes, every archiveEvery until ctx ends, the rows up to

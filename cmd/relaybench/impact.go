@@ -143,7 +143,7 @@ func impactRuns(modes []string, floors bool) []string {
 // runLabel names run in the table and the log.
 func runLabel(run string) string {
 	if l, ok := map[string]string{"none": "no relay", floorPoll: "poll floor (DELETE … RETURNING)",
-		floorWAL: "wal floor (pg_recvlogical, rows stay)", floorWALDelete: "wal floor + DELETE every 20 ms"}[run]; ok {
+		floorPollPublish: "poll floor + publish", floorWAL: "wal floor (pg_recvlogical, rows stay)", floorWALDelete: "wal floor + DELETE every 20 ms"}[run]; ok {
 		return l
 	}
 	return run + " relay"
@@ -268,7 +268,7 @@ type impactSide struct {
 // ("none": nothing).
 func (b *bench) impactRun(ctx context.Context, run string) (ImpactResult, error) {
 	res := ImpactResult{Relay: run, What: floorWhat[run], Sink: b.opts.ImpactSink, Clients: b.opts.ImpactClients}
-	if isFloor(run) {
+	if isFloor(run) && run != floorPollPublish {
 		res.Sink = ""
 	}
 	d, err := b.impactDatabase(ctx, run)
@@ -320,7 +320,9 @@ func (b *bench) startSide(ctx context.Context, d *database, run string) (*impact
 	switch {
 	case run == "none":
 	case isFloor(run):
-		s.procs, err = b.startFloor(ctx, d, run)
+		if s.procs, err = b.startFloor(ctx, d, run); err == nil && run == floorPollPublish {
+			s.sink0, err = b.sinkCount(ctx, d)
+		}
 	default:
 		var p *relayProc
 		if p, err = b.impactRelay(ctx, d, run); err != nil {
@@ -382,7 +384,7 @@ func (res *ImpactResult) perEvent(st0, st1 outboxStats) {
 // init` (the outbox of run's mode: a floor's mode's, poll's for "none")
 // and the application's accounts table, vacuumed.
 func (b *bench) impactDatabase(ctx context.Context, run string) (*database, error) {
-	mode := map[string]string{"none": "poll", floorPoll: "poll", floorWAL: "wal", floorWALDelete: "wal"}[run]
+	mode := map[string]string{"none": "poll", floorPoll: "poll", floorPollPublish: "poll", floorWAL: "wal", floorWALDelete: "wal"}[run]
 	if mode == "" {
 		mode = run
 	}
@@ -492,14 +494,14 @@ func (s *impactSide) stop() error {
 }
 
 // waitHandled waits until side handled every committed event of the load:
-// the relay's sink holds them (waitRelayed), or the floor caught up
-// (waitFloor); without a relay it returns at once.
+// the sink holds them (waitRelayed: a relay, the publishing poll floor),
+// or the floor caught up (waitFloor); without a relay it returns at once.
 func (b *bench) waitHandled(ctx context.Context, d *database, side *impactSide, res *ImpactResult) error {
 	switch {
 	case side.run == "none":
 		res.Complete = true
 		return nil
-	case isFloor(side.run):
+	case isFloor(side.run) && side.run != floorPollPublish:
 		return b.waitFloor(ctx, d, side.run, side.procs, res)
 	}
 	return b.waitRelayed(ctx, d, side, res)

@@ -81,8 +81,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 4 && args[0] == "-as-relay" && args[2] == "-as-relay-profile" {
 		return asRelay(args[1], args[3], stderr)
 	}
-	if len(args) == 3 && args[0] == "-as-floor" {
-		return asFloor(args[1], args[2], stderr)
+	if len(args) >= 3 && args[0] == "-as-floor" {
+		return asFloor(args[1:], stderr)
 	}
 	opts, err := parseFlags(args, stderr)
 	if err != nil {
