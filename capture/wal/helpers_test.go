@@ -79,6 +79,16 @@ func options(t testing.TB, pool *pgxpool.Pool, l schema.Layout, batch int) wal.O
 		StatusInterval: 100 * time.Millisecond, GuardInterval: 100 * time.Millisecond, Logger: testLog(t)}
 }
 
+// quietStatus spaces o's status updates out beyond any test: the status
+// interval is an hour and wal_sender_timeout ten minutes, so the source's
+// periodic update (at a third of wal_sender_timeout) is 200 s away. It
+// sets o.ReplConfig to a copy of the pool's connection config.
+func quietStatus(o *wal.Options) {
+	o.StatusInterval = time.Hour
+	o.ReplConfig = &o.Pool.Config().ConnConfig.Config
+	o.ReplConfig.RuntimeParams["wal_sender_timeout"] = "10min"
+}
+
 func newSource(t testing.TB, o wal.Options) *wal.Source {
 	t.Helper()
 	src, err := wal.New(context.Background(), o)

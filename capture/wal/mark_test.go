@@ -24,9 +24,7 @@ import (
 func TestRaisedMarkReadsEveryMessage(t *testing.T) {
 	pool := setup(t, layout)
 	o := options(t, pool, layout, 500)
-	o.StatusInterval = time.Hour
-	o.ReplConfig = &pool.Config().ConnConfig.Config
-	o.ReplConfig.RuntimeParams["wal_sender_timeout"] = "10min"
+	quietStatus(&o)
 	var repl atomic.Pointer[net.TCPConn]
 	dial := o.ReplConfig.DialFunc
 	o.ReplConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {

@@ -345,9 +345,7 @@ func TestBatchBytes(t *testing.T) {
 func TestArchivedPositionConfirmedSoon(t *testing.T) {
 	pool := setup(t, layout)
 	o := options(t, pool, layout, 10)
-	o.StatusInterval = time.Hour
-	o.ReplConfig = &pool.Config().ConnConfig.Config
-	o.ReplConfig.RuntimeParams["wal_sender_timeout"] = "10min"
+	quietStatus(&o)
 	src := newStreaming(t, o)
 	insert(t, pool, "a", 0)
 	var end pglogrepl.LSN
