@@ -6,7 +6,6 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-	"time"
 )
 
 // kafkaCase is a valid config with a kafka sink whose keys are section,
@@ -160,17 +159,5 @@ func TestKafkaErrorsHidePassword(t *testing.T) {
 		if err == nil || strings.Contains(err.Error(), "s3cret") {
 			t.Errorf("%q: %v", section, err)
 		}
-	}
-}
-
-func TestKafkaLinger(t *testing.T) {
-	c, err := parse("config.yaml", []byte(kafkaCase("    brokers: [kafka:9092]\n    linger: 20ms\n")), env(nil))
-	if err != nil || c.Sink.Kafka.Linger.D() != 20*time.Millisecond {
-		t.Fatalf("linger %v, err %v", c.Sink.Kafka.Linger, err)
-	}
-	_, err = parse("config.yaml", []byte(kafkaCase("    brokers: [kafka:9092]\n    linger: 101ms\n")), env(nil))
-	want := "config.yaml:9: sink.kafka.linger: must be at most 100ms"
-	if err == nil || !strings.HasPrefix(err.Error(), want) {
-		t.Errorf("err = %v, want %s...", err, want)
 	}
 }
