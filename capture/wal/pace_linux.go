@@ -2,6 +2,7 @@ package wal
 
 import (
 	"os"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -11,9 +12,14 @@ import (
 // process twice for most sleeps: its poller waits in whole milliseconds,
 // so it wakes before a timer a fraction of a millisecond past one, and
 // waits again. On Linux a pacer sleeps on a timerfd read through Go's
-// poller instead, which wakes the process once, on time. It is used by one
-// goroutine at a time; after close, or when nil, it sleeps on Go's timers.
-type pacer struct{ f *os.File }
+// poller instead, which wakes the process once, on time. It is safe for
+// concurrent use: the timer has one expiration, so a sleep that starts
+// while another sleeps on it sleeps on Go's timers. After close, or when
+// nil, it sleeps on Go's timers.
+type pacer struct {
+	f      *os.File
+	asleep sync.Mutex // held by the sleep waiting on f
+}
 
 func newPacer() *pacer {
 	fd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
@@ -25,7 +31,12 @@ func newPacer() *pacer {
 
 // sleep returns after d (positive).
 func (p *pacer) sleep(d time.Duration) {
-	if p == nil || p.f == nil || p.arm(d) != nil {
+	if p == nil || p.f == nil || !p.asleep.TryLock() {
+		time.Sleep(d)
+		return
+	}
+	defer p.asleep.Unlock()
+	if p.arm(d) != nil {
 		time.Sleep(d)
 		return
 	}

@@ -1,7 +1,9 @@
 package wal
 
 import (
+	"errors"
 	"io"
+	"os"
 	"testing"
 	"time"
 
@@ -76,8 +78,50 @@ func TestPacedReaderPacesOnlyBusyStreams(t *testing.T) {
 	}
 }
 
+// readerFunc is an io.Reader calling itself.
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(b []byte) (int, error) { return f(b) }
+
+// TestPacedReaderIgnoresInterruptedReads: a read that a deadline or a poke
+// ends with nothing read neither marks the stream busy nor counts as the
+// last read, so the next read, of the next transaction, is not paced.
+func TestPacedReaderIgnoresInterruptedReads(t *testing.T) {
+	p := &pacedReader{pace: time.Hour, last: time.Now(), r: readerFunc(func([]byte) (int, error) {
+		return 0, os.ErrDeadlineExceeded
+	})}
+	if _, err := p.Read(make([]byte, 8)); !errors.Is(err, os.ErrDeadlineExceeded) || p.busy {
+		t.Fatalf("interrupted read: busy %v, err %v", p.busy, err)
+	}
+}
+
 // TestPacerSleeps: a pacer's sleep lasts at least its duration, also
 // after close (Go's timers then) and when nil.
+// TestPacerSleepsTogether: two sleeps on one pacer at once (an ended
+// stream's last paced read beside the next connection's handshake) both
+// end; the second used to re-arm the timer the first waited on, which
+// woke only one of them.
+func TestPacerSleepsTogether(t *testing.T) {
+	p := newPacer()
+	defer p.close()
+	done := make(chan time.Duration, 2)
+	sleep := func(d time.Duration) {
+		start := time.Now()
+		p.sleep(d)
+		done <- time.Since(start)
+	}
+	go sleep(300 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // the second starts while the first sleeps
+	go sleep(time.Millisecond)
+	for range 2 {
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("a sleep on a pacer another sleep used has not ended after 30s")
+		}
+	}
+}
+
 func TestPacerSleeps(t *testing.T) {
 	p := newPacer()
 	var none *pacer

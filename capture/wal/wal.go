@@ -354,7 +354,8 @@ const replSmallRead = replReadBuffer / 8
 
 // pacedReader reads from r at most once per pace (Options.Linger) while
 // the stream is busy: the last read was small (under replSmallRead bytes)
-// and returned within twice the pace of the one before. A light stream is
+// and returned within twice the pace of the one before (a read that ended
+// with an error and nothing read does not count). A light stream is
 // read as data arrives, without a timer per read, and so is a backlog.
 // It waits on pacer (nil: Go's timers). Before it waits for the pace it
 // calls raise, when set (see markConn), so that the messages arriving
@@ -383,6 +384,9 @@ func (p *pacedReader) Read(b []byte) (int, error) {
 		p.pacer.sleep(d)
 	}
 	n, err := p.r.Read(b)
+	if n == 0 && err != nil {
+		return n, err // a deadline or a poke: nothing read, nothing to pace
+	}
 	now := time.Now()
 	p.busy = n < replSmallRead && now.Sub(p.last) < 2*p.pace
 	p.last = now
