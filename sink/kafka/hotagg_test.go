@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -82,10 +83,16 @@ func firstDiff(a, b []string) int {
 // failProduce makes c answer the nth produce request (1-based) with code
 // for every partition in it, without storing anything.
 func failProduce(c *kfake.Cluster, nth int32, code int16) {
+	failProduces(c, code, func(n int32) bool { return n == nth })
+}
+
+// failProduces makes c answer the nth produce request (1-based) with code
+// for every partition in it, without storing anything, when fail(n).
+func failProduces(c *kfake.Cluster, code int16, fail func(n int32) bool) {
 	var seen atomic.Int32
 	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
-		if seen.Add(1) != nth {
+		if !fail(seen.Add(1)) {
 			return nil, nil, false
 		}
 		return failedProduce(req.(*kmsg.ProduceRequest), code), nil, true
@@ -244,5 +251,59 @@ func TestNoRecordAfterFailedBatch(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("the topic holds %d records, want the %d before the first failed event; first difference at %d", len(got), first, firstDiff(got, want))
+	}
+}
+
+// TestRejectedBatchesKeepOrder streams 6,000 events of 20 aggregates
+// through the pipeline into a topic of one partition with a 16 KiB batch
+// limit while kfake rejects every fourth produce request as a corrupt
+// message, in three rounds: every event is stored, and the first
+// deliveries of each aggregate are in order. A run of one aggregate's
+// events in a call could be split between two record batches (other
+// records filled part of the first, or it was sent while the run was
+// produced); when the broker rejected the first, the rest of the run,
+// produced before the failure was reported, went into a new batch under a
+// new producer epoch and was stored ahead of it (most rounds with -race,
+// before the partitioner kept each run in one batch).
+func TestRejectedBatchesKeepOrder(t *testing.T) {
+	const n, aggs = 6000, 20
+	evs := make([]*event.Event, n)
+	for i := range evs {
+		evs[i] = testEvent(i, "order", fmt.Sprint("hot-", i%aggs))
+		evs[i].Position = uint64(i + 1)
+	}
+	opts := hotOptions()
+	opts.Retry.MaxAttempts = 1000 // a rejection is no fault of the event
+	for round := range 3 {
+		c := newCluster(t)
+		withTopicLimit(t, c, "t", 1, 16*1024)
+		s := newSink(t, c.ListenAddrs(), "t", Options{})
+		failProduces(c, kerr.CorruptMessage.Code, func(n int32) bool { return n%4 == 0 })
+		if dead, _ := sinktest.Drive(t, s, evs, opts); len(dead) > 0 {
+			t.Fatalf("round %d: %d dead letters, want 0: %v", round, len(dead), deadIDs(dead)[0])
+		}
+		first := map[string][]string{} // aggregate -> ids of its first deliveries
+		seen := map[string]bool{}
+		for _, r := range readTopics(t, c.ListenAddrs(), "t") {
+			id, _ := header(r, "message_id")
+			agg, _ := header(r, "aggregate_id")
+			if !seen[id] {
+				seen[id] = true
+				first[agg] = append(first[agg], id)
+			}
+		}
+		for a := range aggs {
+			var want []string
+			for i := a; i < n; i += aggs {
+				want = append(want, evs[i].ID)
+			}
+			if got := first[evs[a].AggregateID]; !slices.Equal(got, want) {
+				t.Errorf("round %d, aggregate %s: %d first deliveries, want %d in order; first difference at %d",
+					round, evs[a].AggregateID, len(got), len(want), firstDiff(got, want))
+			}
+		}
+		if t.Failed() {
+			return
+		}
 	}
 }

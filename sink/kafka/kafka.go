@@ -280,6 +280,7 @@ func (s *Sink) clientOptions() ([]kgo.Opt, error) {
 		kgo.MaxBufferedRecords(s.opts.MaxBufferedRecords),
 		kgo.ProduceRequestTimeout(s.opts.ProduceRequestTimeout),
 		kgo.ProducerBatchMaxBytesFn(s.maxMessageBytes),
+		kgo.RecordPartitioner(runPartitioner{}),
 	)
 	if s.cfg.Transactional {
 		kopts = append(kopts, kgo.TransactionalID(s.cfg.TransactionalID))

@@ -10,7 +10,6 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
-	"sync/atomic"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -27,9 +26,9 @@ import (
 // It returns nil when all were acknowledged and a *sink.BatchError
 // otherwise. Several events of one aggregate may share a batch (see
 // MaxPerAggregate): once one of them fails, the later ones fail too, with
-// sink.ErrHeldBack when they were not produced. Of one aggregate, Publish
-// produces only the events that fit in one record batch of their topic
-// and holds back the rest (see records).
+// sink.ErrHeldBack when they were not produced. The events of one
+// aggregate that Publish produces go in one record batch of their topic,
+// and the rest are held back (see records and the runs in runs.go).
 //
 // Before the first publish to a topic, Publish makes sure the topic exists
 // (see docs/design.md, Kafka). Errors are classified by classify.
@@ -87,7 +86,7 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 		if errs[i] != nil {
 			continue
 		}
-		if stopped[k] || g.failed() {
+		if stopped[k] || g.stopped() {
 			errs[i], stopped[k] = sink.ErrHeldBack, true
 			continue
 		}
@@ -98,12 +97,22 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 			continue
 		}
 		pending++
-		if t == nil {
-			s.cl.Produce(g.context(ctx), r, func(_ *kgo.Record, err error) { g.fail(err); results <- result{i, err} })
-			continue
+		m := g.member(r)
+		promise := func(_ *kgo.Record, err error) {
+			if m.refusedRecord() {
+				err = sink.ErrHeldBack
+			} else {
+				g.fail(err)
+			}
+			if t != nil {
+				t.ack(e.ID, err)
+			}
+			results <- result{i, err}
 		}
-		t.add()
-		s.cl.Produce(g.context(ctx), r, func(_ *kgo.Record, err error) { g.fail(err); t.ack(e.ID, err); results <- result{i, err} })
+		if t != nil {
+			t.add()
+		}
+		s.cl.Produce(g.context(ctx), r, promise)
 	}
 	if t != nil {
 		s.txn.leave()
@@ -188,12 +197,8 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 //     from such a record on when it is not the aggregate's first: the
 //     client fails such a record on its own, without the records behind it;
 //   - once its records would no longer fit in one batch of the topic (its
-//     first record always goes). A longer run would fill a batch and
-//     start the next one while the first is sent. When the broker rejects
-//     the first, the client fails the records buffered behind it but
-//     reports that only later, from another goroutine, and a record of
-//     the run produced in between starts a new sequence, which the broker
-//     stores ahead of the rejected records' retry.
+//     first record always goes): the partitioner would refuse the record
+//     that starts a second batch anyway (see runPartitioner).
 func (s *Sink) records(batch []*event.Event, topics, keys []string, errs []error) []*kgo.Record {
 	recs := make([]*kgo.Record, len(batch))
 	run := make(map[string]int)   // bytes of each key's records to produce
@@ -220,76 +225,6 @@ func (s *Sink) records(batch []*event.Event, topics, keys []string, errs []error
 	return recs
 }
 
-// aggGuards stop the producing of an aggregate's records in one Publish
-// call once one of them failed. franz-go fails every record buffered behind
-// a failed batch of the partition, but a record produced after that starts
-// a new sequence under a new epoch, which the broker stores ahead of the
-// failed record's retry. So a record is not produced once an earlier record
-// of its aggregate failed, and the records of an aggregate share a context
-// that the failure cancels, which fails those produced meanwhile that are
-// not sent yet. The promise of the failure comes after the client failed
-// the batch, so a record produced and sent in between can still be stored:
-// Publish logs it as an error. Only aggregates with more than one record in
-// the call get a guard; a nil *aggGuard guards nothing.
-type aggGuards struct {
-	ctx    context.Context
-	counts map[string]int
-	guards map[string]*aggGuard
-}
-
-type aggGuard struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	bad    atomic.Bool
-}
-
-func newAggGuards(ctx context.Context, n int) *aggGuards {
-	return &aggGuards{ctx: ctx, counts: make(map[string]int, n), guards: make(map[string]*aggGuard)}
-}
-
-// count counts a record of aggregate key k.
-func (gs *aggGuards) count(k string) { gs.counts[k]++ }
-
-// of returns the guard of k, or nil when k has one record in the call.
-func (gs *aggGuards) of(k string) *aggGuard {
-	if gs.counts[k] < 2 {
-		return nil
-	}
-	g := gs.guards[k]
-	if g == nil {
-		g = &aggGuard{}
-		g.ctx, g.cancel = context.WithCancel(gs.ctx)
-		gs.guards[k] = g
-	}
-	return g
-}
-
-// release cancels every guard's context.
-func (gs *aggGuards) release() {
-	for _, g := range gs.guards {
-		g.cancel()
-	}
-}
-
-// context returns the context to produce a record of g's aggregate with.
-func (g *aggGuard) context(ctx context.Context) context.Context {
-	if g == nil {
-		return ctx
-	}
-	return g.ctx
-}
-
-// fail records err, the outcome of one of g's records, when it is a failure.
-func (g *aggGuard) fail(err error) {
-	if g != nil && err != nil {
-		g.bad.Store(true)
-		g.cancel()
-	}
-}
-
-// failed reports whether a record of g's aggregate failed.
-func (g *aggGuard) failed() bool { return g != nil && g.bad.Load() }
-
 // enterTxn returns the open transaction, which the caller must leave, or
 // nil when the sink is not transactional.
 func (s *Sink) enterTxn() (*txn, error) {
@@ -307,9 +242,8 @@ func (s *Sink) enterTxn() (*txn, error) {
 // MaxPerAggregate implements sink.Ordered: within a partition, the
 // idempotent producer keeps records in order and fails every record behind
 // a failed one, so a batch may carry as many events of one aggregate as the
-// client can buffer; Publish produces those that fit in one record batch
-// of the topic and holds back the rest (see docs/design.md, Hot
-// aggregates).
+// client can buffer; Publish produces those that go in one record batch of
+// the topic and holds back the rest (see docs/design.md, Hot aggregates).
 func (s *Sink) MaxPerAggregate() int { return s.opts.MaxBufferedRecords }
 
 // recordBytes over-estimates the bytes r takes in a record batch.
