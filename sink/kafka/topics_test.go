@@ -117,14 +117,14 @@ func TestPublishCreatesTopics(t *testing.T) {
 	})
 	done := make(chan error)
 	for range 4 {
-		go func() { done <- s.Publish(ctx, testEvents(40, 8)) }()
+		go func() { done <- publishAll(ctx, s, testEvents(40, 8)) }()
 	}
 	for range 4 {
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := s.Publish(ctx, testEvents(10, 3)); err != nil {
+	if err := publishAll(ctx, s, testEvents(10, 3)); err != nil {
 		t.Fatal(err)
 	}
 	if creates.Load() != 1 || describes.Load() != 1 {

@@ -56,7 +56,7 @@ func TestTransactionalPublishAndRecover(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, 8)
 	for w := range 8 {
-		wg.Go(func() { errs[w] = s.Publish(context.Background(), evs[w*50:(w+1)*50]) })
+		wg.Go(func() { errs[w] = publishAll(context.Background(), s, evs[w*50:(w+1)*50]) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
@@ -98,7 +98,7 @@ func TestTransactionalZombieFenced(t *testing.T) {
 	c := newCluster(t)
 	brokers := c.ListenAddrs()
 	old := txnSink(t, brokers, "relay-zombie")
-	if err := old.Publish(context.Background(), testEvents(10, 2)); err != nil {
+	if err := publishAll(context.Background(), old, testEvents(10, 2)); err != nil {
 		t.Fatal(err)
 	}
 	txnSink(t, brokers, "relay-zombie")
