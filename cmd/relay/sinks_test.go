@@ -127,7 +127,8 @@ const sqsQueue = "outbox-order.fifo"
 
 // startSQSQueue starts the SQS emulator with the FIFO queue sqsQueue and
 // returns it, the queue's URL and a collector that receives (and deletes)
-// the queue's messages, adding them to those it received before.
+// the queue's messages, adding them to those it received before. A failed
+// receive is logged; the messages it left are received by a later call.
 func startSQSQueue(t *testing.T) (*testenv.SQS, string, func() []verify.Delivery) {
 	srv, err := testenv.StartSQS()
 	if err != nil {
@@ -143,7 +144,10 @@ func startSQSQueue(t *testing.T) (*testenv.SQS, string, func() []verify.Delivery
 	collect := func() []verify.Delivery {
 		mu.Lock()
 		defer mu.Unlock()
-		msgs, _ := srv.ReceiveAll(url)
+		msgs, err := srv.ReceiveAll(url)
+		if err != nil {
+			t.Logf("receive from the SQS emulator, after %d messages: %v", len(msgs), err)
+		}
 		for _, m := range msgs {
 			payload, err := m.Payload()
 			d := payloadDelivery(m.Attr("message_id"), m.Attr("aggregate_id"), payload)

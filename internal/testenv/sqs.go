@@ -428,7 +428,46 @@ func (s *SQS) ReceiveAll(queueURL string) ([]SQSMessage, error) {
 	}
 }
 
-var sqsHTTP = &http.Client{Timeout: 10 * time.Second}
+// SQSCounts are the numbers of messages a queue holds (GetQueueAttributes'
+// approximate counts, exact in the emulator).
+type SQSCounts struct {
+	// Messages are those that can be received now.
+	Messages int
+	// NotVisible are those received and not deleted.
+	NotVisible int
+	// Delayed are those not receivable yet: the emulator makes every
+	// message it stores receivable on a later turn of its event loop.
+	Delayed int
+}
+
+// Empty reports whether the queue holds no message at all.
+func (c SQSCounts) Empty() bool { return c == SQSCounts{} }
+
+// Counts returns what the queue at queueURL holds.
+func (s *SQS) Counts(queueURL string) (SQSCounts, error) {
+	var out struct{ Attributes map[string]string }
+	err := sqsCall(s.Endpoint(), "GetQueueAttributes", map[string]any{"QueueUrl": queueURL, "AttributeNames": []string{"All"}}, &out)
+	if err != nil {
+		return SQSCounts{}, err
+	}
+	var c SQSCounts
+	for name, n := range map[string]*int{"ApproximateNumberOfMessages": &c.Messages,
+		"ApproximateNumberOfMessagesNotVisible": &c.NotVisible, "ApproximateNumberOfMessagesDelayed": &c.Delayed} {
+		if *n, err = strconv.Atoi(out.Attributes[name]); err != nil {
+			return SQSCounts{}, fmt.Errorf("GetQueueAttributes %s: %s %q", queueURL, name, out.Attributes[name])
+		}
+	}
+	// The emulator counts the messages not visible in both.
+	c.Messages -= c.NotVisible
+	return c, nil
+}
+
+// sqsHTTP is the client of the convenience calls. Each call opens a
+// connection of its own: the emulator (Node.js) closes a connection idle
+// for 5 s, and a call that reused one as it closed failed with
+// "connection reset by peer" (a ReceiveMessage cannot be sent again). The
+// timeout is generous for a loaded machine.
+var sqsHTTP = &http.Client{Timeout: time.Minute, Transport: &http.Transport{DisableKeepAlives: true}}
 
 // sqsCall makes one JSON-protocol call and decodes the answer into out.
 func sqsCall(endpoint, action string, in any, out any) error {

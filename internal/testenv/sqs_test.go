@@ -79,9 +79,15 @@ func TestSQSReceiveAll(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if c, err := s.Counts(url); err != nil || c.Messages+c.Delayed != 15 || c.NotVisible != 0 {
+		t.Fatalf("counts %+v, %v; want 15 messages (some may be delayed)", c, err)
+	}
 	msgs, err := s.ReceiveAll(url)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if c, err := s.Counts(url); err != nil || !c.Empty() {
+		t.Errorf("counts after ReceiveAll %+v, %v; want empty", c, err)
 	}
 	if len(msgs) != 15 {
 		t.Fatalf("received %d messages, want 15", len(msgs))
