@@ -13,8 +13,8 @@ import (
 	"unicode/utf8"
 )
 
-// The bounds of row text, in bytes of the original text, by where it is
-// shown.
+// The bounds of row text, in bytes as shown (escapes included), by where
+// it is shown.
 const (
 	// LabelBytes bounds a metric label value.
 	LabelBytes = 64
@@ -44,44 +44,62 @@ func Error(s string) string { return Clean(s, ErrorBytes) }
 // result longer than max bytes is cut to at most max bytes, never inside a
 // character or an escape, and followed by "...(N bytes)", N being s's
 // length, as Cut does. The result is valid UTF-8 with no control character.
-// Text that needs nothing is returned as Cut returns it, without allocating.
+// Text that needs nothing is returned as Cut returns it, without allocating;
+// text that Clean or Cut already cut to max bytes or fewer is returned as it
+// is, so that cleaning twice keeps the original length in the suffix.
 func Clean(s string, max int) string {
 	i := clean(s)
 	if i == len(s) {
+		if wasCut(s, max) {
+			return s
+		}
 		return Cut(s, max)
 	}
 	if i > max {
 		return Prefix(s, max) + suffix(len(s))
 	}
 	var b strings.Builder
-	b.Grow(min(len(s), max) + 16)
+	b.Grow(min(len(s), max) + 24)
 	b.WriteString(s[:i])
+	var buf [16]byte
 	for i < len(s) {
-		text, n := escape(s[i:])
+		text, n := escape(buf[:0], s[i:])
 		if b.Len()+len(text) > max {
 			b.WriteString(suffix(len(s)))
 			break
 		}
-		b.WriteString(text)
+		b.Write(text)
 		i += n
 	}
 	return b.String()
 }
 
-// escape returns the first character of s as Clean shows it, and its
-// length in s.
-func escape(s string) (string, int) {
+// escape appends the first character of s as Clean shows it to dst and
+// returns the result and the character's length in s.
+func escape(dst []byte, s string) ([]byte, int) {
 	r, n := utf8.DecodeRuneInString(s)
 	switch {
 	case r == utf8.RuneError && n == 1:
 		const hex = "0123456789abcdef"
-		return string([]byte{'\\', 'x', hex[s[0]>>4], hex[s[0]&0xf]}), 1
+		return append(dst, '\\', 'x', hex[s[0]>>4], hex[s[0]&0xf]), 1
 	case unicode.IsGraphic(r):
-		return s[:n], n
+		return append(dst, s[:n]...), n
 	default:
-		q := strconv.QuoteRune(r) // '\x1b', '\n', '\u202e'
+		q := strconv.AppendQuoteRune(dst, r) // '\x1b', '\n', '\u202e'
 		return q[1 : len(q)-1], n
 	}
+}
+
+// wasCut reports whether s is text Cut or Clean cut to at most max bytes:
+// at most max bytes followed by "...(N bytes)", N larger than them.
+func wasCut(s string, max int) bool {
+	rest, ok := strings.CutSuffix(s, " bytes)")
+	k := strings.LastIndex(rest, "...(")
+	if !ok || k < 0 || k > max {
+		return false
+	}
+	n, err := strconv.Atoi(rest[k+len("...("):])
+	return err == nil && n > k
 }
 
 // clean returns the length of the longest prefix of s that Clean keeps as

@@ -28,6 +28,9 @@ func TestClean(t *testing.T) {
 		{"ab\n\n", 5, `ab\n...(4 bytes)`},
 		{strings.Repeat("\xa6", 100), 10, `\xa6\xa6...(100 bytes)`},
 		{"abcdef\xa6", 3, "abc...(7 bytes)"},
+		{"abc...(100 bytes)", 3, "abc...(100 bytes)"}, // cut before: kept
+		{"abcd...(100 bytes)", 3, "abc...(18 bytes)"},
+		{"abc...(3 bytes)", 3, "abc...(15 bytes)"},
 	} {
 		if got := Clean(c.in, c.max); got != c.want {
 			t.Errorf("Clean(%q, %d) = %q, want %q", c.in, c.max, got, c.want)
@@ -61,6 +64,27 @@ func TestPrefix(t *testing.T) {
 func TestCleanAllocates(t *testing.T) {
 	s := strings.Repeat("order-42 é ", 5)
 	if n := testing.AllocsPerRun(100, func() { _ = Clean(s, ValueBytes) }); n != 0 {
+		t.Errorf("%v allocations", n)
+	}
+}
+
+// TestCleanTwice: text cleaned again with the same bound, as a log
+// handler does with an attribute the caller cleaned, keeps the original
+// length in its suffix.
+func TestCleanTwice(t *testing.T) {
+	for _, s := range []string{strings.Repeat("x", 5000), strings.Repeat("\xa6", 5000), "a\nb" + strings.Repeat("é", 3000)} {
+		once := Clean(s, ErrorBytes)
+		if twice := Clean(once, ErrorBytes); twice != once {
+			t.Errorf("Clean of %d bytes: %q, then %q", len(s), once[len(once)-20:], twice[len(twice)-20:])
+		}
+	}
+}
+
+// TestCleanEscapesWithoutAllocating: escaping costs no allocation per
+// escaped byte.
+func TestCleanEscapesWithoutAllocating(t *testing.T) {
+	s := strings.Repeat("\xa6\n", 1024)
+	if n := testing.AllocsPerRun(20, func() { _ = Clean(s, ErrorBytes) }); n > 3 {
 		t.Errorf("%v allocations", n)
 	}
 }
