@@ -309,9 +309,9 @@ func TestKafkaTopicDeniedMidStream(t *testing.T) {
 
 // collectAll collects the messages of the queue at url until the queue
 // holds none, and returns how many were collected in all. One collect may
-// end early: under load one returned, without an error, while about a
-// hundred messages the emulator had acknowledged were still in the queue
-// (its deletion then lost them).
+// end early: under load the emulator has answered a ReceiveMessage with no
+// message while hundreds were visible (GetQueueAttributes right after: 283
+// visible, none in flight or delayed), and the queue's deletion lost them.
 func collectAll(t *testing.T, srv *testenv.SQS, url string, collect func() []verify.Delivery) int {
 	t.Helper()
 	deadline := time.Now().Add(3 * time.Minute) // a message received and not deleted is visible again after 60 s
