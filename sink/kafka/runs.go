@@ -52,6 +52,7 @@ type aggGuard struct {
 	cut    atomic.Bool // the partitioner refused a record
 
 	head  *kgo.Record // the first record partitioned
+	runs  *topicRuns  // by this partitioner
 	part  int         // its partition
 	batch uint64      // and its batch there, counted from the topicRuns' first
 }
@@ -129,11 +130,12 @@ type memberKey struct{}
 // nil *member was never refused.
 func (m *member) refusedRecord() bool { return m != nil && m.refused.Load() }
 
-// admit reports whether the record m may go to partition part, whose
-// batchesMade batches were made so far, where it makes a new batch when
-// newBatch is set: yes for the run's first record, and for a later one
-// that joins the batch the first went to, until one is refused.
-func (m *member) admit(r *kgo.Record, part int, made uint64, newBatch bool) bool {
+// admit reports whether the record m may go to partition part of p, whose
+// made batches were made so far, where it makes a new batch when newBatch
+// is set: yes for the run's first record, and for a later one that joins
+// the batch the first went to, of the same partitioner (franz-go makes a
+// new one when a topic is purged), until one failed or was refused.
+func (m *member) admit(p *topicRuns, r *kgo.Record, part int, made uint64, newBatch bool) bool {
 	g := m.g
 	if newBatch {
 		made++ // the batch r would make
@@ -141,9 +143,9 @@ func (m *member) admit(r *kgo.Record, part int, made uint64, newBatch bool) bool
 	switch {
 	case g.cut.Load():
 	case g.head == nil || g.head == r:
-		g.head, g.part, g.batch = r, part, made
+		g.head, g.runs, g.part, g.batch = r, p, part, made
 		return true
-	case !newBatch && part == g.part && made == g.batch:
+	case !newBatch && !g.bad.Load() && p == g.runs && part == g.part && made == g.batch:
 		return true
 	default:
 		g.cut.Store(true)
@@ -165,7 +167,8 @@ func (runPartitioner) ForTopic(topic string) kgo.TopicPartitioner {
 // topicRuns partitions the records of one topic. franz-go calls it for one
 // record at a time: Partition, then, when the record would start a new
 // batch in that partition, OnNewBatch and Partition again. franz-go makes a
-// partition's batches nowhere else, so made, which counts the batches made
+// partition's batches nowhere else (unless kgo.StreamingCompression is set,
+// which merges buffered batches: the sink must not set it), so made, which counts the batches made
 // per partition, tells whether a record joins the batch an earlier one
 // went to.
 type topicRuns struct {
@@ -187,7 +190,7 @@ func (p *topicRuns) Partition(r *kgo.Record, n int) int {
 	newBatch := p.newBatch
 	p.newBatch = false
 	part := p.keys.Partition(r, n)
-	if m, _ := r.Context.Value(memberKey{}).(*member); m != nil && !m.admit(r, part, p.made[part], newBatch) {
+	if m, _ := r.Context.Value(memberKey{}).(*member); m != nil && !m.admit(p, r, part, p.made[part], newBatch) {
 		return -1
 	}
 	if newBatch {

@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -56,5 +57,38 @@ func TestRunPartitioner(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRunPartitionerRefusesAfterFailureOrPurge: a later record of a run is
+// refused, even where it would join a batch numbered as its first
+// record's, once a record of the run failed, or when the topic's
+// partitioner is a new one (franz-go makes one after the topic was purged
+// from producing): its batch is not the first record's.
+func TestRunPartitionerRefusesAfterFailureOrPurge(t *testing.T) {
+	for _, purge := range []bool{false, true} {
+		p := runPartitioner{}.ForTopic("t").(*topicRuns)
+		gs := newAggGuards(context.Background(), 2)
+		head := &kgo.Record{Key: []byte("run"), Context: context.Background()}
+		later := &kgo.Record{Key: []byte("run"), Context: context.Background()}
+		gs.count("run")
+		gs.count("run")
+		gs.of("run").member(head)
+		m := gs.of("run").member(later)
+		p.OnNewBatch()
+		if p.Partition(head, 1) != 0 {
+			t.Fatal("the run's first record refused")
+		}
+		if purge {
+			p = runPartitioner{}.ForTopic("t").(*topicRuns)
+			p.OnNewBatch()
+			p.Partition(&kgo.Record{Key: []byte("other"), Context: context.Background()}, 1) // batch 1 of the new partitioner
+		} else {
+			gs.of("run").fail(errors.New("rejected"))
+		}
+		if part := p.Partition(later, 1); part >= 0 || !m.refusedRecord() {
+			t.Errorf("purge %v: the later record went to partition %d", purge, part)
+		}
+		gs.release()
 	}
 }
