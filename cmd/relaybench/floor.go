@@ -253,7 +253,7 @@ func asFloor(args []string, stderr io.Writer) int {
 		defer closeSink()
 		loop = func(ctx context.Context, conn *pgx.Conn) error { return pollFloor(ctx, conn, publish) }
 	default:
-		fmt.Fprintf(stderr, "relaybench -as-floor: unknown floor %q (poll DSN, publish DSN SINK ADDRESS, archive DSN)\n", args)
+		fmt.Fprintf(stderr, "relaybench -as-floor: unknown floor %q with %d arguments (poll DSN, publish DSN SINK ADDRESS, archive DSN)\n", kind, len(args)-1)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
