@@ -10,17 +10,25 @@ import (
 // aggregate held by a broken destination in the outbox, rather than in
 // memory, and captures them again when the destination works. Its methods
 // are safe for concurrent use with Next.
+//
+// A Holder numbers its captures with a Ledger: every batch Next returns
+// reports, through EpochOf, the epoch in which its capture began. The
+// invariant both sides keep is: a batch of an epoch at or above the one
+// Release returned holds rows of the released keys only from their oldest
+// row left in the outbox on, in source order; a batch of an earlier epoch
+// may hold any of their rows, and the pipeline leaves those in the outbox.
 type Holder interface {
 	// Hold notes that the pipeline leaves every event of ordering key key
 	// (event.Event.Key) in the outbox until Release: the source may stop
 	// capturing them. Batches completing with such events left must keep
 	// them in the outbox for good, whatever the source's position.
 	Hold(key string)
-	// Release ends the hold of keys: the rows the pipeline left for them
-	// are captured again, in source order and before any newer row of
-	// theirs, by the batches Next returns when called after Release
-	// returned.
-	Release(keys []string)
+	// Release ends the hold of keys and returns the epoch from which the
+	// source's batches may carry their rows again (see the invariant
+	// above): it captures the rows left for them again, in source order and
+	// before any newer row of theirs, once the batches of earlier epochs
+	// that hold rows of theirs have settled.
+	Release(keys []string) uint64
 }
 
 // HeldKeys is a set of ordering keys held in the outbox (see Holder). It

@@ -61,12 +61,10 @@ type destState struct {
 	lastErr   error
 	okIn      uint64 // the engine's settles count when a Publish result last had an ack from here
 	// With a capture.Holder source (see held.go): the aggregates held in
-	// the outbox for this destination, the completion their holds wait
-	// for (set when it works again), and the queue whose head, a copy of
-	// a held event, is kept in memory as its probe.
+	// the outbox for this destination, and how many held aggregates keep a
+	// copy of their head event in memory as probe candidates.
 	keys   []string
-	until  *archiveState
-	probeQ *aggQueue
+	probes int
 }
 
 // DestinationStatus is the state of one destination's breaker.

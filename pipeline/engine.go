@@ -78,18 +78,19 @@ type engine struct {
 	done     completer
 	timer    *time.Timer
 	parked   map[string]*park // see park.go
-	swept    uint64           // the capture generation of the last sweep of parked
+	swept    captureMark      // the capture mark of the last sweep of parked
 	perAgg   int              // most events of one aggregate in a Publish call (sink.Ordered)
 	settles  uint64           // Publish results applied; see destState.okIn
 
-	holder    capture.Holder    // the source, when it holds aggregates in the outbox (see held.go)
-	keyBytes  int               // the held keys' bytes, see maxHeldKeyBytes
-	router    sink.Destinations // nil when the sink names no destinations
-	dests     map[string]*destState
-	broken    int // destinations whose breaker is open
-	probes    chan probeResult
-	probesOut int       // idle probes running
-	nextIdle  time.Time // when idle destinations are probed next
+	holder     capture.Holder    // the source, when it holds aggregates in the outbox (see held.go)
+	keyBytes   int               // the held keys' bytes, see maxHeldKeyBytes
+	probeBytes int               // the probe candidates' copies' bytes, see maxProbeBytes
+	router     sink.Destinations // nil when the sink names no destinations
+	dests      map[string]*destState
+	broken     int // destinations whose breaker is open
+	probes     chan probeResult
+	probesOut  int       // idle probes running
+	nextIdle   time.Time // when idle destinations are probed next
 }
 
 func newEngine(p *Pipeline, ctx context.Context) *engine {
@@ -178,7 +179,7 @@ func (e *engine) add(c captured) {
 	evs := c.batch.Events()
 	bs := &batchState{batch: c.batch, pending: len(evs), archive: new(archiveState)}
 	bs.outcome.Published = make([]*event.Event, 0, len(evs))
-	e.sweep(c.gen)
+	e.sweep(c.at)
 	e.p.stats.Captured.Add(int64(len(evs)))
 	e.held += len(evs)
 	if len(evs) == 0 {
@@ -194,7 +195,7 @@ func (e *engine) add(c captured) {
 		key := ev.Key()
 		it := &items[i]
 		*it = item{ev: ev, batch: bs, dest: d}
-		if e.parkedNow(key, it, c.gen) {
+		if e.parkedNow(key, it, c) {
 			continue
 		}
 		q := e.queues[key]
@@ -440,6 +441,7 @@ func (e *engine) popHead(q *aggQueue, dead *item, now time.Time) {
 	q.items = q.items[1:]
 	bs := it.batch
 	if bs == nil { // a held event's copy, sent as a probe (see held.go)
+		e.dropCopy(it)
 		if dead == nil {
 			e.p.stats.Published.Add(1)
 		}
@@ -524,10 +526,10 @@ func (e *engine) abandonAll() {
 	}
 	e.queues = map[string]*aggQueue{}
 	for _, d := range e.dests {
-		d.waiting, d.events, d.probeQ = nil, 0, nil
+		d.waiting, d.events, d.probes = nil, 0, 0
 	}
 	e.ready, e.readyAt, e.retries = nil, 0, nil
-	e.held, e.bytes = 0, 0
+	e.held, e.bytes, e.probeBytes = 0, 0, 0
 	e.p.stats.InFlight.Store(0)
 }
 

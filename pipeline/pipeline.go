@@ -130,12 +130,17 @@ type Pipeline struct {
 	completed atomic.Uint64
 }
 
-// captured is a batch with the capture generation it was asked for at: how
-// many batches had been completed before the reader called the source's
-// Next.
+// captured is a batch with when its capture began.
 type captured struct {
 	batch capture.Batch
-	gen   uint64
+	at    captureMark
+}
+
+// captureMark is when a batch's capture began: gen is how many batches had
+// been completed before the reader called the source's Next, and epoch is
+// the batch's capture.EpochOf (see park.go).
+type captureMark struct {
+	gen, epoch uint64
 }
 
 // New returns a pipeline from src to snk.
@@ -220,7 +225,7 @@ func (p *Pipeline) read(ctx context.Context, out chan<- captured) error {
 		failures = 0
 		p.stats.Capturing.Store(true)
 		select {
-		case out <- captured{batch: b, gen: gen}:
+		case out <- captured{batch: b, at: captureMark{gen: gen, epoch: capture.EpochOf(b)}}:
 		case <-ctx.Done():
 			b.Abandon(context.WithoutCancel(ctx))
 			return ctx.Err()

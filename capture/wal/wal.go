@@ -186,6 +186,16 @@ type Source struct {
 	// drainClaims is the running drain's claim source, which Release
 	// rewinds; nil while no drain runs.
 	drainClaims atomic.Pointer[claim.Source]
+	// ledger numbers the captures of Next by release epoch (see
+	// capture.Holder), and released is the epoch of the last Release.
+	ledger   capture.Ledger
+	released atomic.Uint64
+	// resumeAt is where the last stream's handed-out batches were archived
+	// up to, on the slot and timeline of s.timeline; used by Next only: a
+	// stream opened again after a drain starts there when the slot's
+	// confirmed position is behind it, rather than streaming archived rows
+	// again.
+	resumeAt pglogrepl.LSN
 
 	// Used by Next only: the WAL timeline the slot was last seen on, 0
 	// before the slot was first seen.
@@ -402,27 +412,82 @@ func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
 		if err != nil {
 			return nil, err
 		}
-		switch {
-		case s.drain != nil:
-			b, err := s.drainNext(ctx, term)
-			if b != nil || err != nil {
-				return b, err
-			}
-		case s.st != nil:
-			b, err := s.st.next(ctx)
-			if err != nil && ctx.Err() == nil {
-				s.st = nil
-				if errors.Is(err, errRedrain) {
-					continue
-				}
-			}
-			return b, err
-		default:
-			if err := s.start(ctx, term); err != nil {
+		if s.st == nil && s.drain == nil {
+			if err := s.awaitRelease(ctx); err != nil {
 				return nil, err
 			}
 		}
+		epoch := s.ledger.Begin()
+		b, err, again := s.nextOnce(ctx, term)
+		if b != nil {
+			return s.ledger.Track(b, epoch), nil
+		}
+		s.ledger.End(epoch)
+		if !again {
+			return nil, err
+		}
 	}
+}
+
+// nextOnce is one attempt of Next: it returns a batch, or an error and
+// again false, or again true when Next is to try again.
+func (s *Source) nextOnce(ctx, term context.Context) (b capture.Batch, err error, again bool) {
+	switch {
+	case s.drain != nil:
+		b, err := s.drainNext(ctx, term)
+		return b, err, b == nil && err == nil
+	case s.st != nil:
+		b, err := s.st.next(ctx)
+		if err != nil && ctx.Err() == nil {
+			s.endStream()
+			if errors.Is(err, errRedrain) {
+				return nil, nil, true
+			}
+		}
+		return b, err, false
+	default:
+		if err := s.start(ctx, term); err != nil {
+			return nil, err, false
+		}
+		return nil, nil, true
+	}
+}
+
+// endStream forgets the stream after it ended, keeping where its batches
+// were archived up to (see resumeAt).
+func (s *Source) endStream() {
+	s.resumeAt = max(s.resumeAt, s.st.position())
+	s.st = nil
+}
+
+// releaseWait bounds how long Next waits, after a Release, for the batches
+// handed out before it to settle before the drain claims from the table:
+// rows of batches still in flight then may be published twice.
+const releaseWait = 10 * time.Second
+
+// awaitRelease waits, after a Release, until the batches handed out before
+// it have settled or releaseWait passed, so that the drain that follows
+// claims no row they hold (it would be published twice) and the stream
+// opened after it starts past the rows they archived.
+func (s *Source) awaitRelease(ctx context.Context) error {
+	epoch := s.released.Load()
+	if epoch == 0 || s.ledger.SettledBefore(epoch) {
+		return nil
+	}
+	timer := time.NewTimer(releaseWait)
+	defer timer.Stop()
+	for !s.ledger.SettledBefore(epoch) {
+		select {
+		case <-s.ledger.Changed():
+		case <-timer.C:
+			s.log.Info("draining the outbox while batches handed out before a release are still unsettled; their rows may be published twice",
+				"waited", releaseWait)
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // start prepares the slot, recreating it when it is missing or lost, and
@@ -455,10 +520,14 @@ func (s *Source) start(ctx, term context.Context) error {
 		if reason != "" {
 			s.recreated[reason].Add(1)
 		}
+		s.resumeAt = 0
 		s.log.Info("replication slot created", "slot", name, "recreated", reason != "", "reason", reason)
 		if slot, err = inspectSlot(ctx, pool, name); err != nil {
 			return err
 		}
+	}
+	if timeline != s.timeline {
+		s.resumeAt = 0 // positions of another timeline may name other transactions
 	}
 	s.timeline = timeline
 	if s.fallback.Swap(false) {
@@ -489,7 +558,7 @@ func (s *Source) start(ctx, term context.Context) error {
 	if s.opts.Failover && !slot.failover {
 		s.enableFailover(ctx)
 	}
-	s.st, err = s.openStream(ctx, term, slot.confirmed)
+	s.st, err = s.openStream(ctx, term, max(slot.confirmed, s.resumeAt))
 	if err == nil && s.redrain.Load() {
 		s.st.fail(errRedrain) // Release ran while the stream opened
 	}
@@ -647,21 +716,28 @@ func currentTimeline(ctx context.Context, q schema.Querier) (int64, error) {
 // them in the slot's pending drain, and drains skip them until Release.
 func (s *Source) Hold(key string) { s.held.Add(key) }
 
-// Release ends the hold of keys: the stream ends and Next drains the outbox
-// up to the pending drain's bound, which publishes the rows left for them
-// in seq order, before streaming again from the slot's confirmed position.
-// A drain running meanwhile claims from the first seq again: its cursor
-// may be past the released rows (claims skipped them), and claiming on
-// from it would publish their aggregates' newer rows first.
-func (s *Source) Release(keys []string) {
+// Release ends the hold of keys (see capture.Holder): the stream ends and,
+// once the batches handed out before have settled (or after releaseWait),
+// Next drains the outbox up to the pending drain's bound, which publishes
+// the rows left for them in seq order, before streaming again. A drain
+// running meanwhile claims them from the first seq again once no batch of
+// its own that holds rows of theirs is unsettled: its cursor may be past
+// the released rows (claims skipped them), and claiming on from it would
+// publish their aggregates' newer rows first. The epoch is advanced before
+// the drain's claims see the keys released, so that a claim that sees them
+// is of the new epoch.
+func (s *Source) Release(keys []string) uint64 {
+	epoch := s.ledger.Advance()
+	s.released.Store(epoch)
 	s.redrain.Store(true)
-	s.held.Remove(keys)
 	if c := s.drainClaims.Load(); c != nil {
-		c.Release(keys) // the keys are removed already: it rewinds
+		c.Release(keys)
 	}
+	s.held.Remove(keys)
 	if st := s.cur.Load(); st != nil {
 		st.fail(errRedrain)
 	}
+	return epoch
 }
 
 var errRedrain = errors.New("aggregates held for a broken destination were released: draining the outbox")

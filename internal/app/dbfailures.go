@@ -198,6 +198,9 @@ type guardedBatch struct {
 	g *dbFailures
 }
 
+// Unwrap returns the source's batch (see capture.EpochOf).
+func (b *guardedBatch) Unwrap() capture.Batch { return b.Batch }
+
 func (b *guardedBatch) Complete(ctx context.Context, o capture.Outcome) error {
 	err := b.Batch.Complete(ctx, o)
 	switch {

@@ -75,6 +75,9 @@ type recordedBatch struct {
 	rest     []*event.Event
 }
 
+// Unwrap returns the source's batch (see capture.EpochOf).
+func (b *recordedBatch) Unwrap() capture.Batch { return b.Batch }
+
 // Events returns the batch's events that were not recorded as published.
 func (b *recordedBatch) Events() []*event.Event { return b.rest }
 

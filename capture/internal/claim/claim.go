@@ -277,7 +277,8 @@ func (s *Source) claimWith(ctx context.Context, taken []*fold, foldFailed *bool)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*txTimeout)
 	defer cancel()
 	s.dropNotifications(ctx)
-	if s.rewind.Swap(false) {
+	epoch, held, released := s.rel.begin()
+	if s.rewind.Swap(false) || released {
 		s.cursor = 0
 	}
 	s.from = s.cursor
@@ -287,7 +288,7 @@ func (s *Source) claimWith(ctx context.Context, taken []*fold, foldFailed *bool)
 		bound = s.opts.MaxSeq
 	}
 	limit := s.claimLimit()
-	skip, held := s.flight.above(s.cursor), s.heldKeys.List()
+	skip := s.flight.above(s.cursor)
 	n := len(skip) + len(held)
 	for _, w := range taken {
 		n += w.n
@@ -345,6 +346,8 @@ func (s *Source) claimWith(ctx context.Context, taken []*fold, foldFailed *bool)
 		s.cursor = least - 1 // come back for the skipped rows
 	}
 	s.flight.add(b.seqs, b.bytes)
+	b.epoch = epoch
+	s.rel.add(b)
 	return b, nil
 }
 
@@ -548,7 +551,12 @@ type batch struct {
 	last   int64
 	bytes  int      // the claimed rows' size (event.Event.Size)
 	sc     *scanner // reads the claim's rows
+	epoch  uint64   // the release epoch its claim began in (see capture.Holder)
 }
+
+// Epoch returns the release epoch the batch's claim began in (see
+// capture.Holder).
+func (b *batch) Epoch() uint64 { return b.epoch }
 
 // Events returns the claimed events in seq order.
 func (b *batch) Events() []*event.Event { return b.events }
@@ -593,8 +601,10 @@ func fill(ev *event.Event, id, aggType, aggID, evType *string, headers []byte, c
 // aggregates.
 func (b *batch) Complete(ctx context.Context, o capture.Outcome) error {
 	err := b.complete(ctx, o)
+	unheld := b.leftUnheld(o)
 	b.s.flight.remove(b.seqs, b.bytes)
-	if err != nil || b.leftUnheld(o) {
+	b.s.rel.settle(b)
+	if err != nil || unheld {
 		b.s.rewind.Store(true)
 	}
 	return err
@@ -604,7 +614,7 @@ func (b *batch) Complete(ctx context.Context, o capture.Outcome) error {
 // aggregates are not held.
 func (b *batch) leftUnheld(o capture.Outcome) bool {
 	for _, i := range o.Left(b.events) {
-		if !b.s.heldKeys.Has(b.events[i].Key()) {
+		if !b.s.rel.held.Has(b.events[i].Key()) {
 			return true
 		}
 	}
@@ -677,5 +687,6 @@ func deadArgs(dead []capture.DeadEvent) []any {
 // later.
 func (b *batch) Abandon(context.Context) {
 	b.s.flight.remove(b.seqs, b.bytes)
+	b.s.rel.settle(b)
 	b.s.rewind.Store(true)
 }

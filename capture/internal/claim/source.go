@@ -150,7 +150,7 @@ type Source struct {
 	marks    watermarks
 	flight   inFlight          // rows of batches not settled yet
 	folds    folds             // completions waiting for a claim (see fold.go)
-	heldKeys *capture.HeldKeys // see Hold
+	rel      releases          // see Hold and Release
 	cursor   int64             // claims continue after this seq until reset
 	rewind   atomic.Bool       // set when rows below cursor may be claimable again
 	idle     bool              // the last claim did not fill a batch
@@ -244,10 +244,10 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 		return nil, err
 	}
 	s := &Source{opts: opts, log: opts.Logger, info: info, sql: buildQueries(opts.Layout, opts.ArchiveMode, opts.ParkAggregates, info.Types, opts.MaxBatchBytes),
-		heldKeys: opts.Held, contiguous: unique}
+		rel: releases{held: opts.Held}, contiguous: unique}
 	s.forgetWatermark()
-	if s.heldKeys == nil {
-		s.heldKeys = new(capture.HeldKeys)
+	if s.rel.held == nil {
+		s.rel.held = new(capture.HeldKeys)
 	}
 	s.lease = leases{keys: newLockKeys(opts.Layout.Outbox.String()), n: opts.Partitions, log: opts.Logger,
 		onGained: func() { s.rewind.Store(true) }}
