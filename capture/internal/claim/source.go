@@ -142,21 +142,21 @@ const fillRows = 32
 // Source is a capture.Source that claims rows from the outbox table. Next
 // must be called from one goroutine; batches may be completed from others.
 type Source struct {
-	opts     Options
-	log      *slog.Logger
-	info     schema.Info
-	sql      queries
-	lease    leases
-	marks    watermarks
-	flight   inFlight          // rows of batches not settled yet
-	folds    folds             // completions waiting for a claim (see fold.go)
-	rel      releases          // see Hold and Release
-	cursor   int64             // claims continue after this seq until reset
-	rewind   atomic.Bool       // set when rows below cursor may be claimable again
-	idle     bool              // the last claim did not fill a batch
-	few      bool              // the last claim found rows, fewer than fillRows
-	blocked  bool              // the last claim was held back by an open writer
-	quiet    int               // claims in a row that found nothing
+	opts    Options
+	log     *slog.Logger
+	info    schema.Info
+	sql     queries
+	lease   leases
+	marks   watermarks
+	flight  inFlight    // rows of batches not settled yet
+	folds   folds       // completions waiting for a claim (see fold.go)
+	rel     releases    // see Hold and Release
+	cursor  int64       // claims continue after this seq until reset
+	rewind  atomic.Bool // set when rows below cursor may be claimable again
+	idle    bool        // the last claim did not fill a batch
+	few     bool        // the last claim found rows, fewer than fillRows
+	blocked bool        // the last claim was held back by an open writer
+	quiet   int         // claims in a row that found nothing
 	// heldSince is when the current run of empty claims held back by open
 	// writers began; zero outside such a run.
 	heldSince time.Time
