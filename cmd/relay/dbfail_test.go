@@ -12,12 +12,14 @@ import (
 	"time"
 )
 
-// TestLastingDatabaseFailure runs the relay as a role that lacks one grant:
-// in poll mode UPDATE on the outbox, so the claim (FOR UPDATE SKIP LOCKED)
-// fails; in wal mode DELETE on the outbox, so every archive fails. Neither
-// passes by itself: the relay must log one line naming the GRANT that fixes
-// it, not retry silently as if Postgres were down, and exit 1 once
-// postgres.fatal_after has passed, with every row still in the outbox.
+// TestLastingDatabaseFailure takes one grant from the relay's role while
+// the relay runs (a role lacking it from the start is refused at start, see
+// TestRunRefusesWithoutGrant): in poll mode UPDATE on the outbox, so the
+// claim (FOR UPDATE SKIP LOCKED) fails; in wal mode DELETE on the outbox, so
+// every archive fails. Neither passes by itself: the relay must log one line
+// naming the GRANT that fixes it, not retry silently as if Postgres were
+// down, and exit 1 once postgres.fatal_after has passed, with every row
+// written since still in the outbox.
 func TestLastingDatabaseFailure(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ mode, missing, fix string }{
@@ -37,7 +39,6 @@ func TestLastingDatabaseFailure(t *testing.T) {
 				"GRANT INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO " + role,
 				"ALTER TABLE outbox_dead_letter OWNER TO " + role,
 				"ALTER TABLE IF EXISTS outbox_relay_drain OWNER TO " + role,
-				"REVOKE " + tc.missing + " ON outbox FROM " + role,
 			} {
 				if _, err := s.pool.Exec(ctx, stmt); err != nil {
 					t.Fatalf("%s: %v", stmt, err)
@@ -60,8 +61,12 @@ func TestLastingDatabaseFailure(t *testing.T) {
 			if err := os.WriteFile(s.cfgPath, cfg, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			s.produce(ctx, 5, 1, 1)
 			p := startProc(t, ctx, "run", "--config", s.cfgPath)
+			waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
+			if _, err := s.pool.Exec(ctx, "REVOKE "+tc.missing+" ON outbox FROM "+role); err != nil {
+				t.Fatal(err)
+			}
+			s.produce(ctx, 5, 1, 1)
 			notReady := waitCaptureNotReady(addr, p.done)
 			select {
 			case <-p.done:

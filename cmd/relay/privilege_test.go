@@ -20,7 +20,8 @@ import (
 // TestLeastPrivilegeMissingObjects runs a role without privileges against
 // an outbox the application created by hand: `relay check` prints the
 // GRANTs it lacks and names the missing dead-letter table, `relay run`
-// exits 1 naming the table and `relay init` instead of failing on DDL, and
+// refuses to start (exit 1) naming the GRANTs, the table and `relay init`
+// instead of failing on DDL, and
 // after a superuser's `relay init` and exactly the GRANTs check printed,
 // check passes; a wal-mode run then exits 1 naming the missing drain table.
 func TestLeastPrivilegeMissingObjects(t *testing.T) {
@@ -58,9 +59,9 @@ func TestLeastPrivilegeMissingObjects(t *testing.T) {
 		}
 	}
 	out, code = runRelay(t, "run", "--config", relay)
-	if code != 1 || !strings.Contains(out, "dead-letter table public.outbox_dead_letter does not exist") ||
-		!strings.Contains(out, "relay init") {
-		t.Fatalf("run as %s without a dead-letter table: exit %d, want 1 naming the table and relay init:\n%s", role, code, out)
+	if code != 1 || !strings.Contains(out, `GRANT SELECT, DELETE, UPDATE ("id") ON TABLE "public"."outbox" TO "`+role+`"`) ||
+		!strings.Contains(out, `table "public"."outbox_dead_letter" does not exist: run `+"`relay init`") {
+		t.Fatalf("run as %s without grants or a dead-letter table: exit %d, want 1 naming the GRANTs, the table and relay init:\n%s", role, code, out)
 	}
 	if out, code := runRelay(t, "init", "--config", admin); code != 0 {
 		t.Fatalf("init: exit %d\n%s", code, out)
@@ -222,6 +223,48 @@ func TestInitLockTimeout(t *testing.T) {
 			var valid bool
 			if err := pool.QueryRow(ctx, `SELECT bool_and(indisvalid) FROM pg_index WHERE indrelid = 'outbox'::regclass`).Scan(&valid); err != nil || !valid {
 				t.Fatalf("outbox indexes valid after init: %v (%v)", valid, err)
+			}
+		})
+	}
+}
+
+// TestRunRefusesWithoutGrant runs `relay run` as a role holding what `relay
+// init --dry-run --role` prints less one privilege that only a later path
+// of the relay uses (wal mode's table drain claims rows with SELECT … FOR
+// UPDATE; archive mode mark; dead-lettering; the claim watermark; the drain
+// bookkeeping): the relay refuses to start with exit 1, naming the
+// privilege, the path that needs it and the GRANT to run, instead of
+// failing on it in the middle of an incident.
+func TestRunRefusesWithoutGrant(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, mode, archive, revoke, want, why string
+	}{
+		{name: "wal outbox update", mode: "wal", revoke: `REVOKE UPDATE ("id") ON public.outbox FROM %s`,
+			want: `GRANT UPDATE ("id") ON TABLE "public"."outbox" TO "%s"`, why: "FOR UPDATE SKIP LOCKED"},
+		{name: "wal drain table", mode: "wal", revoke: `REVOKE DELETE ON public.outbox_relay_drain FROM %s`,
+			want: `GRANT DELETE ON TABLE "public"."outbox_relay_drain" TO "%s"`, why: "drain"},
+		{name: "poll sequence", mode: "poll", revoke: `REVOKE SELECT ON SEQUENCE public.outbox_seq_seq FROM %s`,
+			want: `GRANT SELECT ON SEQUENCE public.outbox_seq_seq TO "%s"`, why: "watermark"},
+		{name: "poll dead-letter insert", mode: "poll", revoke: `REVOKE INSERT ON public.outbox_dead_letter FROM %s`,
+			want: `GRANT INSERT ON TABLE "public"."outbox_dead_letter" TO "%s"`, why: "dead-letter"},
+		{name: "poll mark", mode: "poll", archive: "mark", revoke: `REVOKE UPDATE ("published_at") ON public.outbox FROM %s`,
+			want: `GRANT UPDATE ("published_at") ON TABLE "public"."outbox" TO "%s"`, why: "archive.mode mark"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newStack(t, stackOptions{Mode: tc.mode, Archive: tc.archive, LeastPrivilege: true})
+			if _, err := s.pool.Exec(context.Background(), fmt.Sprintf(tc.revoke, s.role)); err != nil {
+				t.Fatal(err)
+			}
+			want := fmt.Sprintf(tc.want, s.role)
+			out, code := runRelay(t, "run", "--config", s.cfgPath)
+			if code != 1 || !strings.Contains(out, want) || !strings.Contains(out, tc.why) {
+				t.Fatalf("run as %s after %q: exit %d, want 1 with %q and %q:\n%s", s.role, tc.revoke, code, want, tc.why, out)
+			}
+			out, code = runRelay(t, "check", "--config", s.cfgPath)
+			if code != 1 || !strings.Contains(out, want) {
+				t.Fatalf("check as %s after %q: exit %d, want 1 with %q:\n%s", s.role, tc.revoke, code, want, out)
 			}
 		})
 	}

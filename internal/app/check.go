@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -49,7 +50,7 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logge
 		info, err := schema.Inspect(ctx, pool, l)
 		report("outbox table "+l.Outbox.String(), err, "run `relay init`, or fix outbox.table / outbox.columns / outbox.order_by")
 		if err == nil {
-			checkPrivileges(ctx, pool, cfg, l, info, report)
+			checkPrivileges(ctx, pool, cfg, info, report)
 			warnOutbox(ctx, pool, cfg, w)
 		}
 		if cfg.Capture.Mode == "wal" {
@@ -88,21 +89,25 @@ func serverRoom(ctx context.Context, pool *pgxpool.Pool, n int) error {
 }
 
 // checkPrivileges reports the objects `relay run` uses that are missing and
-// the privileges the current role lacks on those that exist, as GRANTs.
-func checkPrivileges(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, l schema.Layout, info schema.Info,
+// the privileges the current role lacks on those that exist, as GRANTs. The
+// replication privilege is left to wal.Check, which also names the
+// managed services' equivalent.
+func checkPrivileges(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, info schema.Info,
 	report func(what string, err error, fix string)) {
 	var role string
 	err := pool.QueryRow(ctx, `SELECT current_user`).Scan(&role)
 	var missing []schema.Privilege
 	var absent []string
 	if err == nil {
-		missing, absent, err = schema.MissingPrivileges(ctx, pool, l.RunPrivileges(runNeeds(cfg, info.SeqSequence)))
+		needs := slices.DeleteFunc(runPrivileges(cfg, info.SeqSequence), func(p schema.Privilege) bool { return p.Kind == "ROLE" })
+		missing, absent, err = schema.MissingPrivileges(ctx, pool, needs)
 	}
+	fix := []string{"see the error"}
 	if err == nil && len(missing) > 0 {
 		err = fmt.Errorf("role %s lacks %d privileges relay run needs", role, len(missing))
+		fix = grantFix(missing, role)
 	}
-	report("privileges of role "+role, err, "as the owner, run:\n        "+
-		strings.Join(schema.GrantSQL(missing, role), ";\n        ")+";")
+	report("privileges of role "+role, err, strings.Join(fix, "\n        "))
 	for _, obj := range absent {
 		report(obj, errors.New("missing"), "run `relay init`")
 	}

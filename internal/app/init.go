@@ -99,7 +99,7 @@ func Init(ctx context.Context, cfg *config.Config, opts InitOptions, w io.Writer
 	}
 	fmt.Fprintf(w, "postgres: outbox %s, dead-letter table %s ready\n", l.Outbox, l.DeadLetter)
 	if opts.Role != "" {
-		for _, stmt := range grantSQL(cfg, l, info.SeqSequence, opts.Role) {
+		for _, stmt := range grantSQL(cfg, info.SeqSequence, opts.Role) {
 			if _, err := conn.Exec(ctx, stmt); err != nil {
 				return fmt.Errorf("grant role %s what relay run needs: %w\nstatement: %s", opts.Role, err, stmt)
 			}
@@ -158,7 +158,7 @@ func initDryRun(ctx context.Context, cfg *config.Config, l schema.Layout, role s
 		return nil
 	}
 	fmt.Fprintf(w, "\n-- Privileges of role %s for `relay run`, and nothing more:\n", role)
-	for _, stmt := range grantSQL(cfg, l, existingSequence(ctx, cfg, l), role) {
+	for _, stmt := range grantSQL(cfg, existingSequence(ctx, cfg, l), role) {
 		fmt.Fprintf(w, "%s;\n", stmt)
 	}
 	return nil
@@ -188,24 +188,6 @@ func existingSequence(ctx context.Context, cfg *config.Config, l schema.Layout) 
 
 // notify reports whether init installs the insert notify trigger.
 func notify(cfg *config.Config) bool { return cfg.Capture.Mode == "poll" && cfg.Capture.Poll.Notify }
-
-// runNeeds describes what `relay run` does with cfg, for its privileges;
-// seq is the seq column's sequence or "" for the default name.
-func runNeeds(cfg *config.Config, seq string) schema.RunNeeds {
-	return schema.RunNeeds{WAL: cfg.Capture.Mode == "wal", ArchiveMode: cfg.Archive.Mode,
-		Prune: cfg.Archive.Retention > 0, Sequence: seq}
-}
-
-// grantSQL returns the statements giving role what `relay run` needs with
-// cfg: the GRANTs and, in wal mode, the replication privilege.
-func grantSQL(cfg *config.Config, l schema.Layout, seq, role string) []string {
-	stmts := schema.GrantSQL(l.RunPrivileges(runNeeds(cfg, seq)), role)
-	if cfg.Capture.Mode == "wal" {
-		stmts = append(stmts, "-- replication (Amazon RDS/Aurora: GRANT rds_replication TO "+schema.Q(role)+" instead; see docs/operations.md)\n"+
-			"ALTER ROLE "+schema.Q(role)+" WITH REPLICATION")
-	}
-	return stmts
-}
 
 // lockTimeout gives a lock timeout of wal setup the message of
 // schema.StepError.

@@ -80,6 +80,9 @@ func (r *Relay) open(ctx context.Context) error {
 	}
 	r.closers = append(r.closers, pool.Close)
 	r.pool = pool
+	if err := checkGrants(ctx, pool, cfg); err != nil {
+		return err
+	}
 
 	snk, err := openSink(ctx, cfg, log, pipelineWindow)
 	if err != nil {

@@ -9,14 +9,34 @@ import (
 
 // Privilege is one privilege `relay run` needs on one object.
 type Privilege struct {
-	// Kind is SCHEMA, TABLE or SEQUENCE.
+	// Kind is SCHEMA, TABLE, SEQUENCE, or ROLE for the replication
+	// privilege of the relay's own role (Object is then empty).
 	Kind string
 	// Object is the quoted name as GRANT takes it.
 	Object string
-	// Priv is SELECT, INSERT, UPDATE, DELETE or USAGE.
+	// Priv is SELECT, INSERT, UPDATE, DELETE, USAGE or REPLICATION.
 	Priv string
 	// Column, when set, makes it a column privilege (quoted).
 	Column string
+	// AnyColumn makes Priv on any column of the table enough, as for the
+	// row locks of SELECT … FOR UPDATE; Column is the one to grant.
+	AnyColumn bool
+	// Why names what `relay run` does that needs it.
+	Why string
+}
+
+// String names the privilege and its object, as in "UPDATE on a column of
+// table "public"."outbox"".
+func (p Privilege) String() string {
+	switch {
+	case p.Kind == "ROLE":
+		return "the replication privilege"
+	case p.AnyColumn:
+		return p.Priv + " on a column of table " + p.Object
+	case p.Column != "":
+		return p.Priv + " on column " + p.Column + " of table " + p.Object
+	}
+	return p.Priv + " on " + strings.ToLower(p.Kind) + " " + p.Object
 }
 
 // RunNeeds says what `relay run` does, which decides its privileges.
@@ -32,20 +52,29 @@ type RunNeeds struct {
 	Sequence string
 }
 
-// RunPrivileges lists the privileges `relay run` needs and nothing more:
-// USAGE on the schemas; SELECT and DELETE on the outbox, UPDATE on its id
-// column (SELECT … FOR UPDATE needs one updatable column; wal mode's drain
-// of rows older than the slot claims like poll mode), UPDATE on
-// published_at (mark), INSERT on the archive table (move; SELECT and DELETE
-// too when pruning); SELECT, INSERT, DELETE on the dead-letter table;
-// SELECT on the seq sequence (the claim watermark); in wal mode all four
-// on the drain table. The replication privilege is not a GRANT on an
-// object and is not listed.
+// claimWhy is why the outbox's rows are claimed with row locks.
+func (n RunNeeds) claimWhy() string {
+	if n.WAL {
+		return "wal mode's table drain (after a lost slot, and for held destinations) claims rows with SELECT … FOR UPDATE SKIP LOCKED"
+	}
+	return "poll capture claims rows with SELECT … FOR UPDATE SKIP LOCKED"
+}
+
+// RunPrivileges lists the privileges `relay run` needs with n and nothing
+// more; `relay run` checks them all at start, `relay check` reports them
+// and `relay init --role` grants them. They are: USAGE on the schemas;
+// SELECT and DELETE on the outbox, UPDATE on any one column (SELECT … FOR
+// UPDATE needs it; granted on the id column) in both modes, as wal mode's
+// table drain claims like poll mode; UPDATE on published_at (mark), INSERT
+// on the archive table (move; SELECT and DELETE too when pruning); SELECT,
+// INSERT, DELETE on the dead-letter table; SELECT on the seq sequence (the
+// claim watermark); in wal mode all four on the drain table and the
+// replication privilege (Kind ROLE).
 func (l Layout) RunPrivileges(n RunNeeds) []Privilege {
 	var out []Privilege
-	add := func(kind, obj, col string, privs ...string) {
+	add := func(kind, obj, why string, privs ...string) {
 		for _, p := range privs {
-			out = append(out, Privilege{Kind: kind, Object: obj, Priv: p, Column: col})
+			out = append(out, Privilege{Kind: kind, Object: obj, Priv: p, Why: why})
 		}
 	}
 	schemas := []string{l.Outbox.Schema, l.DeadLetter.Schema}
@@ -54,34 +83,40 @@ func (l Layout) RunPrivileges(n RunNeeds) []Privilege {
 	}
 	slices.Sort(schemas)
 	for _, s := range slices.Compact(schemas) {
-		add("SCHEMA", Q(s), "", "USAGE")
+		add("SCHEMA", Q(s), "every statement of the relay names its tables in it", "USAGE")
 	}
 	o := l.Outbox.Ident()
-	add("TABLE", o, "", "SELECT", "DELETE")
-	add("TABLE", o, Q(l.Cols.ID), "UPDATE")
+	add("TABLE", o, "capture reads the outbox", "SELECT")
+	add("TABLE", o, "published rows are deleted (archive modes delete and move, dead-lettering, pruning)", "DELETE")
+	out = append(out, Privilege{Kind: "TABLE", Object: o, Priv: "UPDATE", Column: Q(l.Cols.ID), AnyColumn: true, Why: n.claimWhy()})
 	switch n.ArchiveMode {
 	case ArchiveMark:
-		add("TABLE", o, Q(PublishedAt), "UPDATE")
+		out = append(out, Privilege{Kind: "TABLE", Object: o, Priv: "UPDATE", Column: Q(PublishedAt),
+			Why: "archive.mode mark sets published_at on published rows"})
 	case ArchiveMove:
-		add("TABLE", l.Archive.Ident(), "", "INSERT")
+		add("TABLE", l.Archive.Ident(), "archive.mode move copies published rows into the archive table", "INSERT")
 		if n.Prune {
-			add("TABLE", l.Archive.Ident(), "", "SELECT", "DELETE")
+			add("TABLE", l.Archive.Ident(), "archive.retention prunes archived rows", "SELECT", "DELETE")
 		}
 	}
-	add("TABLE", l.DeadLetter.Ident(), "", "SELECT", "INSERT", "DELETE")
+	add("TABLE", l.DeadLetter.Ident(), "events that fail for good are dead-lettered, counted and their aggregates parked",
+		"SELECT", "INSERT", "DELETE")
 	seq := n.Sequence
 	if seq == "" {
 		seq = sibling(l.Outbox, "_"+l.Cols.Seq+"_seq")
 	}
-	add("SEQUENCE", seq, "", "SELECT")
+	add("SEQUENCE", seq, "the claim reads the seq sequence as its watermark (poll capture, wal mode's table drain)", "SELECT")
 	if n.WAL {
-		add("TABLE", l.DrainTable().Ident(), "", "SELECT", "INSERT", "UPDATE", "DELETE")
+		add("TABLE", l.DrainTable().Ident(), "wal mode records there the table drain it owes a new or recreated slot (slot loss)",
+			"SELECT", "INSERT", "UPDATE", "DELETE")
+		add("ROLE", "", "wal capture streams from a replication slot (Amazon RDS/Aurora: GRANT rds_replication instead)", "REPLICATION")
 	}
 	return out
 }
 
 // GrantSQL returns the GRANT statements giving role the privileges ps, one
-// per object, in the order the objects first appear.
+// per object, in the order the objects first appear; the replication
+// privilege (Kind ROLE) is an ALTER ROLE statement.
 func GrantSQL(ps []Privilege, role string) []string {
 	type target struct{ kind, obj string }
 	var order []target
@@ -104,6 +139,10 @@ func GrantSQL(ps []Privilege, role string) []string {
 	}
 	var out []string
 	for _, t := range order {
+		if t.kind == "ROLE" {
+			out = append(out, "ALTER ROLE "+Q(role)+" WITH REPLICATION")
+			continue
+		}
 		list := slices.Clone(privs[t])
 		for i, p := range list {
 			if name, ok := strings.CutSuffix(p, " ("); ok {
@@ -116,28 +155,37 @@ func GrantSQL(ps []Privilege, role string) []string {
 }
 
 // MissingPrivileges returns the privileges of ps the current role lacks on
-// objects that exist, and the objects of ps that do not exist.
+// objects that exist, and the objects of ps that do not exist. Privileges
+// held through membership in a role that the current role inherits from
+// count, as PostgreSQL's has_*_privilege functions count them; SELECT on a
+// sequence is also met by USAGE, which lets pg_sequence_last_value read it.
 func MissingPrivileges(ctx context.Context, q Querier, ps []Privilege) (missing []Privilege, absent []string, err error) {
 	seen := map[string]bool{}
 	for _, p := range ps {
 		var has *bool
 		switch {
+		case p.Kind == "ROLE":
+			err = q.QueryRow(ctx, CanReplicate).Scan(&has)
 		case p.Kind == "SCHEMA":
 			err = q.QueryRow(ctx, `SELECT has_schema_privilege(to_regnamespace($1), $2)`, p.Object, p.Priv).Scan(&has)
+		case p.AnyColumn:
+			err = q.QueryRow(ctx, `SELECT has_any_column_privilege(to_regclass($1), $2)`, p.Object, p.Priv).Scan(&has)
 		case p.Column != "":
 			err = q.QueryRow(ctx, `SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_attribute
 				WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)
 				THEN has_column_privilege(to_regclass($1), $2::text, $3) END`, p.Object, unquote(p.Column), p.Priv).Scan(&has)
+		case p.Kind == "SEQUENCE" && p.Priv == "SELECT":
+			err = q.QueryRow(ctx, `SELECT has_sequence_privilege(to_regclass($1), 'SELECT, USAGE')`, p.Object).Scan(&has)
 		case p.Kind == "SEQUENCE":
 			err = q.QueryRow(ctx, `SELECT has_sequence_privilege(to_regclass($1), $2)`, p.Object, p.Priv).Scan(&has)
 		default:
 			err = q.QueryRow(ctx, `SELECT has_table_privilege(to_regclass($1), $2)`, p.Object, p.Priv).Scan(&has)
 		}
 		if err != nil {
-			return nil, nil, fmt.Errorf("check privilege %s on %s: %w", p.Priv, p.Object, err)
+			return nil, nil, fmt.Errorf("check %s: %w", p, err)
 		}
 		obj := strings.ToLower(p.Kind) + " " + p.Object
-		if p.Column != "" {
+		if p.Column != "" && !p.AnyColumn {
 			obj = "column " + p.Column + " of " + p.Object
 		}
 		switch {
