@@ -20,6 +20,20 @@ type Source interface {
 	Close() error
 }
 
+// Health is implemented by sources that report whether they can capture
+// at any moment, also while Next waits for rows, so readiness follows the
+// source's connections to Postgres and not the last batch: a source is
+// capturing once its connections are up and their last statements worked,
+// whether or not rows are waiting, and stops capturing as soon as one of
+// them fails or Next returns an error, until it has reconnected. A source
+// that stands by for another relay (wal mode) is capturing while it
+// reaches Postgres.
+type Health interface {
+	// Capturing reports whether the source can capture now. It is safe
+	// for concurrent use.
+	Capturing() bool
+}
+
 // Batch is a group of captured events that is archived as a unit.
 // Complete or Abandon is called exactly once, possibly from another
 // goroutine than the one that called Next, and batches may be completed in

@@ -10,6 +10,7 @@ import (
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
+	"github.com/outboxrelay/relay/internal/outage"
 	"github.com/outboxrelay/relay/internal/rowtext"
 	"github.com/outboxrelay/relay/sink"
 )
@@ -95,12 +96,13 @@ type engine struct {
 
 func newEngine(p *Pipeline, ctx context.Context) *engine {
 	e := &engine{
-		p:        p,
-		ctx:      ctx,
-		queues:   make(map[string]*aggQueue),
-		parked:   make(map[string]*park),
-		results:  make(chan result, p.opts.Concurrency),
-		done:     completer{ctx: ctx, log: p.log, st: &p.stats, gen: &p.completed},
+		p:       p,
+		ctx:     ctx,
+		queues:  make(map[string]*aggQueue),
+		parked:  make(map[string]*park),
+		results: make(chan result, p.opts.Concurrency),
+		done: completer{ctx: ctx, st: &p.stats, gen: &p.completed, fails: outage.New(p.log,
+			"archive failed; the batch's events will be captured and published again with the same message_id", "archiving works again")},
 		timer:    time.NewTimer(time.Hour),
 		dests:    make(map[string]*destState),
 		probes:   make(chan probeResult),

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/fault"
+	"github.com/outboxrelay/relay/internal/outage"
 	"github.com/outboxrelay/relay/internal/wait"
 	"github.com/outboxrelay/relay/sink"
 )
@@ -54,6 +55,11 @@ type Options struct {
 	// outbox rather than held in memory (see held.go). Default: the source
 	// when it implements capture.Holder itself, else none.
 	Holder capture.Holder
+	// Health, when set, is the source (which may be wrapped) as a
+	// capture.Health: Stats.Capturing then asks it, so readiness follows
+	// the source's connections while Next waits for rows. Default: the
+	// source when it implements capture.Health itself, else none.
+	Health capture.Health
 	// Metrics records histograms and labelled counters; nil records none.
 	Metrics *Metrics
 	// HeldMaxAge is how long a destination may stay broken before its held
@@ -109,11 +115,23 @@ type Stats struct {
 	InFlight     atomic.Int64 // events captured and not yet settled
 	Ready        atomic.Bool  // false while a destination is broken (see Pipeline.Destinations)
 	Broken       atomic.Int64 // destinations whose breaker is open
-	Capturing    atomic.Bool  // false while the source fails (e.g. Postgres unreachable)
 	// HeldAggregates counts the aggregates whose events are left in the
 	// outbox while their destination is broken (see held.go).
 	HeldAggregates atomic.Int64
-	publishing     publishing // Publish calls in flight, for SinkReady
+	publishing     publishing     // Publish calls in flight, for SinkReady
+	health         capture.Health // Options.Health
+	failing        atomic.Bool    // the last Next failed, for a source without health
+}
+
+// Capturing reports whether capture works. With Options.Health it is the
+// source's answer, which follows its connections to Postgres whether or not
+// rows arrive (see capture.Health); without, it is false from a failed Next
+// until a later one returns a batch.
+func (s *Stats) Capturing() bool {
+	if s.health != nil {
+		return s.health.Capturing()
+	}
+	return !s.failing.Load()
 }
 
 // Pipeline connects one source to one sink. Run it once.
@@ -128,6 +146,8 @@ type Pipeline struct {
 	// completed counts the batches whose Complete returned; each
 	// completion takes the next number (see park.go).
 	completed atomic.Uint64
+	// captureFails reports the source's failing Next calls.
+	captureFails *outage.Log
 }
 
 // captured is a batch with when its capture began.
@@ -146,9 +166,13 @@ type captureMark struct {
 // New returns a pipeline from src to snk.
 func New(src capture.Source, snk sink.Sink, opts Options) *Pipeline {
 	opts.setDefaults()
-	p := &Pipeline{src: src, snk: snk, opts: opts, log: opts.Logger}
+	if h, ok := src.(capture.Health); ok && opts.Health == nil {
+		opts.Health = h
+	}
+	p := &Pipeline{src: src, snk: snk, opts: opts, log: opts.Logger,
+		captureFails: outage.New(opts.Logger, "capture failed, retrying", "capture works again")}
 	p.stats.Ready.Store(true)
-	p.stats.Capturing.Store(true)
+	p.stats.health = opts.Health
 	return p
 }
 
@@ -184,6 +208,11 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		defer close(readDone)
 		readErr = p.read(readCtx, batches)
 	}()
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		p.watchCapture(readCtx)
+	}()
 
 	e := newEngine(p, hardCtx)
 	err := e.loop(ctx, batches, readDone, func() error { return readErr })
@@ -192,14 +221,15 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	}
 	stopReading()
 	<-readDone
+	<-watchDone
 	e.wait()
 	return err
 }
 
 // read feeds batches from the source until ctx ends or the source fails for
-// good. Failures that may pass are retried with backoff.
+// good. Failures that may pass are retried with backoff, and logged as a
+// run (see outage.Log) that a batch, or the source's health, ends.
 func (p *Pipeline) read(ctx context.Context, out chan<- captured) error {
-	failures := 0
 	for {
 		gen := p.completed.Load()
 		b, err := p.src.Next(ctx)
@@ -213,17 +243,15 @@ func (p *Pipeline) read(ctx context.Context, out chan<- captured) error {
 			if fault.ClassOf(err) == fault.Permanent {
 				return fmt.Errorf("capture: %w", err)
 			}
-			failures++
-			p.stats.Capturing.Store(false)
-			delay := p.opts.Retry.unavailableDelay(failures)
-			p.log.Warn("capture failed, retrying", "err", err, "retry_in", delay)
+			p.stats.failing.Store(true)
+			delay := p.opts.Retry.unavailableDelay(p.captureFails.Fail(err))
 			if wait.Sleep(ctx, delay) != nil {
 				return ctx.Err()
 			}
 			continue
 		}
-		failures = 0
-		p.stats.Capturing.Store(true)
+		p.stats.failing.Store(false)
+		p.captureFails.OK()
 		select {
 		case out <- captured{batch: b, at: captureMark{gen: gen, epoch: capture.EpochOf(b)}}:
 		case <-ctx.Done():
@@ -233,34 +261,49 @@ func (p *Pipeline) read(ctx context.Context, out chan<- captured) error {
 	}
 }
 
+// healthInterval is how often watchCapture asks the source's health.
+const healthInterval = time.Second
+
+// watchCapture ends a run of capture failures once the source's health
+// (Options.Health) says it captures again, until ctx ends: an idle source's
+// Next returns no batch to end it after it reconnects.
+func (p *Pipeline) watchCapture(ctx context.Context) {
+	if p.opts.Health == nil {
+		return
+	}
+	t := time.NewTicker(healthInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if p.captureFails.Failing() && p.opts.Health.Capturing() {
+			p.captureFails.OK()
+		}
+	}
+}
+
 // completer runs batch completions in their own goroutines and waits for
 // them on shutdown.
 type completer struct {
 	wg  sync.WaitGroup
 	ctx context.Context
-	log *slog.Logger
 	st  *Stats
 	gen *atomic.Uint64 // Pipeline.completed
-	// failing is set while archives fail, so a run of failures is logged
-	// once.
-	failing atomic.Bool
+	// fails reports the failed archives as runs.
+	fails *outage.Log
 }
 
 func (c *completer) complete(bs *batchState) {
 	c.wg.Go(func() {
 		defer func() { bs.archive.gen.Store(c.gen.Add(1)) }()
 		if err := bs.batch.Complete(c.ctx, bs.outcome); err != nil {
-			lvl := c.log.Debug
-			if !c.failing.Swap(true) {
-				lvl = c.log.Warn
-			}
-			lvl("archive failed; the batch's events will be captured and published again with the same message_id",
-				"err", err, "events", len(bs.batch.Events()))
+			c.fails.Fail(err, "events", len(bs.batch.Events()))
 			return
 		}
-		if c.failing.Swap(false) {
-			c.log.Info("archiving works again")
-		}
+		c.fails.OK()
 		c.st.Archived.Add(int64(len(bs.outcome.Published)))
 	})
 }

@@ -105,6 +105,11 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 // returned as *schema.ModeConflict.
 func (s *Source) Next(ctx context.Context) (capture.Batch, error) { return s.src.Next(ctx) }
 
+// Capturing reports whether the source can capture (capture.Health): its
+// lease connection is up and the last claim on it worked, whether or not
+// it found rows. It is safe for concurrent use.
+func (s *Source) Capturing() bool { return s.src.Capturing() }
+
 // Close releases the lease connection, which gives up every partition and
 // the capture configuration lock.
 func (s *Source) Close() error { return s.src.Close() }

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outboxrelay/relay/internal/outage"
 	"github.com/outboxrelay/relay/internal/schema"
 )
 
@@ -91,12 +92,12 @@ type guard struct {
 	state SlotState
 
 	query      string
-	confirmed  string    // confirmed_flush_lsn at the last observation
-	movedAt    time.Time // when confirmed last moved or the outbox was empty
-	idleSince  time.Time // since when the stall was observed with nothing of it held by this relay
-	steps      int       // recovery steps since confirmed last moved
-	warnedKeep bool      // the unlimited max_slot_wal_keep_size was logged
-	failing    bool      // the last observation failed
+	confirmed  string      // confirmed_flush_lsn at the last observation
+	movedAt    time.Time   // when confirmed last moved or the outbox was empty
+	idleSince  time.Time   // since when the stall was observed with nothing of it held by this relay
+	steps      int         // recovery steps since confirmed last moved
+	warnedKeep bool        // the unlimited max_slot_wal_keep_size was logged
+	fails      *outage.Log // failed observations, set by the source
 
 	kick chan struct{} // signalled to observe at once, e.g. when streaming begins
 
@@ -139,13 +140,11 @@ func (s *Source) watchSlot(ctx context.Context) {
 		err := s.observeSlot(ctx)
 		switch {
 		case ctx.Err() != nil:
-		case err != nil && !s.guard.failing:
-			s.log.Warn("replication slot observation failed; the slot metrics keep their last values until it works again",
-				"slot", s.opts.Slot, "err", err)
 		case err != nil:
-			s.log.Debug("replication slot observation failed", "slot", s.opts.Slot, "err", err)
+			s.guard.fails.Fail(err, "slot", s.opts.Slot)
+		default:
+			s.guard.fails.OK()
 		}
-		s.guard.failing = err != nil
 		select {
 		case <-ctx.Done():
 			return

@@ -3,20 +3,28 @@ package wal
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxrelay/relay/internal/outage"
 	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/internal/wait"
 )
 
 // standbyInterval is how often a relay that is not the leader tries to
-// take over.
+// take over, and the first wait after the lock connection failed.
 const standbyInterval = time.Second
+
+// reconnectMax caps the wait between attempts to take the lock while they
+// fail: it doubles from standbyInterval up to it, so an outage costs few
+// attempts and the relay captures again within seconds of its end.
+const reconnectMax = 5 * time.Second
 
 // pingInterval is how often the leader checks its lock connection; pings
 // that take longer than pingTimeout count as a lost connection.
@@ -34,6 +42,10 @@ type leadership struct {
 	table  string
 	layout schema.Layout
 	log    *slog.Logger
+	// fails reports the failed attempts to take the lock as runs; down is
+	// set from a failed attempt until the lock connection answers again.
+	fails *outage.Log
+	down  atomic.Bool
 
 	mu      sync.Mutex
 	err     error           // a conflict that ends capture, see schema.JoinMode
@@ -45,7 +57,8 @@ func newLeadership(cfg *pgx.ConnConfig, layout schema.Layout, log *slog.Logger) 
 	table := layout.Outbox.String()
 	h := fnv.New32a()
 	h.Write([]byte("outbox-relay:wal:" + table))
-	return &leadership{cfg: cfg, key: int32(h.Sum32() & 0x7fffffff), table: table, layout: layout, log: log, changed: make(chan struct{})}
+	return &leadership{cfg: cfg, key: int32(h.Sum32() & 0x7fffffff), table: table, layout: layout, log: log, changed: make(chan struct{}),
+		fails: outage.New(log, "cannot take the wal capture lock; retrying", "the wal capture lock's connection works again")}
 }
 
 // wait blocks until this relay leads and returns a context that ends when
@@ -69,6 +82,10 @@ func (l *leadership) wait(ctx context.Context) (context.Context, error) {
 	}
 }
 
+// reachable reports whether the lock connection is up and its last
+// statement worked, whether this relay leads or stands by.
+func (l *leadership) reachable() bool { return !l.down.Load() }
+
 // leading reports whether this relay holds the lock now.
 func (l *leadership) leading() bool {
 	l.mu.Lock()
@@ -86,52 +103,68 @@ func (l *leadership) set(term context.Context) {
 
 // run connects, takes the lock when it is free (retrying every
 // standbyInterval) and holds it until ctx ends or the connection breaks,
-// then starts over.
+// then starts over. While attempts fail (Postgres down) the wait between
+// them doubles up to reconnectMax, and the failures are logged as a run
+// (see outage.Log).
 func (l *leadership) run(ctx context.Context) {
 	standby := false
 	for ctx.Err() == nil {
-		conn, err := pgx.ConnectConfig(ctx, l.cfg)
-		if err != nil {
-			if ctx.Err() == nil {
-				l.log.Warn("cannot connect to take the wal capture lock; retrying", "err", err)
-			}
-			wait.Sleep(ctx, standbyInterval)
+		err := l.attempt(ctx, &standby)
+		var conflict *schema.ModeConflict
+		if errors.As(err, &conflict) {
+			return // capture ends: wait returns it
+		}
+		if err == nil || ctx.Err() != nil {
 			continue
 		}
-		if err := schema.JoinMode(ctx, conn, l.layout, 0); err != nil {
-			var conflict *schema.ModeConflict
-			if errors.As(err, &conflict) {
-				l.mu.Lock()
-				l.err = err
-				close(l.changed)
-				l.changed = make(chan struct{})
-				l.mu.Unlock()
-				conn.Close(context.WithoutCancel(ctx))
-				return
-			}
-			l.log.Warn("cannot take the capture mode lock; retrying", "err", err)
-			conn.Close(context.WithoutCancel(ctx))
-			wait.Sleep(ctx, standbyInterval)
-			continue
-		}
-		l.hold(ctx, conn, &standby)
-		cctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
-		conn.Close(cctx) // releases the lock
-		cancel()
+		l.down.Store(true)
+		n := l.fails.Fail(err, "table", l.table)
+		wait.Sleep(ctx, min(standbyInterval<<min(n-1, 8), reconnectMax))
 	}
 }
 
-// hold takes the lock on conn and keeps it while conn answers.
-func (l *leadership) hold(ctx context.Context, conn *pgx.Conn, standby *bool) {
+// attempt connects, joins the capture mode and holds the lock while the
+// connection answers. It returns why the connection failed, or nil when
+// the lock was held until the connection broke (the ping logs that) or ctx
+// ended. A mode conflict is returned as *schema.ModeConflict and recorded
+// for wait.
+func (l *leadership) attempt(ctx context.Context, standby *bool) error {
+	conn, err := pgx.ConnectConfig(ctx, l.cfg)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
+		conn.Close(cctx) // releases the lock
+		cancel()
+	}()
+	if err := schema.JoinMode(ctx, conn, l.layout, 0); err != nil {
+		var conflict *schema.ModeConflict
+		if errors.As(err, &conflict) {
+			l.mu.Lock()
+			l.err = err
+			close(l.changed)
+			l.changed = make(chan struct{})
+			l.mu.Unlock()
+			return err
+		}
+		return fmt.Errorf("take the capture mode lock: %w", err)
+	}
+	return l.hold(ctx, conn, standby)
+}
+
+// hold takes the lock on conn and keeps it while conn answers. It returns
+// the error of a failed attempt to take the lock, and nil once it held the
+// lock and the connection broke or ctx ended.
+func (l *leadership) hold(ctx context.Context, conn *pgx.Conn, standby *bool) error {
 	for {
 		var got bool
 		err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1::int, 0)`, l.key).Scan(&got)
 		if err != nil {
-			if ctx.Err() == nil {
-				l.log.Warn("cannot take the wal capture lock; retrying", "err", err)
-			}
-			return
+			return fmt.Errorf("take the lock: %w", err)
 		}
+		l.down.Store(false)
+		l.fails.OK()
 		if got {
 			break
 		}
@@ -140,7 +173,7 @@ func (l *leadership) hold(ctx context.Context, conn *pgx.Conn, standby *bool) {
 			*standby = true
 		}
 		if wait.Sleep(ctx, standbyInterval) != nil {
-			return
+			return nil
 		}
 	}
 	*standby = false
@@ -156,8 +189,10 @@ func (l *leadership) hold(ctx context.Context, conn *pgx.Conn, standby *bool) {
 		err := conn.Ping(pctx)
 		cancel()
 		if err != nil && ctx.Err() == nil {
+			l.down.Store(true)
 			l.log.Warn("lost the wal capture lock connection; capture stops until the lock is taken again", "err", err)
-			return
+			return nil
 		}
 	}
+	return nil
 }

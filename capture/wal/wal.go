@@ -38,6 +38,7 @@ import (
 	"github.com/outboxrelay/relay/capture/internal/claim"
 	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/fault"
+	"github.com/outboxrelay/relay/internal/outage"
 	"github.com/outboxrelay/relay/internal/schema"
 )
 
@@ -170,6 +171,9 @@ type Source struct {
 	opening  atomic.Pointer[context.CancelCauseFunc]
 	draining atomic.Bool
 	fallback atomic.Bool
+	// failed is set when Next returns an error, until a stream or a drain
+	// starts or a batch comes (see Capturing).
+	failed atomic.Bool
 
 	// Used by Next only: at most one of them is set.
 	st    *stream
@@ -242,6 +246,8 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 		pace: newPacer(), unsettled: map[*drained]bool{}, recreated: map[string]*atomic.Int64{},
 		lead: newLeadership(opts.Pool.Config().ConnConfig.Copy(), l, opts.Logger)}
 	s.guard = *newGuard(l, opts.ArchiveMode)
+	s.guard.fails = outage.New(opts.Logger, "replication slot observation failed; the slot metrics keep their last values until it works again",
+		"replication slot observation works again")
 	for _, r := range SlotRecreateReasons {
 		s.recreated[r] = new(atomic.Int64)
 	}
@@ -407,6 +413,27 @@ func (p *pacedReader) Read(b []byte) (int, error) {
 // the stream's. It waits while another relay leads. After the stream ended
 // it returns a retryable error; the next call reconnects.
 func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
+	b, err := s.next(ctx)
+	switch {
+	case err == nil:
+		s.failed.Store(false)
+	case ctx.Err() == nil:
+		s.failed.Store(true)
+	}
+	return b, err
+}
+
+// Capturing reports whether the source can capture (capture.Health): the
+// leader lock's connection is up and its last statement worked (it runs
+// one every second, leading or standing by), and, while this relay leads,
+// the stream or drain runs: no Next call failed since the last one started.
+// A relay standing by is capturing while it reaches Postgres. It is safe
+// for concurrent use.
+func (s *Source) Capturing() bool {
+	return s.lead.reachable() && (!s.lead.leading() || !s.failed.Load())
+}
+
+func (s *Source) next(ctx context.Context) (capture.Batch, error) {
 	for {
 		term, err := s.lead.wait(ctx)
 		if err != nil {
@@ -416,6 +443,7 @@ func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
 			if err := s.awaitRelease(ctx); err != nil {
 				return nil, err
 			}
+			s.failed.Store(false)
 		}
 		epoch := s.ledger.Begin()
 		b, err, again := s.nextOnce(ctx, term)

@@ -30,7 +30,7 @@ func (r *Relay) handler() http.Handler {
 			return
 		}
 		switch st := r.Stats(); {
-		case !st.Capturing.Load():
+		case !st.Capturing():
 			http.Error(w, "capture failing (is Postgres reachable?)", http.StatusServiceUnavailable)
 			return
 		case st.Ready.Load() && !st.SinkReady():

@@ -18,6 +18,7 @@ import (
 	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/outage"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/pipeline"
 	"github.com/outboxrelay/relay/sink"
@@ -114,6 +115,7 @@ func (r *Relay) open(ctx context.Context) error {
 			MaxAttempts: cfg.Retry.MaxAttempts},
 		ParkAggregate:    cfg.DeadLetter.ParkAggregate,
 		Holder:           holderOf(src),
+		Health:           healthOf(src),
 		HeldMaxAge:       cfg.Sink.HeldMaxAge.D(),
 		MaxInFlight:      window,
 		MaxInFlightBytes: 2 * cfg.Capture.MaxBatchBytes,
@@ -129,10 +131,11 @@ func (r *Relay) open(ctx context.Context) error {
 	return nil
 }
 
-// capturing reports whether capture works: the source answers and no
-// lasting database failure (a missing grant or table) persists.
+// capturing reports whether capture works: the source reaches Postgres
+// (pipeline.Stats.Capturing) and no lasting database failure (a missing
+// grant or table) persists.
 func (r *Relay) capturing() bool {
-	return r.pipeline.Stats().Capturing.Load() && r.dbFailures.failing() == nil
+	return r.pipeline.Stats().Capturing() && r.dbFailures.failing() == nil
 }
 
 // Stats returns the pipeline's live counters.
@@ -164,6 +167,12 @@ func (r *Relay) Close() {
 // holderOf returns src as a capture.Holder (both sources are), or nil.
 func holderOf(src capture.Source) capture.Holder {
 	h, _ := src.(capture.Holder)
+	return h
+}
+
+// healthOf returns src as a capture.Health (both sources are), or nil.
+func healthOf(src capture.Source) capture.Health {
+	h, _ := src.(capture.Health)
 	return h
 }
 
@@ -236,12 +245,13 @@ const pruneBatch = 5000
 
 // prune deletes archived rows older than archive.retention every
 // pruneInterval until ctx ends, in statements of at most pruneBatch rows.
-// Failures are logged and retried.
+// Failures are retried and logged as a run (see outage.Log).
 func (r *Relay) prune(ctx context.Context) error {
 	stmt := layoutOf(r.cfg).PruneArchive(r.cfg.Archive.Mode)
 	if stmt == "" {
 		return nil
 	}
+	fails := outage.New(r.log, "prune archive failed", "pruning the archive works again")
 	t := time.NewTicker(pruneInterval)
 	defer t.Stop()
 	for {
@@ -250,9 +260,12 @@ func (r *Relay) prune(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		case err != nil:
-			r.log.Warn("prune archive failed", "err", err)
-		case n > 0:
-			r.log.Info("pruned archived rows", "rows", n, "retention", r.cfg.Archive.Retention.D())
+			fails.Fail(err)
+		default:
+			fails.OK()
+			if n > 0 {
+				r.log.Info("pruned archived rows", "rows", n, "retention", r.cfg.Archive.Retention.D())
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxrelay/relay/fault"
+	"github.com/outboxrelay/relay/internal/outage"
 	"github.com/outboxrelay/relay/internal/wait"
 )
 
@@ -169,15 +170,17 @@ func (s *Sink) Recover(ctx context.Context) error {
 		return nil
 	default:
 	}
+	fails := outage.New(s.opts.Logger, "kafka: reading the transactions' progress failed; retrying", "kafka: read the transactions' progress")
 	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
 		err := x.recover(ctx)
 		if err == nil {
+			fails.OK()
 			break
 		}
 		if ctx.Err() != nil {
 			return err
 		}
-		s.opts.Logger.Warn("kafka: reading the transactions' progress failed; retrying", "err", err, "retry_in", delay)
+		fails.Fail(err)
 		if err := wait.Sleep(ctx, delay); err != nil {
 			return err
 		}
@@ -437,6 +440,7 @@ func (x *txns) abort() {
 // epoch), then reads the progress topic from rec's offset. It retries until
 // the sink closes.
 func (x *txns) resolve(ctx context.Context, rec *kgo.Record) (bool, error) {
+	fails := outage.New(x.s.opts.Logger, "kafka: reading a transaction's outcome failed; retrying", "kafka: read the transaction's outcome")
 	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
 		x.abort()
 		found := false
@@ -444,9 +448,10 @@ func (x *txns) resolve(ctx context.Context, rec *kgo.Record) (bool, error) {
 			found = found || sameTxn(rec.Value, p)
 		})
 		if err == nil {
+			fails.OK()
 			return found, nil
 		}
-		x.s.opts.Logger.Warn("kafka: reading a transaction's outcome failed; retrying", "err", err, "retry_in", delay)
+		fails.Fail(err)
 		if err := wait.Sleep(ctx, delay); err != nil {
 			return false, fault.AsUnavailable(fmt.Errorf("transaction outcome unknown: %w", err))
 		}

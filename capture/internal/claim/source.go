@@ -187,6 +187,10 @@ type Source struct {
 	// claimLost is set when the last claim failed and closed the lease
 	// connection (see lostInClaim).
 	claimLost bool
+	// down is set while the source cannot capture (see Capturing): from
+	// a lost lease connection or a failed Next until the lease connection
+	// is up again or a claim works.
+	down atomic.Bool
 }
 
 // ErrDrained is returned by Next, with Options.MaxSeq set, when a claim
@@ -272,6 +276,21 @@ func inspectSeq(ctx context.Context, q schema.Querier, l schema.Layout, seq stri
 // Next claims the next batch of the partitions this relay leases, waiting
 // while the outbox is idle or this relay holds no partition.
 func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
+	b, err := s.next(ctx)
+	if err != nil && ctx.Err() == nil && !errors.Is(err, ErrDrained) {
+		s.down.Store(true)
+	}
+	return b, err
+}
+
+// Capturing reports whether the source can capture (capture.Health): its
+// lease connection is up and the last claim on it worked, whether or not
+// it found rows. An idle source claims every Options.Interval at most, so
+// a lost connection shows within about that long. It is safe for
+// concurrent use.
+func (s *Source) Capturing() bool { return !s.down.Load() }
+
+func (s *Source) next(ctx context.Context) (capture.Batch, error) {
 	for {
 		if err := s.connect(ctx); err != nil {
 			return nil, err
@@ -306,6 +325,7 @@ func (s *Source) Next(ctx context.Context) (capture.Batch, error) {
 			return nil, err
 		}
 		s.claimLost = false
+		s.down.Store(false)
 		if b != nil {
 			return b, nil
 		}
@@ -394,6 +414,7 @@ func (s *Source) connect(ctx context.Context) error {
 		return err
 	}
 	s.forgetWatermark()
+	s.down.Store(false)
 	return nil
 }
 
@@ -408,6 +429,7 @@ func (s *Source) forgetWatermark() {
 
 // disconnect closes the lease connection after an error on it.
 func (s *Source) disconnect(ctx context.Context) {
+	s.down.Store(true)
 	if s.lease.conn != nil {
 		s.lease.conn.Close(context.WithoutCancel(ctx))
 	}
