@@ -388,3 +388,52 @@ func relayLines(body string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestBrokerOutageUnderLoad stops NATS for 12 seconds while producers
+// commit about 1,500 events a second, in both capture modes, and starts it
+// again while they still write. The destinations (the subject and the
+// broker) reopen in whatever order their probes find them working; the
+// relay must publish every event, in per-aggregate order, and drain the
+// outbox by itself. Before, a wal relay could stop for good after the
+// release that followed such an outage, with thousands of rows left.
+func TestBrokerOutageUnderLoad(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"poll", "wal"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			s := newStack(t, stackOptions{Mode: mode, Extra: "retry:\n  max: 1s\n"})
+			relay := s.start()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			produced := make(chan struct{})
+			go func() {
+				defer close(produced)
+				tick := time.NewTicker(10 * time.Millisecond)
+				defer tick.Stop()
+				for i := 0; i < 2000 && ctx.Err() == nil; i++ {
+					<-tick.C
+					for a := range 15 {
+						if _, err := s.write(ctx, (i*15+a)%300, 1); err != nil && ctx.Err() == nil {
+							t.Error(err)
+							return
+						}
+					}
+				}
+			}()
+			s.waitPublishing()
+			time.Sleep(2 * time.Second)
+			s.nats.Stop()
+			time.Sleep(12 * time.Second)
+			if err := s.nats.Start(); err != nil {
+				t.Fatal(err)
+			}
+			<-produced
+			s.waitDrained(120 * time.Second)
+			if code := relay.stop(t, 15*time.Second); code != 0 {
+				t.Fatalf("exit %d", code)
+			}
+			s.verify()
+			t.Logf("%s: %s", mode, s.stream.Check())
+		})
+	}
+}

@@ -297,7 +297,9 @@ func TestHeldMaxAgeFromTable(t *testing.T) {
 // behind them), other events flow meanwhile, and the route comes back.
 // Every release must finish by itself, capture the held rows a bounded
 // number of times (at most 1.5 captures per held event from the release
-// until the outbox is empty), deliver nothing twice but the probes, keep
+// until the outbox is empty), deliver nothing twice but the probes (the
+// wal drain published again the rows the stopped stream had in flight),
+// keep
 // per-aggregate order, and leave the relay streaming: events written after
 // the last release are delivered too. Both capture modes. Before, a
 // release re-captured the same rows in a loop (thousands of captures for
@@ -334,6 +336,9 @@ func TestHeldReleaseCycles(t *testing.T) {
 			wire, _ := s.verify()
 			if captured > 1.5*float64(heldEvents) {
 				t.Errorf("the releases captured %.0f times for %d held events", captured, heldEvents)
+			}
+			if probes := cycles * 4; wire.Duplicates > probes { // each probe candidate's row is published again
+				t.Errorf("%d duplicate deliveries, more than the %d probes'", wire.Duplicates, probes)
 			}
 			if code := relay.stop(t, 15*time.Second); code != 0 {
 				t.Fatalf("exit %d", code)
