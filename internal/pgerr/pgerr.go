@@ -32,6 +32,16 @@ func LockNotAvailable(err error) bool {
 	return pe != nil && pe.Code == "55P03"
 }
 
+// RowValue reports whether err carries a PostgreSQL error that a row's
+// values cause, so that writing the same row again fails the same way:
+// program_limit_exceeded (SQLSTATE 54000, e.g. a value longer than an
+// index row holds) or a data exception (class 22, e.g. a value too long
+// for a bounded column, an invalid byte sequence).
+func RowValue(err error) bool {
+	pe := Of(err)
+	return pe != nil && (pe.Code == "54000" || strings.HasPrefix(pe.Code, "22"))
+}
+
 // Of returns the PostgreSQL error in err's chain, or nil.
 func Of(err error) *pgconn.PgError {
 	var pe *pgconn.PgError

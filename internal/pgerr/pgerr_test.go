@@ -23,3 +23,19 @@ func TestLasting(t *testing.T) {
 		t.Error("a timeout or a connection failure counts as lasting")
 	}
 }
+
+// TestRowValue tells the failures a row's values cause from the others.
+func TestRowValue(t *testing.T) {
+	for code, want := range map[string]bool{
+		"54000": true, "22001": true, "22021": true, "22P02": true,
+		"54001": false, "42501": false, "40001": false, "23505": false, "08006": false,
+	} {
+		err := fmt.Errorf("dead-letter: %w", &pgconn.PgError{Code: code})
+		if got := RowValue(err); got != want {
+			t.Errorf("RowValue(%s) = %v, want %v", code, got, want)
+		}
+	}
+	if RowValue(errors.New("connection refused")) {
+		t.Error("a connection failure counts as the row's")
+	}
+}

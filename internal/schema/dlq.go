@@ -49,6 +49,52 @@ func (l Layout) where(f DeadLetterFilter) (string, []any) {
 	return cond, []any{ids, f.Aggregate, older, f.After, f.Through}
 }
 
+// CutChars is how many characters a dead letter keeps of a long value of
+// a text column other than the payload and headers when the dead-letter
+// table refused the row as it was (see DeadLetterRow).
+const CutChars = 200
+
+// DeadLetterRow returns the select list of a dead-letter insert: the
+// outbox columns in Columns.List order, each given by value (its SQL
+// expression, from its position in that list and its name), then the
+// error, errExpr. With cut, a value of the aggregate type, aggregate id,
+// event type or order column whose type (types; the contract's for missing
+// entries) is text or varchar keeps its first CutChars characters when it
+// is longer, and the error ends naming the columns cut and their lengths:
+// the form of a dead letter that the dead-letter table refused as it was
+// (an index or constraint of the table that cannot hold a value, see
+// pgerr.RowValue).
+func (l Layout) DeadLetterRow(value func(i int, name string) string, errExpr string, types map[string]string, cut bool) string {
+	c := l.Cols
+	long := map[string]bool{c.AggregateType: true, c.AggregateID: true, c.EventType: true}
+	if c.OrderBy != "" {
+		long[c.OrderBy] = true
+	}
+	var cols, notes []string
+	for i, name := range c.List() {
+		v := value(i, name)
+		if t := columnType(i, name, types); cut && long[name] && (t == "text" || strings.HasPrefix(t, "character varying")) {
+			notes = append(notes, fmt.Sprintf(`CASE WHEN length(%[1]s) > %[2]d THEN format('%%s (%%s characters)', %[3]s::text, length(%[1]s)) END`,
+				v, CutChars, Literal(name)))
+			v = fmt.Sprintf("left(%s, %d)", v, CutChars)
+		}
+		cols = append(cols, v)
+	}
+	if len(notes) > 0 {
+		errExpr = fmt.Sprintf(`concat_ws(' ', %s, '[cut to their first %d characters: ' || nullif(concat_ws(', ', %s), '') || ']')`,
+			errExpr, CutChars, strings.Join(notes, ", "))
+	}
+	return strings.Join(append(cols, errExpr), ", ")
+}
+
+// RefusedError returns the error a dead letter keeps when the dead-letter
+// table refused its row as it was with err and took it as DeadLetterRow
+// cuts it: the refusal first, so that cutting a long message (see
+// internal/rowtext) keeps it, then cause, the event's failure.
+func RefusedError(cause string, err error) string {
+	return "the dead-letter table refused the row as it was (" + err.Error() + "), so long values are cut; the event failed with: " + cause
+}
+
 // DeadLetter is one row of the dead-letter table.
 type DeadLetter struct {
 	ID, AggregateType, AggregateID, EventType string
