@@ -90,8 +90,17 @@ func TestHugeRowValues(t *testing.T) {
 // index with the hash index, and the next such dead letter is kept whole.
 func TestEarlierDeadLetterIndex(t *testing.T) {
 	t.Parallel()
+	for _, mode := range []string{"poll", "wal"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			earlierDeadLetterIndex(t, mode)
+		})
+	}
+}
+
+func earlierDeadLetterIndex(t *testing.T, mode string) {
 	rc := startCountingReceiver(t)
-	s := newStack(t, stackOptions{Collect: rc.deliveries,
+	s := newStack(t, stackOptions{Mode: mode, Collect: rc.deliveries,
 		Sink: fmt.Sprintf("sink:\n  type: webhook\n  webhook:\n    url: %s/events\n", rc.URL)})
 	ctx := context.Background()
 	if _, err := s.pool.Exec(ctx, `DROP INDEX IF EXISTS outbox_dead_letter_aggregate_hash_idx;
