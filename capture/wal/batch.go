@@ -50,11 +50,13 @@ func (b *batch) Events() []*event.Event { return b.events }
 
 // Complete archives the published rows (per Options.ArchiveMode), writes
 // the dead ones, from the event values, to the dead-letter table and
-// deletes them from the outbox, in one transaction. Rows that are already gone (inserted and deleted in one
-// transaction by the application) are no-ops. The archive takes at most
-// archiveTimeout, whatever locks other sessions hold. Then the batch counts as
-// archived for the slot's confirmed position. When archiving fails, the
-// stream restarts from the confirmed position, so the batch's events are
+// deletes them from the outbox, in one transaction, or, when a statement
+// of it fails, row by row (see settleApart). Rows that are already gone
+// (inserted and deleted in one transaction by the application) are no-ops.
+// Each transaction takes at most archiveTimeout, whatever locks other
+// sessions hold. Then the batch counts as archived for the slot's
+// confirmed position. When archiving fails, the stream restarts from the
+// confirmed position, so the batch's events still in the outbox are
 // captured again.
 func (b *batch) Complete(ctx context.Context, o capture.Outcome) error {
 	if err := b.archive(ctx, o); err != nil {

@@ -598,7 +598,8 @@ func fill(ev *event.Event, id, aggType, aggID, evType *string, headers []byte, c
 }
 
 // Complete archives the published rows and moves the dead ones to the
-// dead-letter table in one short transaction. When it fails, or when the
+// dead-letter table in one short transaction, or, when a statement of it
+// fails, row by row (see settleApart). When it fails, or when the
 // pipeline left rows in the outbox (neither published nor dead, see
 // dead_letter.park_aggregate) of aggregates it does not hold (see Hold:
 // Release looks again for those), the next claim starts from the first seq
@@ -636,7 +637,7 @@ func (b *batch) complete(ctx context.Context, o capture.Outcome) error {
 	err := b.s.runTx(ctx, stmts, n)
 	dead := b.dead(o)
 	if err == nil || len(dead) == 0 || pgerr.Of(err) == nil || ctx.Err() != nil {
-		return err // no statement failed: the database is out of reach
+		return err // without a failed statement the database is out of reach
 	}
 	return b.settleApart(ctx, o.Published, dead)
 }
