@@ -125,7 +125,7 @@ func earlierDeadLetterIndex(t *testing.T, mode string) {
 		WHERE i.indrelid = 'outbox_dead_letter'::regclass AND i.indisvalid`).Scan(&idx); err != nil {
 		t.Fatal(err)
 	}
-	if want := "outbox_dead_letter_aggregate_hash_idx hash,outbox_dead_letter_id_idx btree"; idx != want {
+	if want := "outbox_dead_letter_aggregate_hash_idx btree,outbox_dead_letter_id_idx btree"; idx != want {
 		t.Fatalf("indexes after relay init: %s, want %s", idx, want)
 	}
 	if _, err := s.pool.Exec(ctx, `DELETE FROM outbox_dead_letter`); err != nil {

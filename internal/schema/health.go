@@ -54,7 +54,7 @@ func (l Layout) Warnings(ctx context.Context, q Querier, poll bool, archiveMode 
 		out = append(out, Warning{
 			What: fmt.Sprintf("dead-letter table %s has the btree index on %s of earlier releases, which cannot hold a long aggregate id: "+
 				"such a dead letter is kept with its values cut", l.DeadLetter, Q(l.Cols.AggregateID)),
-			Fix: "run `relay init`, which builds the hash index that replaces it and drops it, both CONCURRENTLY",
+			Fix: "run `relay init`, which builds the index on hashtext(aggregate_id) that replaces it and drops it, both CONCURRENTLY",
 		})
 	}
 	w, err := l.bloat(ctx, q)

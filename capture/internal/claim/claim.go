@@ -33,8 +33,7 @@ func buildQueries(l schema.Layout, archiveMode string, park bool, types map[stri
 	seq := schema.Q(c.Seq)
 	parked := ""
 	if park {
-		parked = fmt.Sprintf("AND NOT EXISTS (SELECT 1 FROM %s d WHERE %s = %s)",
-			l.DeadLetter.Ident(), c.Key("d"), c.Key("o"))
+		parked = fmt.Sprintf("AND NOT EXISTS (SELECT 1 FROM %s d WHERE %s)", l.DeadLetter.Ident(), l.SameKey("d", "o"))
 	}
 	partitionFilter := fmt.Sprintf("AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[])", c.Key("o"))
 	// The claim locks at most $3 rows in seq order, each column named c0,
