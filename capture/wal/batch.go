@@ -147,7 +147,8 @@ func (b *batch) settle(ctx context.Context, dead []capture.DeadEvent, bad []*bad
 // A row that fails to settle thus holds back no other: the stream restarts
 // and hands out again only the rows still in the outbox. It returns the
 // first failure, nil when every row settled, and stops at a failure that
-// is not a statement's.
+// says the next row would wait as long (pgerr.Stalled: a lock or
+// statement timeout, the database out of reach).
 func (b *batch) settleApart(ctx context.Context, dead []capture.DeadEvent, published []string) error {
 	var first error
 	if len(published) > 0 {
@@ -157,7 +158,7 @@ func (b *batch) settleApart(ctx context.Context, dead []capture.DeadEvent, publi
 		if first == nil {
 			first = err
 		}
-		return err == nil || pgerr.Of(err) != nil // else the database is out of reach: try no other row
+		return !pgerr.Stalled(err) // else the next row would wait as long: it waits for the next stream
 	}
 	for _, d := range dead {
 		one := []capture.DeadEvent{d}

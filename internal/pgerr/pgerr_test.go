@@ -39,3 +39,15 @@ func TestRowValue(t *testing.T) {
 		t.Error("a connection failure counts as the row's")
 	}
 }
+
+// TestStalled tells waits and unreachable databases from failed statements.
+func TestStalled(t *testing.T) {
+	for code, want := range map[string]bool{"55P03": true, "57014": true, "54000": false, "42501": false, "P0001": false} {
+		if got := Stalled(fmt.Errorf("archive: %w", &pgconn.PgError{Code: code})); got != want {
+			t.Errorf("Stalled(%s) = %v, want %v", code, got, want)
+		}
+	}
+	if !Stalled(context.DeadlineExceeded) || !Stalled(errors.New("connection refused")) || Stalled(nil) {
+		t.Error("Stalled misjudges a deadline, a connection failure or no error")
+	}
+}

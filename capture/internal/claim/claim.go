@@ -669,8 +669,9 @@ func (s *Source) runTx(ctx context.Context, stmts []statement, n int) error {
 // transaction of its own (see deadLetterAlone). A row that fails to settle
 // thus holds back no other: it alone stays in the outbox and is claimed
 // again (with the backoff of the failed archive). It returns the first
-// failure, nil when every row settled, and stops at a failure that is not a
-// statement's.
+// failure, nil when every row settled, and stops at a failure that says
+// the next row would wait as long (pgerr.Stalled: a lock or statement
+// timeout, the database out of reach).
 func (b *batch) settleApart(ctx context.Context, published []*event.Event, dead []capture.DeadEvent) error {
 	var first error
 	if len(published) > 0 {
@@ -678,8 +679,8 @@ func (b *batch) settleApart(ctx context.Context, published []*event.Event, dead 
 	}
 	for _, d := range dead {
 		err := b.deadLetterAlone(ctx, d)
-		if err != nil && pgerr.Of(err) == nil {
-			return err // the database is out of reach: try no other row
+		if pgerr.Stalled(err) {
+			return err // the next row would wait as long: it waits for the next claim
 		}
 		if first == nil {
 			first = err
