@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/internal/pgerr"
 	"github.com/outboxrelay/relay/internal/rowtext"
 	"github.com/outboxrelay/relay/internal/schema"
 )
@@ -49,11 +50,13 @@ func (b *batch) Events() []*event.Event { return b.events }
 
 // Complete archives the published rows (per Options.ArchiveMode), writes
 // the dead ones, from the event values, to the dead-letter table and
-// deletes them from the outbox, in one transaction. Rows that are already gone (inserted and deleted in one
-// transaction by the application) are no-ops. The archive takes at most
-// archiveTimeout, whatever locks other sessions hold. Then the batch counts as
-// archived for the slot's confirmed position. When archiving fails, the
-// stream restarts from the confirmed position, so the batch's events are
+// deletes them from the outbox, in one transaction, or, when a statement
+// of it fails, row by row (see settleApart). Rows that are already gone
+// (inserted and deleted in one transaction by the application) are no-ops.
+// Each transaction takes at most archiveTimeout, whatever locks other
+// sessions hold. Then the batch counts as archived for the slot's
+// confirmed position. When archiving fails, the stream restarts from the
+// confirmed position, so the batch's events still in the outbox are
 // captured again.
 func (b *batch) Complete(ctx context.Context, o capture.Outcome) error {
 	if err := b.archive(ctx, o); err != nil {
@@ -76,48 +79,120 @@ func (b *batch) archive(ctx context.Context, o capture.Outcome) error {
 	for i, ev := range o.Published {
 		published[i] = b.storedID(ev)
 	}
-	dead := make([]string, 0, len(o.Dead)+len(b.bad))
-	for _, d := range o.Dead {
-		dead = append(dead, b.storedID(d.Event))
-	}
-	for _, r := range b.bad {
-		if r.vals[fID] != nil {
-			dead = append(dead, *r.vals[fID])
-		}
-	}
 	if len(o.Dead)+len(b.bad) == 0 {
 		if len(published) == 0 {
 			return nil
 		}
 		return b.src.arch.archive(ctx, published, b.xids)
 	}
-	q, pool := b.src.sql, b.src.opts.Pool
-	ctx, cancel := context.WithTimeout(ctx, archiveTimeout)
-	defer cancel()
-	if err := waitVisible(ctx, pool, b.xids); err != nil {
+	wctx, cancel := context.WithTimeout(ctx, archiveTimeout)
+	err := waitVisible(wctx, b.src.opts.Pool, b.xids)
+	cancel()
+	if err != nil {
 		return err
 	}
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err = b.settle(ctx, o.Dead, b.bad, published, false)
+	if err != nil && pgerr.Of(err) != nil && ctx.Err() == nil {
+		err = b.settleApart(ctx, o.Dead, published)
+	}
+	if err != nil {
+		return fmt.Errorf("archive %d rows and dead-letter %d: %w", len(published), len(o.Dead)+len(b.bad), err)
+	}
+	return nil
+}
+
+// settle runs, in one transaction of at most archiveTimeout, the
+// dead-letter inserts of the dead events and bad rows, their deletion from
+// the outbox and the archive of the rows with ids published; with cut,
+// the inserts keep long values cut (schema.Layout.DeadLetterRow).
+func (b *batch) settle(ctx context.Context, dead []capture.DeadEvent, bad []*badRow, published []string, cut bool) error {
+	q := b.src.sql
+	ids := make([]string, 0, len(dead)+len(bad))
+	for _, d := range dead {
+		ids = append(ids, b.storedID(d.Event))
+	}
+	for _, r := range bad {
+		if r.vals[fID] != nil {
+			ids = append(ids, *r.vals[fID])
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, archiveTimeout)
+	defer cancel()
+	return pgx.BeginFunc(ctx, b.src.opts.Pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, txLimits, txLimit); err != nil {
 			return err
 		}
-		goneDead, goneBad, err := b.copyDead(ctx, tx, o.Dead)
+		goneDead, goneBad, err := b.copyDead(ctx, tx, dead, bad, cut)
 		if err != nil {
 			return err
 		}
 		br := &pgx.Batch{}
 		if len(goneDead)+len(goneBad) > 0 {
-			br.Queue(q.deadLetter, b.deadArgs(goneDead, goneBad)...)
+			br.Queue(q.insertDead(cut), b.deadArgs(goneDead, goneBad)...)
 		}
-		br.Queue(q.dropDead, dead)
+		br.Queue(q.dropDead, ids)
 		if len(published) > 0 {
 			br.Queue(q.archive, published)
 		}
 		return tx.SendBatch(ctx, br).Close()
 	})
-	if err != nil {
-		return fmt.Errorf("archive %d rows and dead-letter %d: %w", len(published), len(o.Dead)+len(b.bad), err)
+}
+
+// settleApart settles the rows of a batch whose transaction failed: the
+// published rows through the archiver, then each dead event and bad row
+// in a transaction of its own, which, when the dead-letter table refuses
+// the row for its values (pgerr.RowValue: an index of an earlier release
+// that cannot hold a long aggregate id, a bounded column), runs again
+// keeping the row with its long values cut and the refusal in its error.
+// A row that fails to settle thus holds back no other: the stream restarts
+// and hands out again only the rows still in the outbox. It returns the
+// first failure, nil when every row settled, and stops at a failure that
+// says the next row would wait as long (pgerr.Stalled: a lock or
+// statement timeout, the database out of reach).
+func (b *batch) settleApart(ctx context.Context, dead []capture.DeadEvent, published []string) error {
+	var first error
+	if len(published) > 0 {
+		first = b.src.arch.archive(ctx, published, b.xids)
 	}
+	keep := func(err error) bool {
+		if first == nil {
+			first = err
+		}
+		return !pgerr.Stalled(err) // else the next row would wait as long: it waits for the next stream
+	}
+	for _, d := range dead {
+		one := []capture.DeadEvent{d}
+		err := b.settle(ctx, one, nil, nil, false)
+		if err != nil && pgerr.RowValue(err) {
+			one[0].Err = schema.RefusedError(d.Err, err)
+			err = b.settleCut(ctx, one, nil, err)
+		}
+		if !keep(err) {
+			return err
+		}
+	}
+	for _, r := range b.bad {
+		one := []*badRow{r}
+		err := b.settle(ctx, nil, one, nil, false)
+		if err != nil && pgerr.RowValue(err) {
+			cut := *r
+			cut.err = schema.RefusedError(r.err, err)
+			err = b.settleCut(ctx, nil, []*badRow{&cut}, err)
+		}
+		if !keep(err) {
+			return err
+		}
+	}
+	return first
+}
+
+// settleCut settles one dead event or bad row that the dead-letter table
+// refused with refusal, keeping its long values cut.
+func (b *batch) settleCut(ctx context.Context, dead []capture.DeadEvent, bad []*badRow, refusal error) error {
+	if err := b.settle(ctx, dead, bad, nil, true); err != nil {
+		return err
+	}
+	b.src.log.Warn("the dead-letter table refused a row as it was; it keeps the row with its long values cut", "refusal", refusal.Error())
 	return nil
 }
 
@@ -144,24 +219,24 @@ func (b *batch) recordLeft(ctx context.Context, o capture.Outcome) error {
 }
 
 // copyDead copies the dead events and bad rows whose row is still in the
-// outbox to the dead-letter table, from the table rather than from the
+// outbox to the dead-letter table (with cut, keeping long values cut), from the table rather than from the
 // values received, so that a large payload is not sent back to the server
 // it came from. It returns the dead events and bad rows whose row is gone
 // (the application inserted and deleted it in one transaction).
-func (b *batch) copyDead(ctx context.Context, tx pgx.Tx, dead []capture.DeadEvent) ([]capture.DeadEvent, []*badRow, error) {
-	ids := make([]string, 0, len(dead)+len(b.bad))
+func (b *batch) copyDead(ctx context.Context, tx pgx.Tx, dead []capture.DeadEvent, bad []*badRow, cut bool) ([]capture.DeadEvent, []*badRow, error) {
+	ids := make([]string, 0, len(dead)+len(bad))
 	var f failures
 	for _, d := range dead {
 		ids = append(ids, b.storedID(d.Event))
 		f.add(d)
 	}
-	for _, r := range b.bad {
+	for _, r := range bad {
 		if r.vals[fID] != nil {
 			ids = append(ids, *r.vals[fID])
 			f.addBad(r)
 		}
 	}
-	rows, _ := tx.Query(ctx, b.src.sql.copyDead, append([]any{ids}, f.args()...)...)
+	rows, _ := tx.Query(ctx, b.src.sql.copyFrom(cut), append([]any{ids}, f.args()...)...)
 	copied, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, nil, fmt.Errorf("copy dead rows: %w", err)
@@ -177,7 +252,7 @@ func (b *batch) copyDead(ctx context.Context, tx pgx.Tx, dead []capture.DeadEven
 		}
 	}
 	var goneBad []*badRow
-	for _, r := range b.bad {
+	for _, r := range bad {
 		if r.vals[fID] == nil || !in[*r.vals[fID]] {
 			goneBad = append(goneBad, r)
 		}
@@ -297,8 +372,27 @@ func (b *batch) values(ev *event.Event, seq int64) [numFields]*string {
 // queries are the archive statements, built once with quoted identifiers.
 type queries struct {
 	archive, dropDead, deadLetter, copyDead string
-	unarchived                              string // see unarchivedQuery
-	leave                                   string // schema.Layout.LeaveDrain
+	// deadLetterCut and copyDeadCut are deadLetter and copyDead keeping
+	// long values cut (see schema.Layout.DeadLetterRow).
+	deadLetterCut, copyDeadCut string
+	unarchived                 string // see unarchivedQuery
+	leave                      string // schema.Layout.LeaveDrain
+}
+
+// insertDead returns deadLetter, or with cut deadLetterCut.
+func (q queries) insertDead(cut bool) string {
+	if cut {
+		return q.deadLetterCut
+	}
+	return q.deadLetter
+}
+
+// copyFrom returns copyDead, or with cut copyDeadCut.
+func (q queries) copyFrom(cut bool) string {
+	if cut {
+		return q.copyDeadCut
+	}
+	return q.copyDead
 }
 
 // buildQueries builds the archive statements for archive mode mode; values
@@ -308,31 +402,46 @@ func buildQueries(l schema.Layout, mode string, info schema.Info, slot string) q
 	// a text[] parameter directly, while for uuid[] it first tries a plan
 	// that fails, building an error per call.
 	idType := "text[]::" + info.Types[l.Cols.ID]
-	var sel []string
+	return queries{
+		archive:       l.ArchiveByKey(mode, l.Cols.ID, idType),
+		dropDead:      l.ArchiveByKey(schema.ArchiveDelete, l.Cols.ID, idType),
+		unarchived:    unarchivedQuery(l, mode, idType),
+		leave:         l.LeaveDrain(slot),
+		deadLetter:    deadLetterSQL(l, info, false),
+		deadLetterCut: deadLetterSQL(l, info, true),
+		copyDead:      copyDeadSQL(l, info, idType, false),
+		copyDeadCut:   copyDeadSQL(l, info, idType, true),
+	}
+}
+
+// deadLetterSQL returns the statement inserting dead letters from their
+// values: $1 to $numFields hold the columns as text (in the fields'
+// order), the next five the failures; cut as for
+// schema.Layout.DeadLetterRow.
+func deadLetterSQL(l schema.Layout, info schema.Info, cut bool) string {
 	in, alias := make([]string, numFields), make([]string, numFields)
 	for k := range numFields {
 		alias[k] = fmt.Sprintf("c%d", k)
 		in[k] = fmt.Sprintf("$%d::text[]", k+1)
 	}
-	for k, c := range l.Cols.List() {
-		sel = append(sel, fmt.Sprintf("d.c%d::%s", k, info.Types[c]))
-	}
-	return queries{
-		archive:    l.ArchiveByKey(mode, l.Cols.ID, idType),
-		dropDead:   l.ArchiveByKey(schema.ArchiveDelete, l.Cols.ID, idType),
-		unarchived: unarchivedQuery(l, mode, idType),
-		leave:      l.LeaveDrain(slot),
-		deadLetter: fmt.Sprintf(`INSERT INTO %s (%s, error, error_class, attempts, first_failed_at, last_failed_at)
-			SELECT %s, d.error, d.class, d.attempts, d.first_failed, d.last_failed
+	row := l.DeadLetterRow(func(k int, name string) string { return fmt.Sprintf("d.c%d::%s", k, info.Types[name]) }, "d.error", info.Types, cut)
+	return fmt.Sprintf(`INSERT INTO %s (%s, error, error_class, attempts, first_failed_at, last_failed_at)
+			SELECT %s, d.class, d.attempts, d.first_failed, d.last_failed
 			FROM unnest(%s, $%d::text[], $%d::text[], $%d::int[], $%d::timestamptz[], $%d::timestamptz[])
 			AS d(%s, error, class, attempts, first_failed, last_failed)`,
-			l.DeadLetter.Ident(), l.Cols.Quoted(""), strings.Join(sel, ", "), strings.Join(in, ", "),
-			numFields+1, numFields+2, numFields+3, numFields+4, numFields+5, strings.Join(alias, ", ")),
-		copyDead: fmt.Sprintf(`INSERT INTO %s (%s, error, error_class, attempts, first_failed_at, last_failed_at)
-			SELECT %s, d.error, d.class, d.attempts, d.first_failed, d.last_failed
+		l.DeadLetter.Ident(), l.Cols.Quoted(""), row, strings.Join(in, ", "),
+		numFields+1, numFields+2, numFields+3, numFields+4, numFields+5, strings.Join(alias, ", "))
+}
+
+// copyDeadSQL returns the statement copying the outbox rows with ids $1
+// to the dead-letter table with their failures ($2 to $6), returning the
+// ids copied; cut as for schema.Layout.DeadLetterRow.
+func copyDeadSQL(l schema.Layout, info schema.Info, idType string, cut bool) string {
+	row := l.DeadLetterRow(func(_ int, name string) string { return "o." + schema.Q(name) }, "d.error", info.Types, cut)
+	return fmt.Sprintf(`INSERT INTO %s (%s, error, error_class, attempts, first_failed_at, last_failed_at)
+			SELECT %s, d.class, d.attempts, d.first_failed, d.last_failed
 			FROM %s o JOIN unnest($1::%s[], $2::text[], $3::text[], $4::int[], $5::timestamptz[], $6::timestamptz[])
 			AS d(id, error, class, attempts, first_failed, last_failed) ON o.%s = d.id
 			RETURNING %s::text`,
-			l.DeadLetter.Ident(), l.Cols.Quoted(""), l.Cols.Quoted("o"), l.Outbox.Ident(), idType, schema.Q(l.Cols.ID), schema.Q(l.Cols.ID)),
-	}
+		l.DeadLetter.Ident(), l.Cols.Quoted(""), row, l.Outbox.Ident(), idType, schema.Q(l.Cols.ID), schema.Q(l.Cols.ID))
 }

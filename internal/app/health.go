@@ -13,7 +13,8 @@ import (
 )
 
 // outboxWarnings returns what slows capture on cfg's outbox table (a
-// missing poll index, bloat; see schema.Layout.Warnings).
+// missing poll index, bloat) and the dead-letter index of earlier releases
+// (see schema.Layout.Warnings).
 func outboxWarnings(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config) ([]schema.Warning, error) {
 	return layoutOf(cfg).Warnings(ctx, pool, cfg.Capture.Mode == "poll", cfg.Archive.Mode)
 }

@@ -32,6 +32,26 @@ func LockNotAvailable(err error) bool {
 	return pe != nil && pe.Code == "55P03"
 }
 
+// RowValue reports whether err carries a PostgreSQL error that a row's
+// values cause, so that writing the same row again fails the same way:
+// program_limit_exceeded (SQLSTATE 54000, e.g. a value longer than an
+// index row holds) or a data exception (class 22, e.g. a value too long
+// for a bounded column, an invalid byte sequence).
+func RowValue(err error) bool {
+	pe := Of(err)
+	return pe != nil && (pe.Code == "54000" || strings.HasPrefix(pe.Code, "22"))
+}
+
+// Stalled reports whether err says that the database could not be reached
+// or did not answer in time: no PostgreSQL error (a lost connection, a
+// client-side deadline), lock_not_available (55P03, a lock_timeout) or
+// query_canceled (57014, a statement_timeout). The next statement would
+// likely wait as long.
+func Stalled(err error) bool {
+	pe := Of(err)
+	return err != nil && (pe == nil || pe.Code == "55P03" || pe.Code == "57014")
+}
+
 // Of returns the PostgreSQL error in err's chain, or nil.
 func Of(err error) *pgconn.PgError {
 	var pe *pgconn.PgError

@@ -101,6 +101,7 @@ func (l Layout) InitSteps(notify bool, archiveMode string, types map[string]stri
 	for _, ix := range l.deadLetterIndexes() {
 		steps = append(steps, ix.step())
 	}
+	steps = append(steps, l.dropLegacyAggregateIndex())
 	return append(steps, l.archiveSteps(archiveMode, types)...)
 }
 
@@ -159,11 +160,43 @@ func (l Layout) CreateDeadLetter(types map[string]string) []string {
 	return stmts
 }
 
+// deadLetterIndexes are the dead-letter table's indexes: on the event id,
+// and on the hash of the aggregate id (hashtext, KeyHash without an order
+// column), which serves the park check of dead_letter.park_aggregate, the
+// dlq commands' --aggregate (both through SameKey or the same hashtext
+// condition) and the batches of a redrive (ranges of KeyHash). It holds a
+// 4-byte hash, so it takes every value the outbox takes; a btree on the
+// value refused a dead letter whose aggregate id did not fit in an index
+// row (about 2.7 kB after compression), and with it the archive of its
+// whole batch.
 func (l Layout) deadLetterIndexes() []index {
 	return []index{
 		{table: l.DeadLetter, suffix: "_id_idx", def: "(" + Q(l.Cols.ID) + ")"},
-		{table: l.DeadLetter, suffix: "_aggregate_idx", def: "(" + Q(l.Cols.AggregateID) + ")"},
+		{table: l.DeadLetter, suffix: aggregateIndex, def: "(hashtext(" + Q(l.Cols.AggregateID) + "))"},
 	}
+}
+
+// aggregateIndex is the suffix of the dead-letter table's index on the
+// hash of the aggregate id (see deadLetterIndexes).
+const aggregateIndex = "_aggregate_hash_idx"
+
+// legacyAggregateIndex is the suffix of the btree index on the aggregate id
+// that earlier releases created on the dead-letter table; `relay init`
+// replaces it with the index on the hash of deadLetterIndexes.
+const legacyAggregateIndex = "_aggregate_idx"
+
+// dropLegacyAggregateIndex returns the init step removing the btree index
+// on the aggregate id that earlier releases created, once the index
+// that replaces it is built (the step before it): DROP INDEX CONCURRENTLY,
+// which does not block the application's writes.
+func (l Layout) dropLegacyAggregateIndex() Step {
+	old := sibling(l.DeadLetter, legacyAggregateIndex)
+	return Step{Object: fmt.Sprintf("btree index %s on %s (replaced by the index on the hash %s)",
+		derived(l.DeadLetter.Name, legacyAggregateIndex), l.DeadLetter, derived(l.DeadLetter.Name, aggregateIndex)),
+		Probe: fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = to_regclass(%s) AND indrelid = to_regclass(%s))`,
+			Literal(old), Literal(l.DeadLetter.Ident())),
+		Create: []string{"DROP INDEX CONCURRENTLY IF EXISTS " + old},
+		Drop:   true}
 }
 
 // typedColumns returns the outbox columns with their types, nullable, one
@@ -171,15 +204,21 @@ func (l Layout) deadLetterIndexes() []index {
 func (l Layout) typedColumns(types map[string]string) []string {
 	var cols []string
 	for i, c := range l.Cols.List() {
-		t := types[c]
-		if t == "" && i < len(contractTypes) {
-			t = contractTypes[i]
-		} else if t == "" {
-			t = "text"
-		}
-		cols = append(cols, fmt.Sprintf("  %s %s", Q(c), t))
+		cols = append(cols, fmt.Sprintf("  %s %s", Q(c), columnType(i, c, types)))
 	}
 	return cols
+}
+
+// columnType returns the type of column name, the i-th of Columns.List:
+// types[name], else the contract's, else text.
+func columnType(i int, name string, types map[string]string) string {
+	switch t := types[name]; {
+	case t != "":
+		return t
+	case i < len(contractTypes):
+		return contractTypes[i]
+	}
+	return "text"
 }
 
 // EnsureDeadLetter creates the dead-letter table when it is missing, with

@@ -17,11 +17,25 @@ type DeadLetterFilter struct {
 	Aggregate string
 	// OlderThan selects dead letters whose last failure is older than this.
 	OlderThan time.Duration
-	// After and Through, when set, narrow the selection to ordering keys
-	// (Columns.Key) greater than After and at most Through: one batch of
-	// a redrive (see NextKeys). Dead letters without a key are outside
-	// every such range.
-	After, Through *string
+	// After and Through, when set, narrow the selection to the ordering
+	// keys (Columns.Key) whose hash (KeyHash) is greater than After and at
+	// most Through: one batch of a redrive (see NextKeys), which holds all
+	// dead letters of each of its keys. Dead letters without a key are
+	// outside every such range.
+	After, Through *int32
+}
+
+// KeyHash returns the SQL expression of the hash of the ordering key
+// (Columns.Key) of the dead-letter or outbox row alias: the expression the
+// dead-letter table's index on the aggregate id serves when no order column
+// is set (see deadLetterIndexes).
+func (l Layout) KeyHash(alias string) string { return "hashtext(" + l.Cols.Key(alias) + ")" }
+
+// SameKey returns the condition that rows a and b (aliases) of the outbox
+// or dead-letter table have the same ordering key, comparing KeyHash
+// first so that the dead-letter table's index serves it.
+func (l Layout) SameKey(a, b string) string {
+	return fmt.Sprintf("%s = %s AND %s = %s", l.KeyHash(a), l.KeyHash(b), l.Cols.Key(a), l.Cols.Key(b))
 }
 
 // Empty reports whether f selects every dead letter.
@@ -41,12 +55,58 @@ func (l Layout) where(f DeadLetterFilter) (string, []any) {
 		older = &f.OlderThan
 	}
 	cond := fmt.Sprintf(`($1::text[] IS NULL OR %[1]s::text = ANY($1))
-		AND ($2 = '' OR %[2]s = $2)
+		AND ($2 = '' OR hashtext(%[2]s) = hashtext($2) AND %[2]s = $2)
 		AND ($3::interval IS NULL OR last_failed_at < now() - $3::interval)
-		AND ($4::text IS NULL OR %[3]s > $4::text)
-		AND ($5::text IS NULL OR %[3]s <= $5::text)`,
-		Q(l.Cols.ID), Q(l.Cols.AggregateID), l.Cols.Key(""))
+		AND ($4::int IS NULL OR %[3]s > $4::int)
+		AND ($5::int IS NULL OR %[3]s <= $5::int)`,
+		Q(l.Cols.ID), Q(l.Cols.AggregateID), l.KeyHash(""))
 	return cond, []any{ids, f.Aggregate, older, f.After, f.Through}
+}
+
+// CutChars is how many characters a dead letter keeps of a long value of
+// a text column other than the payload and headers when the dead-letter
+// table refused the row as it was (see DeadLetterRow).
+const CutChars = 200
+
+// DeadLetterRow returns the select list of a dead-letter insert: the
+// outbox columns in Columns.List order, each given by value (its SQL
+// expression, from its position in that list and its name), then the
+// error, errExpr. With cut, a value of the aggregate type, aggregate id,
+// event type or order column whose type (types; the contract's for missing
+// entries) is text or varchar keeps its first CutChars characters when it
+// is longer, and the error ends naming the columns cut and their lengths:
+// the form of a dead letter that the dead-letter table refused as it was
+// (an index or constraint of the table that cannot hold a value, see
+// pgerr.RowValue).
+func (l Layout) DeadLetterRow(value func(i int, name string) string, errExpr string, types map[string]string, cut bool) string {
+	c := l.Cols
+	long := map[string]bool{c.AggregateType: true, c.AggregateID: true, c.EventType: true}
+	if c.OrderBy != "" {
+		long[c.OrderBy] = true
+	}
+	var cols, notes []string
+	for i, name := range c.List() {
+		v := value(i, name)
+		if t := columnType(i, name, types); cut && long[name] && (t == "text" || strings.HasPrefix(t, "character varying")) {
+			notes = append(notes, fmt.Sprintf(`CASE WHEN length(%[1]s) > %[2]d THEN format('%%s (%%s characters)', %[3]s::text, length(%[1]s)) END`,
+				v, CutChars, Literal(name)))
+			v = fmt.Sprintf("left(%s, %d)", v, CutChars)
+		}
+		cols = append(cols, v)
+	}
+	if len(notes) > 0 {
+		errExpr = fmt.Sprintf(`concat_ws(' ', %s, '[cut to their first %d characters: ' || nullif(concat_ws(', ', %s), '') || ']')`,
+			errExpr, CutChars, strings.Join(notes, ", "))
+	}
+	return strings.Join(append(cols, errExpr), ", ")
+}
+
+// RefusedError returns the error a dead letter keeps when the dead-letter
+// table refused its row as it was with err and took it as DeadLetterRow
+// cuts it: the refusal first, so that cutting a long message (see
+// internal/rowtext) keeps it, then cause, the event's failure.
+func RefusedError(cause string, err error) string {
+	return "the dead-letter table refused the row as it was (" + err.Error() + "), so long values are cut; the event failed with: " + cause
 }
 
 // DeadLetter is one row of the dead-letter table.
@@ -87,19 +147,20 @@ func (l Layout) CountDeadLetters(ctx context.Context, q Querier, f DeadLetterFil
 }
 
 // NextKeys returns the bound of the next batch of a redrive: the greatest
-// of the first keys ordering keys (Columns.Key, in the database's text
-// order) of the dead letters matching f, which Through must be nil in.
-// ok is false when no dead letter with a key is left.
-func (l Layout) NextKeys(ctx context.Context, q Querier, f DeadLetterFilter, keys int) (through string, ok bool, err error) {
+// of the first keys hashes of ordering keys (KeyHash, in order) of the dead
+// letters matching f, which Through must be nil in. ok is false when no
+// dead letter with a key is left. Keys whose hashes collide fall into one
+// batch, which may then hold a few more than keys keys.
+func (l Layout) NextKeys(ctx context.Context, q Querier, f DeadLetterFilter, keys int) (through int32, ok bool, err error) {
 	cond, args := l.where(f)
-	var bound *string
-	err = q.QueryRow(ctx, fmt.Sprintf(`SELECT max(k) FROM (SELECT DISTINCT %[1]s AS k FROM %[2]s WHERE %[3]s AND %[1]s IS NOT NULL ORDER BY k LIMIT %[4]d) s`,
-		l.Cols.Key(""), l.DeadLetter.Ident(), cond, keys), args...).Scan(&bound)
+	var bound *int32
+	err = q.QueryRow(ctx, fmt.Sprintf(`SELECT max(h) FROM (SELECT DISTINCT %[1]s AS h FROM %[2]s WHERE %[3]s AND %[4]s IS NOT NULL ORDER BY h LIMIT %[5]d) s`,
+		l.KeyHash(""), l.DeadLetter.Ident(), cond, l.Cols.Key(""), keys), args...).Scan(&bound)
 	if err != nil {
-		return "", false, fmt.Errorf("find the next dead letters to redrive in %s: %w", l.DeadLetter, err)
+		return 0, false, fmt.Errorf("find the next dead letters to redrive in %s: %w", l.DeadLetter, err)
 	}
 	if bound == nil {
-		return "", false, nil
+		return 0, false, nil
 	}
 	return *bound, true, nil
 }

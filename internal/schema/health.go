@@ -6,8 +6,9 @@ import (
 	"slices"
 )
 
-// Warning is a condition of the outbox table that does not stop the relay
-// but slows capture down: what is wrong and the statements that fix it.
+// Warning is a condition of the relay's tables that does not stop the
+// relay but slows capture down or makes it work harder: what is wrong and
+// the statements that fix it.
 type Warning struct {
 	What, Fix string
 }
@@ -23,8 +24,9 @@ const (
 // Warnings inspects the outbox table for what slows capture: with poll, no
 // valid btree index whose first column is seq to serve the claim query (in
 // archive mode mark a partial one on unpublished rows also serves), and
-// dead rows far outnumbering live ones, which vacuum has not removed. It
-// only reads catalogs and statistics.
+// dead rows far outnumbering live ones, which vacuum has not removed, and
+// the btree index on the dead-letter table's aggregate id of earlier
+// releases (see deadLetterIndexes). It only reads catalogs and statistics.
 func (l Layout) Warnings(ctx context.Context, q Querier, poll bool, archiveMode string) ([]Warning, error) {
 	var out []Warning
 	if poll {
@@ -42,6 +44,18 @@ func (l Layout) Warnings(ctx context.Context, q Querier, poll bool, archiveMode 
 				Fix:  fix + " (relay init creates it)",
 			})
 		}
+	}
+	legacy := l.dropLegacyAggregateIndex()
+	var old bool
+	if err := q.QueryRow(ctx, legacy.Probe).Scan(&old); err != nil {
+		return nil, fmt.Errorf("inspect the indexes of %s: %w", l.DeadLetter, err)
+	}
+	if old {
+		out = append(out, Warning{
+			What: fmt.Sprintf("dead-letter table %s has the btree index on %s of earlier releases, which cannot hold a long aggregate id: "+
+				"such a dead letter is kept with its values cut", l.DeadLetter, Q(l.Cols.AggregateID)),
+			Fix: "run `relay init`, which builds the index on hashtext(aggregate_id) that replaces it and drops it, both CONCURRENTLY",
+		})
 	}
 	w, err := l.bloat(ctx, q)
 	if err != nil || w == nil {

@@ -41,7 +41,7 @@ func TestStepsAndGrantsQuoteNames(t *testing.T) {
 			if err := conn.QueryRow(ctx, s.Probe).Scan(&missing); err != nil {
 				t.Fatalf("probe %s: %v", s.Object, err)
 			}
-			if missing != (round == 0) {
+			if missing != (round == 0 && !s.Drop) { // no index of an earlier release to drop
 				t.Fatalf("round %d: %s missing = %v", round, s.Object, missing)
 			}
 			if err := s.Run(ctx, conn); err != nil {

@@ -22,6 +22,10 @@ import (
 // queries are the source's SQL, built once with quoted identifiers.
 type queries struct {
 	bound, boundOnly, lockWork, claim, claimAll, claimOne, claimOneAll, skipped, skippedAll, archive, archiveRange, deadLetter, dropDead string
+	// deadLetterCut is deadLetter keeping only the first characters of
+	// long values (see schema.Layout.DeadLetterRow), for a row the
+	// dead-letter table refused as it was.
+	deadLetterCut string
 }
 
 func buildQueries(l schema.Layout, archiveMode string, park bool, types map[string]string, maxBytes int) queries {
@@ -29,8 +33,7 @@ func buildQueries(l schema.Layout, archiveMode string, park bool, types map[stri
 	seq := schema.Q(c.Seq)
 	parked := ""
 	if park {
-		parked = fmt.Sprintf("AND NOT EXISTS (SELECT 1 FROM %s d WHERE %s = %s)",
-			l.DeadLetter.Ident(), c.Key("d"), c.Key("o"))
+		parked = fmt.Sprintf("AND NOT EXISTS (SELECT 1 FROM %s d WHERE %s)", l.DeadLetter.Ident(), l.SameKey("d", "o"))
 	}
 	partitionFilter := fmt.Sprintf("AND (hashtext(%s) & 2147483647) %% $4 = ANY($5::int[])", c.Key("o"))
 	// The claim locks at most $3 rows in seq order, each column named c0,
@@ -92,19 +95,28 @@ func buildQueries(l schema.Layout, archiveMode string, park bool, types map[stri
 		claim:    claimSQL(partitionFilter, 6, claimBytes(c, types)),
 		claimAll: claimSQL("", 4, claimBytes(c, types)),
 		// A claim of one row takes it whatever its size: it sizes nothing.
-		claimOne:     claimSQL(partitionFilter, 6, "0"),
-		claimOneAll:  claimSQL("", 4, "0"),
-		skipped:      skippedSQL(partitionFilter, 6),
-		skippedAll:   skippedSQL("", 4),
-		archive:      l.ArchiveByKey(archiveMode, c.Seq, "bigint"),
-		archiveRange: l.ArchiveByKeyRange(archiveMode, c.Seq, "bigint"),
-		dropDead:     fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::bigint[])`, t, seq),
-		deadLetter: fmt.Sprintf(`INSERT INTO %s (%s, error, error_class, attempts, first_failed_at, last_failed_at)
-			SELECT %s, d.error, d.class, d.attempts, d.first_failed, d.last_failed
+		claimOne:      claimSQL(partitionFilter, 6, "0"),
+		claimOneAll:   claimSQL("", 4, "0"),
+		skipped:       skippedSQL(partitionFilter, 6),
+		skippedAll:    skippedSQL("", 4),
+		archive:       l.ArchiveByKey(archiveMode, c.Seq, "bigint"),
+		archiveRange:  l.ArchiveByKeyRange(archiveMode, c.Seq, "bigint"),
+		dropDead:      fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::bigint[])`, t, seq),
+		deadLetter:    deadLetterSQL(l, types, false),
+		deadLetterCut: deadLetterSQL(l, types, true),
+	}
+}
+
+// deadLetterSQL returns the statement copying the outbox rows of seqs $1
+// to the dead-letter table with their failures ($2 to $6), with cut as
+// for schema.Layout.DeadLetterRow.
+func deadLetterSQL(l schema.Layout, types map[string]string, cut bool) string {
+	row := l.DeadLetterRow(func(_ int, name string) string { return "o." + schema.Q(name) }, "d.error", types, cut)
+	return fmt.Sprintf(`INSERT INTO %s (%s, error, error_class, attempts, first_failed_at, last_failed_at)
+			SELECT %s, d.class, d.attempts, d.first_failed, d.last_failed
 			FROM %s o JOIN unnest($1::bigint[], $2::text[], $3::text[], $4::int[], $5::timestamptz[], $6::timestamptz[])
 			AS d(seq, error, class, attempts, first_failed, last_failed) ON o.%s = d.seq`,
-			l.DeadLetter.Ident(), c.Quoted(""), c.Quoted("o"), t, seq),
-	}
+		l.DeadLetter.Ident(), l.Cols.Quoted(""), row, l.Outbox.Ident(), schema.Q(l.Cols.Seq))
 }
 
 // claimBytes returns the SQL expression of the bytes an outbox row o
@@ -593,7 +605,8 @@ func fill(ev *event.Event, id, aggType, aggID, evType *string, headers []byte, c
 }
 
 // Complete archives the published rows and moves the dead ones to the
-// dead-letter table in one short transaction. When it fails, or when the
+// dead-letter table in one short transaction, or, when a statement of it
+// fails, row by row (see settleApart). When it fails, or when the
 // pipeline left rows in the outbox (neither published nor dead, see
 // dead_letter.park_aggregate) of aggregates it does not hold (see Hold:
 // Release looks again for those), the next claim starts from the first seq
@@ -623,11 +636,24 @@ func (b *batch) leftUnheld(o capture.Outcome) bool {
 
 // complete runs the statements of o (see statements): in the next claim
 // when they are few (see fold.go), else in a transaction of their own.
+// When a statement of it fails and o has dead rows, it settles the rows
+// apart (see settleApart).
 func (b *batch) complete(ctx context.Context, o capture.Outcome) error {
 	stmts, n := b.statements(o)
 	if n == 0 || n <= hashedArray && b.s.folds.run(ctx, stmts, n) {
 		return nil
 	}
+	err := b.s.runTx(ctx, stmts, n)
+	dead := b.dead(o)
+	if err == nil || len(dead) == 0 || pgerr.Of(err) == nil || ctx.Err() != nil {
+		return err // without a failed statement the database is out of reach
+	}
+	return b.settleApart(ctx, o.Published, dead)
+}
+
+// runTx runs stmts, whose arrays hold n elements, in a transaction of
+// their own.
+func (s *Source) runTx(ctx context.Context, stmts []statement, n int) error {
 	br := &pgx.Batch{}
 	br.Queue(begin)
 	br.Queue(txLimits, txLimitsArg, planMode(n))
@@ -637,7 +663,7 @@ func (b *batch) complete(ctx context.Context, o capture.Outcome) error {
 	br.Queue("COMMIT")
 	ctx, cancel := context.WithTimeout(ctx, 2*txTimeout)
 	defer cancel()
-	conn, err := b.s.opts.Pool.Acquire(ctx)
+	conn, err := s.opts.Pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("archive %d rows: %w", n, err)
 	}
@@ -648,27 +674,90 @@ func (b *batch) complete(ctx context.Context, o capture.Outcome) error {
 	return nil
 }
 
+// settleApart settles the rows of a batch whose statements failed
+// together: the published rows in a transaction, then each dead row in a
+// transaction of its own (see deadLetterAlone). A row that fails to settle
+// thus holds back no other: it alone stays in the outbox and is claimed
+// again (with the backoff of the failed archive). It returns the first
+// failure, nil when every row settled, and stops at a failure that says
+// the next row would wait as long (pgerr.Stalled: a lock or statement
+// timeout, the database out of reach).
+func (b *batch) settleApart(ctx context.Context, published []*event.Event, dead []capture.DeadEvent) error {
+	var first error
+	if len(published) > 0 {
+		first = b.s.runTx(ctx, []statement{b.archiveStatement(published)}, len(published))
+	}
+	for _, d := range dead {
+		err := b.deadLetterAlone(ctx, d)
+		if pgerr.Stalled(err) {
+			return err // the next row would wait as long: it waits for the next claim
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// deadLetterAlone moves the dead row d to the dead-letter table in a
+// transaction of its own. When the table refuses the row for its values
+// (pgerr.RowValue: an index of an earlier release that cannot hold a long
+// aggregate id, a bounded column), it keeps the row with its long values
+// cut (schema.Layout.DeadLetterRow) and the refusal in its error, so that
+// the row leaves the outbox without losing its payload.
+func (b *batch) deadLetterAlone(ctx context.Context, d capture.DeadEvent) error {
+	one := []capture.DeadEvent{d}
+	err := b.s.runTx(ctx, b.deadStatements(one, b.s.sql.deadLetter), 1)
+	if err == nil || !pgerr.RowValue(err) {
+		return err
+	}
+	one[0].Err = schema.RefusedError(d.Err, err)
+	if err := b.s.runTx(ctx, b.deadStatements(one, b.s.sql.deadLetterCut), 1); err != nil {
+		return err
+	}
+	b.s.log.Warn("the dead-letter table refused a row as it was; it keeps the row with its long values cut",
+		"seq", d.Event.Position, "refusal", err.Error())
+	return nil
+}
+
+// dead returns the rows of b that go to the dead-letter table with
+// outcome o: o's dead events and the rows that could not become events.
+func (b *batch) dead(o capture.Outcome) []capture.DeadEvent {
+	return append(slices.Clip(o.Dead), b.bad...)
+}
+
 // statements returns the statements that settle the batch with outcome o:
 // they move its dead events to the dead-letter table and archive its
 // published ones; n counts those rows.
 func (b *batch) statements(o capture.Outcome) (stmts []statement, n int) {
-	dead := append(o.Dead, b.bad...)
+	dead := b.dead(o)
 	if len(dead) > 0 {
-		seqs := make([]int64, len(dead))
-		for i, d := range dead {
-			seqs[i] = int64(d.Event.Position)
-		}
-		stmts = append(stmts, statement{b.s.sql.deadLetter, deadArgs(dead)}, statement{b.s.sql.dropDead, []any{seqs}})
+		stmts = b.deadStatements(dead, b.s.sql.deadLetter)
 	}
 	if len(o.Published) > 0 {
-		seqs := make([]int64, len(o.Published))
-		for i, ev := range o.Published {
-			seqs[i] = int64(ev.Position)
-		}
-		sql, args := b.s.sql.archiveOf(seqs)
-		stmts = append(stmts, statement{sql, args})
+		stmts = append(stmts, b.archiveStatement(o.Published))
 	}
 	return stmts, len(o.Published) + len(dead)
+}
+
+// deadStatements returns the statements moving the dead rows to the
+// dead-letter table with insert (queries.deadLetter or deadLetterCut).
+func (b *batch) deadStatements(dead []capture.DeadEvent, insert string) []statement {
+	seqs := make([]int64, len(dead))
+	for i, d := range dead {
+		seqs[i] = int64(d.Event.Position)
+	}
+	return []statement{{insert, deadArgs(dead)}, {b.s.sql.dropDead, []any{seqs}}}
+}
+
+// archiveStatement returns the statement archiving the published events.
+func (b *batch) archiveStatement(published []*event.Event) statement {
+	seqs := make([]int64, len(published))
+	for i, ev := range published {
+		seqs[i] = int64(ev.Position)
+	}
+	sql, args := b.s.sql.archiveOf(seqs)
+	return statement{sql, args}
 }
 
 func deadArgs(dead []capture.DeadEvent) []any {
