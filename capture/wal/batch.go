@@ -41,6 +41,30 @@ type batch struct {
 	xids  []uint32 // the transactions of the batch's rows
 	n     int      // rows when handed out; guarded by st.mu
 	bytes int      // bytes of events (event.Event.Size) and bad rows; guarded by st.mu
+	// heldTop is the greatest seq of the rows of held aggregates taken out
+	// of the batch before it was handed out (see leaveHeld), or 0.
+	heldTop int64
+}
+
+// leaveHeld takes the events of aggregates held in the outbox (see
+// Source.Hold) out of the batch before it is handed out: they stay in the
+// outbox, its Complete records them in the pending drain, and the drain
+// after their Release publishes them. The pipeline would only leave them.
+func (b *batch) leaveHeld() {
+	if b.src.held.Len() == 0 {
+		return
+	}
+	kept := 0
+	for i, ev := range b.events {
+		if b.src.held.Has(ev.Key()) {
+			b.heldTop = max(b.heldTop, b.seqs[i])
+			continue
+		}
+		b.events[kept], b.seqs[kept] = ev, b.seqs[i]
+		kept++
+	}
+	clear(b.events[kept:])
+	b.events, b.seqs = b.events[:kept], b.seqs[:kept]
 }
 
 func (b *batch) rows() int { return len(b.events) + len(b.bad) }
@@ -197,16 +221,16 @@ func (b *batch) settleCut(ctx context.Context, dead []capture.DeadEvent, bad []*
 }
 
 // recordLeft records, when o leaves events of b in the outbox (held for a
-// broken destination, see capture.Holder), that the slot's pending drain
+// broken destination, see capture.Holder) or leaveHeld took some out, that the slot's pending drain
 // covers them, before the slot may be confirmed past them: they are
 // published from the table when their destination works again, or after
 // a restart.
 func (b *batch) recordLeft(ctx context.Context, o capture.Outcome) error {
 	left := o.Left(b.events)
-	if len(left) == 0 {
+	if len(left) == 0 && b.heldTop == 0 {
 		return nil
 	}
-	var top int64
+	top := b.heldTop
 	for _, i := range left {
 		top = max(top, b.seqs[i])
 	}

@@ -118,6 +118,7 @@ func (st *stream) next(ctx context.Context) (capture.Batch, error) {
 			}
 		}
 		if b != nil {
+			b.leaveHeld()
 			return b, nil
 		}
 		select {
