@@ -297,7 +297,7 @@ func (b *batch) values(ev *event.Event, seq int64) [numFields]*string {
 // queries are the archive statements, built once with quoted identifiers.
 type queries struct {
 	archive, dropDead, deadLetter, copyDead string
-	unarchived                              string // see unarchivedQuery
+	unarchived                              string // see schema.Layout.UnarchivedByID
 	leave                                   string // schema.Layout.LeaveDrain
 }
 
@@ -320,7 +320,7 @@ func buildQueries(l schema.Layout, mode string, info schema.Info, slot string) q
 	return queries{
 		archive:    l.ArchiveByKey(mode, l.Cols.ID, idType),
 		dropDead:   l.ArchiveByKey(schema.ArchiveDelete, l.Cols.ID, idType),
-		unarchived: unarchivedQuery(l, mode, idType),
+		unarchived: l.UnarchivedByID(mode, idType),
 		leave:      l.LeaveDrain(slot),
 		deadLetter: fmt.Sprintf(`INSERT INTO %s (%s, error, error_class, attempts, first_failed_at, last_failed_at)
 			SELECT %s, d.error, d.class, d.attempts, d.first_failed, d.last_failed

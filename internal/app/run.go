@@ -101,7 +101,7 @@ func (r *Relay) open(ctx context.Context) error {
 	batch, window := limitRate(snk, cfg.Sink.RateLimit, r.reg, log, batch)
 	r.backlog = newBacklogAge(layoutOf(cfg), cfg.Archive.Mode)
 	r.dlq = newDeadLetterCount(layoutOf(cfg))
-	r.dbFailures = &dbFailures{Source: tracedSource(tracer, recorded(src, snk, cfg), cfg), log: log, layout: layoutOf(cfg), cfg: cfg,
+	r.dbFailures = &dbFailures{Source: tracedSource(tracer, recorded(src, snk, cfg, pool), cfg), log: log, layout: layoutOf(cfg), cfg: cfg,
 		role: pool.Config().ConnConfig.User, initial: cfg.Retry.Initial.D(), max: cfg.Retry.Max.D(),
 		fatalAfter: cfg.Postgres.FatalAfter.D()}
 	r.pipeline = pipeline.New(r.dbFailures, tracedSink(tracer, snk, cfg.Sink), pipeline.Options{
@@ -166,9 +166,9 @@ func holderOf(src capture.Source) capture.Holder {
 
 // recorded wraps src in a recordedSource when the sink records what it
 // published (sink.kafka.transactional).
-func recorded(src capture.Source, snk *brokerSink, cfg *config.Config) capture.Source {
+func recorded(src capture.Source, snk *brokerSink, cfg *config.Config, pool *pgxpool.Pool) capture.Source {
 	if r, ok := snk.routedSink.(sink.Recorder); ok && cfg.Sink.Type == "kafka" && cfg.Sink.Kafka.Transactional {
-		return &recordedSource{Source: src, rec: r}
+		return &recordedSource{Source: src, rec: r, unarchived: unarchivedIn(pool, layoutOf(cfg), cfg.Archive.Mode)}
 	}
 	return src
 }

@@ -94,6 +94,11 @@ func (s *Sink) forget(topic string) {
 		delete(s.topics, topic)
 		s.limits.Delete(topic)
 		s.cl.PurgeTopicsFromProducing(topic)
+		if s.txn != nil {
+			if cl := s.txn.producer(); cl != nil {
+				cl.PurgeTopicsFromProducing(topic)
+			}
+		}
 		s.opts.Logger.Warn("kafka topic vanished; it is created again on the next publish", "topic", topic)
 	default: // being prepared right now
 	}
