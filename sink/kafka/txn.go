@@ -59,7 +59,9 @@ import (
 // A commit whose outcome is unknown (an error from EndTransaction) is
 // resolved from Kafka: the producer is fenced, a marker is committed, and
 // the progress topic is read up to it; the transaction committed exactly
-// when its progress record is there. Until then its publishes wait.
+// when its progress record is there. Until then its publishes wait. When
+// the producer was fenced meanwhile they fail instead; their retry, after
+// recovery, finds the events recorded when the transaction committed.
 
 // progressSlots is how many keys of the progress topic a relay writes in
 // turn; recovery reads the latest record of each.
@@ -658,7 +660,7 @@ func (x *txns) abort() {
 // resolve finds out whether the transaction holding the progress record
 // rec committed: it aborts what is still open (which fences and bumps the
 // epoch), then reads the progress topic from rec's offset. It retries until
-// the sink closes.
+// the sink closes, or gives up when another producer fenced this one.
 func (x *txns) resolve(ctx context.Context, rec *kgo.Record) (bool, error) {
 	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
 		x.abort()
@@ -668,6 +670,9 @@ func (x *txns) resolve(ctx context.Context, rec *kgo.Record) (bool, error) {
 		})
 		if err == nil {
 			return found, nil
+		}
+		if fenced(err) {
+			return false, fault.AsUnavailable(fmt.Errorf("transaction outcome unknown, and the producer was fenced: %w", err))
 		}
 		x.s.opts.Logger.Warn("kafka: reading a transaction's outcome failed; retrying", "err", err, "retry_in", delay)
 		if err := wait.Sleep(ctx, delay); err != nil {
