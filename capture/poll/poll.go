@@ -139,15 +139,17 @@ const standbyInterval = time.Second
 // exclusive waits until conn, the lease connection, holds the exclusive
 // capture lock of table (Options.Exclusive), trying every standbyInterval.
 // The lock is a session lock: it goes with the lease connection, and with
-// it every partition lease, so a relay never claims without it.
+// it every partition lease, so a relay never claims without it. It has the
+// one-key form, which the two-key locks of leases and capture modes never
+// meet (and relay status does not list as a partition).
 func exclusive(ctx context.Context, conn *pgx.Conn, table string, log *slog.Logger) error {
-	h := fnv.New32a()
+	h := fnv.New64a()
 	h.Write([]byte("outbox-relay:exclusive:" + table))
-	key := int32(h.Sum32() & 0x7fffffff)
+	key := int64(h.Sum64() & 0x7fffffffffffffff)
 	standby := false
 	for {
 		var got bool
-		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1::int, 0)`, key).Scan(&got); err != nil {
+		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1::bigint)`, key).Scan(&got); err != nil {
 			return fmt.Errorf("take the exclusive capture lock: %w", err)
 		}
 		if got {

@@ -12,18 +12,31 @@ import (
 
 // TestKafkaTransactionalPollReplicas runs two poll relays on one outbox
 // with sink.kafka.transactional, as the helm chart's two replicas do: the
-// outbox drains (one relay captures, the other stands by rather than
-// holding half of the partitions with a fenced producer), and again after
-// the first relay is killed. A read_committed consumer sees every event
+// first publishes, the second starts, and the outbox still drains (one
+// relay captures, the other stands by rather than taking half of the
+// partitions and fencing the first, whose half would stall), and again
+// after the first relay is killed. A read_committed consumer sees every event
 // once, in per-aggregate order.
 func TestKafkaTransactionalPollReplicas(t *testing.T) {
 	t.Parallel()
 	c, yaml, _ := startKafkaCluster(t)
 	s := newStack(t, stackOptions{Mode: "poll", Sink: yaml + "    transactional: true\n", Collect: readCommitted(c)})
 	ctx := context.Background()
-	a, b := s.start(), s.start()
+	a := s.start()
+	s.produce(ctx, 300, 120, 4)
+	s.waitDrained(90 * time.Second)
+	b := s.start()
+	waitFor(t, func() bool { return s.advisoryHolders() >= 2 }) // b's lease connection is up
+	time.Sleep(3 * time.Second)                                  // a few rebalances, not an assertion
 	s.produce(ctx, 1200, 120, 4)
 	s.waitDrained(90 * time.Second)
+	for _, p := range []*relayProc{a, b} {
+		select {
+		case <-p.done:
+			t.Fatalf("a relay exited: %v", p.err)
+		default:
+		}
+	}
 	a.kill()
 	s.produce(ctx, 600, 120, 4)
 	s.waitDrained(90 * time.Second)
@@ -83,4 +96,16 @@ func (s *stack) dropWalLeader() {
 	if err != nil {
 		s.t.Fatal(err)
 	}
+}
+
+// advisoryHolders returns how many sessions hold an advisory lock in the
+// stack's database: a poll relay's lease connection holds one once it is up,
+// whether it captures or stands by.
+func (s *stack) advisoryHolders() int {
+	var n int
+	if err := s.pool.QueryRow(context.Background(), `SELECT count(DISTINCT pid) FROM pg_locks WHERE locktype = 'advisory'
+		AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n); err != nil {
+		s.t.Fatal(err)
+	}
+	return n
 }
