@@ -27,7 +27,7 @@ func TestKafkaTransactionalPollReplicas(t *testing.T) {
 	s.waitDrained(90 * time.Second)
 	b := s.start()
 	waitFor(t, func() bool { return s.advisoryHolders() >= 2 }) // b's lease connection is up
-	time.Sleep(3 * time.Second)                                  // a few rebalances, not an assertion
+	time.Sleep(3 * time.Second)                                 // a few rebalances, not an assertion
 	s.produce(ctx, 1200, 120, 4)
 	s.waitDrained(90 * time.Second)
 	for _, p := range []*relayProc{a, b} {
