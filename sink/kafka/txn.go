@@ -255,7 +255,8 @@ func (s *Sink) Recover(ctx context.Context, unarchived sink.Unarchived) error {
 
 // recover starts a new producer, fences the others of the transactional id,
 // reads every slot and opens the first transaction. The committer calls it
-// while no transaction is open.
+// while no transaction is open. Its errors are classified
+// fault.Unavailable, but for a progress topic that cannot be used.
 func (x *txns) recover() error {
 	ctx, cancel := x.ctx(recoverTimeout)
 	defer cancel()
@@ -273,6 +274,15 @@ func (x *txns) recover() error {
 	if _, err := x.s.EnsureProgressTopic(ctx); err != nil {
 		return err
 	}
+	if err := x.restart(ctx); err != nil {
+		return fault.AsUnavailable(err)
+	}
+	return nil
+}
+
+// restart is recover once the progress topic is there. The caller holds
+// the gate exclusively.
+func (x *txns) restart(ctx context.Context) error {
 	opts, err := x.s.clientOptions(x.id)
 	if err != nil {
 		return err
