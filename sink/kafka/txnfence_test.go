@@ -176,5 +176,8 @@ func TestProgressTopicPolicy(t *testing.T) {
 			t.Fatalf("recover on a progress topic with cleanup.policy=delete: %v (class %v), want a permanent error naming the topic and the fix",
 				err, fault.ClassOf(err))
 		}
+		if err := s.Check(ctx); err == nil || !strings.Contains(err.Error(), "cleanup.policy=compact") {
+			t.Fatalf("check on a progress topic with cleanup.policy=delete: %v, want the fix", err)
+		}
 	})
 }
