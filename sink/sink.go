@@ -113,13 +113,22 @@ var ErrNoProbe = errors.New("no probe for this destination")
 // already published, archives those without publishing them again, and
 // tells it which rows left the outbox.
 type Recorder interface {
-	// Recover fences earlier relays publishing for this one and reads
-	// what they recorded. It is called once by the relay about to
-	// publish, before its first Publish, and retries until ctx ends.
-	Recover(ctx context.Context) error
+	// Recover makes the recorder ready to publish: when it is not (before
+	// the first call, and after another relay took over its records), it
+	// fences every other relay publishing for this one and reads what
+	// they recorded, keeping only the events unarchived reports still in
+	// the outbox. It returns at once while ready. The relay calls it
+	// before each batch it captured, never while standing by, and it
+	// retries until ctx ends; an error classified fault.Permanent is a
+	// configuration that retrying cannot fix.
+	Recover(ctx context.Context, unarchived Unarchived) error
 	// Recorded reports, for each of ids, whether its event was published
 	// and its row not reported archived since.
 	Recorded(ids []string) []bool
 	// Archived reports that the rows of ids left the outbox.
 	Archived(ids []string)
 }
+
+// Unarchived returns those of ids whose rows are still in the outbox and
+// not archived, in any order.
+type Unarchived func(ctx context.Context, ids []string) ([]string, error)

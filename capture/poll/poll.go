@@ -15,6 +15,8 @@ package poll
 
 import (
 	"context"
+	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"time"
 
@@ -25,6 +27,7 @@ import (
 	"github.com/outboxrelay/relay/capture/internal/claim"
 	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/internal/schema"
+	"github.com/outboxrelay/relay/internal/wait"
 )
 
 // Options configures a Source. Zero values take the defaults given.
@@ -71,6 +74,13 @@ type Options struct {
 	// ParkAggregates skips aggregates that have a row in the dead-letter
 	// table (dead_letter.park_aggregate). Default false.
 	ParkAggregates bool
+	// Exclusive makes one relay at a time capture from the outbox: the
+	// relay whose lease connection holds an exclusive advisory lock of the
+	// outbox table (see exclusive); the others wait without joining the
+	// relays, so the holder leases every partition. A transactional Kafka
+	// sink needs it, since its transactional id admits one producer.
+	// Default false: every relay captures its share of the partitions.
+	Exclusive bool
 	// Logger receives the source's logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -87,11 +97,20 @@ type Source struct{ src *claim.Source }
 // missing and returns a source. A missing outbox table is a permanent error.
 func New(ctx context.Context, opts Options) (*Source, error) {
 	l := schema.Layout(opts.Layout)
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
 	src, err := claim.New(ctx, claim.Options{Pool: opts.Pool, Layout: l, BatchSize: opts.BatchSize,
 		MaxBatchBytes: opts.MaxBatchBytes, Interval: opts.Interval, Linger: opts.Linger, Partitions: opts.Partitions,
 		ArchiveMode: opts.ArchiveMode, ParkAggregates: opts.ParkAggregates, Logger: opts.Logger,
 		Join: func(ctx context.Context, conn *pgx.Conn, partitions int) error {
-			return schema.JoinMode(ctx, conn, l, partitions)
+			if err := schema.JoinMode(ctx, conn, l, partitions); err != nil {
+				return err
+			}
+			if opts.Exclusive {
+				return exclusive(ctx, conn, l.Outbox.String(), opts.Logger)
+			}
+			return nil
 		}})
 	if err != nil {
 		return nil, err
@@ -117,3 +136,39 @@ func (s *Source) Close() error { return s.src.Close() }
 // Partitions returns how many partitions this relay leases and claims, of
 // all. It is safe for concurrent use.
 func (s *Source) Partitions() (held, total int) { return s.src.Partitions() }
+
+// standbyInterval is how often a relay waiting for the exclusive lock
+// tries to take it.
+const standbyInterval = time.Second
+
+// exclusive waits until conn, the lease connection, holds the exclusive
+// capture lock of table (Options.Exclusive), trying every standbyInterval.
+// The lock is a session lock: it goes with the lease connection, and with
+// it every partition lease, so a relay never claims without it. It has the
+// one-key form, which the two-key locks of leases and capture modes never
+// meet (and relay status does not list as a partition).
+func exclusive(ctx context.Context, conn *pgx.Conn, table string, log *slog.Logger) error {
+	h := fnv.New64a()
+	h.Write([]byte("outbox-relay:exclusive:" + table))
+	key := int64(h.Sum64() & 0x7fffffffffffffff)
+	standby := false
+	for {
+		var got bool
+		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1::bigint)`, key).Scan(&got); err != nil {
+			return fmt.Errorf("take the exclusive capture lock: %w", err)
+		}
+		if got {
+			if standby {
+				log.Info("exclusive poll capture taken over", "table", table)
+			}
+			return nil
+		}
+		if !standby {
+			log.Info("another relay captures from this outbox alone (sink.kafka.transactional); standing by", "table", table)
+			standby = true
+		}
+		if err := wait.Sleep(ctx, standbyInterval); err != nil {
+			return err
+		}
+	}
+}

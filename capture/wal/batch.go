@@ -399,7 +399,7 @@ type queries struct {
 	// deadLetterCut and copyDeadCut are deadLetter and copyDead keeping
 	// long values cut (see schema.Layout.DeadLetterRow).
 	deadLetterCut, copyDeadCut string
-	unarchived                 string // see unarchivedQuery
+	unarchived                 string // see schema.Layout.UnarchivedByID
 	leave                      string // schema.Layout.LeaveDrain
 }
 
@@ -429,7 +429,7 @@ func buildQueries(l schema.Layout, mode string, info schema.Info, slot string) q
 	return queries{
 		archive:       l.ArchiveByKey(mode, l.Cols.ID, idType),
 		dropDead:      l.ArchiveByKey(schema.ArchiveDelete, l.Cols.ID, idType),
-		unarchived:    unarchivedQuery(l, mode, idType),
+		unarchived:    l.UnarchivedByID(mode, idType),
 		leave:         l.LeaveDrain(slot),
 		deadLetter:    deadLetterSQL(l, info, false),
 		deadLetterCut: deadLetterSQL(l, info, true),

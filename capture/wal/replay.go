@@ -36,14 +36,6 @@ func currentLSN(ctx context.Context, q schema.Querier) (pglogrepl.LSN, error) {
 	return pglogrepl.ParseLSN(s)
 }
 
-// unarchivedQuery returns the statement selecting, among the ids in $1, the
-// outbox rows that archive mode mode has not archived.
-func unarchivedQuery(l schema.Layout, mode, idType string) string {
-	id := schema.Q(l.Cols.ID)
-	return fmt.Sprintf(`SELECT %s::text FROM %s WHERE %s = ANY($1::%s[]) %s`,
-		id, l.Outbox.Ident(), id, idType, l.Unpublished(mode, ""))
-}
-
 // replayed reports whether b begins with a transaction that committed
 // before the stream started.
 func (st *stream) replayed(b *batch) bool {

@@ -13,6 +13,26 @@ import (
 	"github.com/outboxrelay/relay/sink/kafka/kafkatest"
 )
 
+// readCommitted returns the deliveries a read_committed consumer of c's
+// outbox topics sees, for stackOptions.Collect.
+func readCommitted(c *kafkatest.Cluster) func() []verify.Delivery {
+	return func() []verify.Delivery {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		recs, err := kafkatest.ReadCommitted(ctx, c.Addrs(), "outbox.")
+		if err != nil {
+			return nil
+		}
+		ds := make([]verify.Delivery, 0, len(recs))
+		for _, r := range recs {
+			id, _ := r.Header("message_id")
+			agg, _ := r.Header("aggregate_id")
+			ds = append(ds, payloadDelivery(id, agg, r.Value))
+		}
+		return ds
+	}
+}
+
 // TestKafkaTransactionalKillLoop runs a relay with sink.kafka.transactional
 // against kfake, eight times: a backlog is written, the relay started and
 // killed with -9 at a random moment while it publishes it; then a last
@@ -26,24 +46,9 @@ func TestKafkaTransactionalKillLoop(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			c, yaml, _ := startKafkaCluster(t)
-			collect := func() []verify.Delivery {
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				defer cancel()
-				recs, err := kafkatest.ReadCommitted(ctx, c.Addrs(), "outbox.")
-				if err != nil {
-					return nil
-				}
-				ds := make([]verify.Delivery, 0, len(recs))
-				for _, r := range recs {
-					id, _ := r.Header("message_id")
-					agg, _ := r.Header("aggregate_id")
-					ds = append(ds, payloadDelivery(id, agg, r.Value))
-				}
-				return ds
-			}
 			txn := os.Getenv("RELAY_TEST_NO_TXN") == ""
 			addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-			s := newStack(t, stackOptions{Mode: mode, Sink: fmt.Sprintf("%s    transactional: %v\n", yaml, txn), Collect: collect,
+			s := newStack(t, stackOptions{Mode: mode, Sink: fmt.Sprintf("%s    transactional: %v\n", yaml, txn), Collect: readCommitted(c),
 				Extra: "http:\n  listen: " + addr + "\n"})
 			ctx := context.Background()
 			kills := 8

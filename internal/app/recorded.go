@@ -2,21 +2,28 @@ package app
 
 import (
 	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/event"
+	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/sink"
 )
 
 // recordedSource is a source whose batches leave out the events a
 // sink.Recorder recorded as published by an earlier run: they are archived
-// with the batch, never published again. The first Next recovers the
-// recorder, so that a standby relay, which gets no batch, fences nobody.
-// Next is called from one goroutine, like the source's.
+// with the batch, never published again. Before each batch it makes sure
+// the recorder is recovered (a no-op while it is), so that a standby relay,
+// which gets no batch, fences nobody, and a relay that leads again after
+// another one fenced it recovers before it publishes. Next is called from
+// one goroutine, like the source's.
 type recordedSource struct {
 	capture.Source
-	rec       sink.Recorder
-	recovered bool
+	rec        sink.Recorder
+	unarchived sink.Unarchived
 }
 
 // Next returns the source's next batch without the recorded events; a
@@ -27,12 +34,9 @@ func (s *recordedSource) Next(ctx context.Context) (capture.Batch, error) {
 		if err != nil {
 			return nil, err
 		}
-		if !s.recovered {
-			if err := s.rec.Recover(ctx); err != nil {
-				b.Abandon(context.WithoutCancel(ctx))
-				return nil, err
-			}
-			s.recovered = true
+		if err := s.rec.Recover(ctx, s.unarchived); err != nil {
+			b.Abandon(context.WithoutCancel(ctx))
+			return nil, err
 		}
 		rb := s.split(b)
 		if len(rb.rest) > 0 || len(rb.recorded) == 0 {
@@ -41,6 +45,27 @@ func (s *recordedSource) Next(ctx context.Context) (capture.Batch, error) {
 		if err := rb.Complete(ctx, capture.Outcome{}); err != nil {
 			return nil, err
 		}
+	}
+}
+
+// unarchivedIn returns the sink.Unarchived of the outbox of layout l with
+// archive mode mode, looking ids up on pool.
+func unarchivedIn(pool *pgxpool.Pool, l schema.Layout, mode string) sink.Unarchived {
+	return func(ctx context.Context, ids []string) ([]string, error) {
+		info, err := schema.Inspect(ctx, pool, l)
+		if err != nil {
+			return nil, err
+		}
+		// The ids go as text[] and are cast in SQL, as the wal source's.
+		rows, err := pool.Query(ctx, l.UnarchivedByID(mode, "text[]::"+info.Types[l.Cols.ID]), ids)
+		if err != nil {
+			return nil, fmt.Errorf("look up recorded events in %s: %w", l.Outbox, err)
+		}
+		left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, fmt.Errorf("look up recorded events in %s: %w", l.Outbox, err)
+		}
+		return left, nil
 	}
 }
 

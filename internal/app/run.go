@@ -105,7 +105,7 @@ func (r *Relay) open(ctx context.Context) error {
 	batch, window := limitRate(snk, cfg.Sink.RateLimit, r.reg, log, batch)
 	r.backlog = newBacklogAge(layoutOf(cfg), cfg.Archive.Mode)
 	r.dlq = newDeadLetterCount(layoutOf(cfg))
-	r.dbFailures = &dbFailures{Source: tracedSource(tracer, recorded(src, snk, cfg), cfg), log: log, layout: layoutOf(cfg), cfg: cfg,
+	r.dbFailures = &dbFailures{Source: tracedSource(tracer, recorded(src, snk, cfg, pool), cfg), log: log, layout: layoutOf(cfg), cfg: cfg,
 		role: pool.Config().ConnConfig.User, initial: cfg.Retry.Initial.D(), max: cfg.Retry.Max.D(),
 		fatalAfter: cfg.Postgres.FatalAfter.D()}
 	r.pipeline = pipeline.New(r.dbFailures, tracedSink(tracer, snk, cfg.Sink), pipeline.Options{
@@ -178,11 +178,19 @@ func healthOf(src capture.Source) capture.Health {
 
 // recorded wraps src in a recordedSource when the sink records what it
 // published (sink.kafka.transactional).
-func recorded(src capture.Source, snk *brokerSink, cfg *config.Config) capture.Source {
-	if r, ok := snk.routedSink.(sink.Recorder); ok && cfg.Sink.Type == "kafka" && cfg.Sink.Kafka.Transactional {
-		return &recordedSource{Source: src, rec: r}
+func recorded(src capture.Source, snk *brokerSink, cfg *config.Config, pool *pgxpool.Pool) capture.Source {
+	if r, ok := snk.routedSink.(sink.Recorder); ok && transactional(cfg) {
+		return &recordedSource{Source: src, rec: r, unarchived: unarchivedIn(pool, layoutOf(cfg), cfg.Archive.Mode)}
 	}
 	return src
+}
+
+// transactional reports whether the relay publishes in Kafka transactions
+// (sink.kafka.transactional): its transactional id admits one producer, so
+// in poll mode one relay at a time captures (poll.Options.Exclusive); in
+// wal mode one does anyway.
+func transactional(cfg *config.Config) bool {
+	return cfg.Sink.Type == "kafka" && cfg.Sink.Kafka.Transactional
 }
 
 // openSource builds the capture source capture.mode selects.
@@ -198,6 +206,7 @@ func openSource(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, log
 		Pool: pool, Layout: table.Layout(l), BatchSize: cfg.Capture.Poll.BatchSize, MaxBatchBytes: cfg.Capture.MaxBatchBytes,
 		Interval: cfg.Capture.Poll.Interval.D(), Linger: cfg.Capture.Poll.Linger.D(), Partitions: cfg.Capture.Poll.Partitions,
 		ParkAggregates: cfg.DeadLetter.ParkAggregate, ArchiveMode: cfg.Archive.Mode, Logger: log,
+		Exclusive: transactional(cfg),
 	})
 }
 

@@ -51,6 +51,15 @@ func (l Layout) archive(mode, where string) string {
 	}
 }
 
+// UnarchivedByID returns the statement selecting, as text, the ids among
+// $1 (an array of idType, e.g. text[]::uuid) of the outbox rows that
+// archive mode mode has not archived.
+func (l Layout) UnarchivedByID(mode, idType string) string {
+	id := Q(l.Cols.ID)
+	return fmt.Sprintf(`SELECT %s::text FROM %s WHERE %s = ANY($1::%s[]) %s`,
+		id, l.Outbox.Ident(), id, idType, l.Unpublished(mode, ""))
+}
+
 // Unpublished returns the condition, prefixed with AND, that keeps rows
 // archive mode mark has not marked yet; empty for the other modes.
 func (l Layout) Unpublished(mode, alias string) string {

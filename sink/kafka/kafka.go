@@ -247,7 +247,7 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 		}
 		s.txn = newTxns(s)
 	}
-	kopts, err := s.clientOptions()
+	kopts, err := s.clientOptions("")
 	if err != nil {
 		return nil, err
 	}
@@ -264,8 +264,11 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 	return s, nil
 }
 
-// clientOptions translates the config and options to franz-go's.
-func (s *Sink) clientOptions() ([]kgo.Opt, error) {
+// clientOptions translates the config and options to franz-go's, for a
+// transactional producer with id txnID unless it is empty. The sink's own
+// client is never transactional (see txn.go for the producer of
+// transactions), so that admin requests and Check fence nobody.
+func (s *Sink) clientOptions(txnID string) ([]kgo.Opt, error) {
 	kopts, err := s.connOptions()
 	if err != nil {
 		return nil, err
@@ -282,8 +285,8 @@ func (s *Sink) clientOptions() ([]kgo.Opt, error) {
 		kgo.ProducerBatchMaxBytesFn(s.maxMessageBytes),
 		kgo.RecordPartitioner(runPartitioner{}),
 	)
-	if s.cfg.Transactional {
-		kopts = append(kopts, kgo.TransactionalID(s.cfg.TransactionalID))
+	if txnID != "" {
+		kopts = append(kopts, kgo.TransactionalID(txnID))
 	}
 	return kopts, nil
 }
@@ -447,6 +450,9 @@ func (s *Sink) Close() error {
 		close(s.closed)
 		s.cl.Close()
 		s.alone.close()
+		if s.txn != nil {
+			s.txn.stop()
+		}
 	})
 	return nil
 }

@@ -78,12 +78,13 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	if err != nil {
 		return err
 	}
+	recorded := s.recordedIn(t, batch)
 	// Every record is built before the first is produced, so that the
 	// records of one aggregate follow each other closely.
 	for i, e := range batch {
 		k, r := keys[i], recs[i]
 		g := guards.of(k)
-		if errs[i] != nil {
+		if errs[i] != nil || recorded[i] {
 			continue
 		}
 		if stopped[k] || g.stopped() {
@@ -109,10 +110,12 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 			}
 			results <- result{i, err}
 		}
+		cl := s.cl
 		if t != nil {
 			t.add()
+			cl = t.cl
 		}
-		s.cl.Produce(g.context(ctx), r, promise)
+		cl.Produce(g.context(ctx), r, promise)
 	}
 	if t != nil {
 		s.txn.leave()
@@ -154,6 +157,10 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	failed := false
 	firstErr := make(map[string]error) // key -> failure of its first failed event
 	for i, e := range batch {
+		if recorded[i] {
+			errs[i] = nil
+			continue
+		}
 		err := errs[i]
 		if err == nil && !settled[i] {
 			err = waitErr
@@ -226,17 +233,34 @@ func (s *Sink) records(batch []*event.Event, topics, keys []string, errs []error
 }
 
 // enterTxn returns the open transaction, which the caller must leave, or
-// nil when the sink is not transactional.
+// nil when the sink is not transactional. While none is open (before
+// Recover, and while a fenced producer is replaced) it fails as
+// fault.Unavailable and asks the committer to recover.
 func (s *Sink) enterTxn() (*txn, error) {
 	if s.txn == nil {
 		return nil, nil
 	}
-	select {
-	case <-s.txn.started:
-	default:
-		return nil, fault.AsUnavailable(errors.New("kafka transactions not recovered yet"))
+	t := s.txn.enter()
+	if t == nil {
+		s.txn.wake()
+		return nil, errNoTxn
 	}
-	return s.txn.enter(), nil
+	return t, nil
+}
+
+// recordedIn reports, for each event of batch, whether a committed
+// transaction recorded it as published (see Recorded), when t is open:
+// such an event, of a batch captured before another relay published it,
+// is reported published and not produced again.
+func (s *Sink) recordedIn(t *txn, batch []*event.Event) []bool {
+	if t == nil {
+		return make([]bool, len(batch))
+	}
+	ids := make([]string, len(batch))
+	for i, e := range batch {
+		ids[i] = e.ID
+	}
+	return s.Recorded(ids)
 }
 
 // MaxPerAggregate implements sink.Ordered: within a partition, the

@@ -94,6 +94,11 @@ func (s *Sink) forget(topic string) {
 		delete(s.topics, topic)
 		s.limits.Delete(topic)
 		s.cl.PurgeTopicsFromProducing(topic)
+		if s.txn != nil {
+			if cl := s.txn.producer(); cl != nil {
+				cl.PurgeTopicsFromProducing(topic)
+			}
+		}
 		s.opts.Logger.Warn("kafka topic vanished; it is created again on the next publish", "topic", topic)
 	default: // being prepared right now
 	}
@@ -282,8 +287,11 @@ func orBrokerDefault(n int32) string {
 // Check verifies that a broker answers, that the idempotent producer can
 // start, and that the fixed topic exists; for a template with placeholders
 // it asks the brokers to validate creating a topic from it, since the
-// first publish to each topic creates it. It gives up after 15s unless ctx
-// ends sooner. Its errors say what to change.
+// first publish to each topic creates it. With transactions it also checks
+// the cleanup.policy of an existing progress topic (see
+// EnsureProgressTopic); it never starts a transactional producer, which
+// would fence the running relay. It gives up after 15s unless ctx ends
+// sooner. Its errors say what to change.
 func (s *Sink) Check(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
 	defer cancel()
@@ -299,6 +307,11 @@ func (s *Sink) Check(ctx context.Context) error {
 		errs = append(errs, s.checkTopic(ctx, s.cfg.Topic))
 	} else {
 		errs = append(errs, s.checkCreate(ctx))
+	}
+	if s.txn != nil {
+		if code, err := s.metadata(ctx, ProgressTopic); err == nil && code == 0 {
+			errs = append(errs, s.checkProgressTopic(ctx))
+		}
 	}
 	return errors.Join(errs...)
 }

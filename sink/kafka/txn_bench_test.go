@@ -24,7 +24,7 @@ func BenchmarkPublishTransactional(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer s.Close()
-			if err := s.Recover(context.Background()); err != nil {
+			if err := s.Recover(context.Background(), nil); err != nil {
 				b.Fatal(err)
 			}
 			const batch, callers = 100, 8

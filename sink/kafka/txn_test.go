@@ -19,7 +19,7 @@ func txnSink(t *testing.T, brokers []string, id string) *Sink {
 	s := newSinkConfig(t, Config{Brokers: brokers, Topic: "outbox.{aggregate_type}", Transactional: true, TransactionalID: id}, Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := s.Recover(ctx); err != nil {
+	if err := s.Recover(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
 	return s
