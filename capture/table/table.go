@@ -11,11 +11,20 @@
 package table
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
+
+// Querier runs statements: a *pgx.Conn, a *pgxpool.Pool or a pgx.Tx.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
 
 // Name is a schema-qualified table name. Its values are used as they are,
 // quoted wherever they go into SQL; they are case-sensitive.

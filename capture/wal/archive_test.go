@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxrelay/relay/capture"
+	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
@@ -174,15 +175,15 @@ func TestSetupThenRun(t *testing.T) {
 	pool := setup(t, layout)
 	before := []string{insert(t, pool, "a", 1), insert(t, pool, "a", 2)}
 	o := options(t, pool, layout, 10)
-	if fs := wal.Check(ctx, pool, layout, o.Slot, o.Publication, false); findingErr(fs) == nil {
+	if fs := wal.Check(ctx, pool, table.Layout(layout), o.Slot, o.Publication, false); findingErr(fs) == nil {
 		t.Fatalf("check passed before setup: %v", fs)
 	}
 	for range 2 { // idempotent
-		if err := wal.Setup(ctx, pool, layout, o.Slot, o.Publication, false); err != nil {
+		if err := wal.Setup(ctx, pool, table.Layout(layout), o.Slot, o.Publication, false); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := findingErr(wal.Check(ctx, pool, layout, o.Slot, o.Publication, false)); err != nil {
+	if err := findingErr(wal.Check(ctx, pool, table.Layout(layout), o.Slot, o.Publication, false)); err != nil {
 		t.Fatalf("check after setup: %v", err)
 	}
 	after := insert(t, pool, "a", 3)
@@ -202,10 +203,10 @@ func TestSetupThenRun(t *testing.T) {
 
 	dry := setup(t, layout)
 	slot := newSlotName()
-	for _, stmt := range wal.SetupSQL(layout, slot, "dry_pub", false) {
+	for _, stmt := range wal.SetupSQL(table.Layout(layout), slot, "dry_pub", false) {
 		mustExec(t, dry, stmt)
 	}
-	if err := findingErr(wal.Check(ctx, dry, layout, slot, "dry_pub", false)); err != nil {
+	if err := findingErr(wal.Check(ctx, dry, table.Layout(layout), slot, "dry_pub", false)); err != nil {
 		t.Fatalf("check after the dry-run statements: %v", err)
 	}
 }

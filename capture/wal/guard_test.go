@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
@@ -208,7 +209,7 @@ func TestFailoverSlot(t *testing.T) {
 	}
 
 	o := options(t, pool, layout, 10)
-	if err := wal.Setup(ctx, pool, layout, o.Slot, o.Publication, true); err != nil {
+	if err := wal.Setup(ctx, pool, table.Layout(layout), o.Slot, o.Publication, true); err != nil {
 		t.Fatal(err)
 	}
 	if !failover(o.Slot) {

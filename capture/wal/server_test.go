@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/schema"
@@ -42,7 +43,7 @@ func TestRoleWithoutReplication(t *testing.T) {
 		t.Errorf("New: %v (class %v), want a permanent error saying %q", err, fault.ClassOf(err), want)
 	}
 	found := map[string]error{}
-	for _, f := range wal.Check(ctx, rolePool, layout, o.Slot, o.Publication, false) {
+	for _, f := range wal.Check(ctx, rolePool, table.Layout(layout), o.Slot, o.Publication, false) {
 		found[f.What] = f.Err
 	}
 	if err := found["wal_level = logical"]; err != nil {

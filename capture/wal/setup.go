@@ -9,13 +9,15 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/internal/schema"
 )
 
 // SetupSQL returns the statements Setup runs, for `relay init --dry-run`:
 // the drain table, the publication (only when missing) and the slot with
 // its pending drain (only when the slot is missing).
-func SetupSQL(l schema.Layout, slot, publication string, failover bool) []string {
+func SetupSQL(tl table.Layout, slot, publication string, failover bool) []string {
+	l := schema.Layout(tl)
 	stmts := []string{
 		l.DrainTableStep().SQL(),
 		"-- publication " + publication + ", when missing:\n" + l.CreatePublication(publication),
@@ -34,7 +36,8 @@ func SetupSQL(l schema.Layout, slot, publication string, failover bool) []string
 // `relay run` does the same by itself. A publication that exists without
 // covering the outbox table is a permanent error naming both. Setup is
 // idempotent and issues no DDL for what exists.
-func Setup(ctx context.Context, q schema.Querier, l schema.Layout, slot, publication string, failover bool) error {
+func Setup(ctx context.Context, q table.Querier, tl table.Layout, slot, publication string, failover bool) error {
+	l := schema.Layout(tl)
 	if !slotName.MatchString(slot) {
 		return fmt.Errorf("replication slot name %q must match %s", slot, slotName)
 	}
@@ -71,7 +74,8 @@ type Finding struct {
 // replication privilege is the REPLICATION attribute, superuser, or
 // membership in rds_replication where that role exists (Amazon RDS and
 // Aurora).
-func Check(ctx context.Context, pool *pgxpool.Pool, l schema.Layout, slot, publication string, failover bool) []Finding {
+func Check(ctx context.Context, pool *pgxpool.Pool, tl table.Layout, slot, publication string, failover bool) []Finding {
+	l := schema.Layout(tl)
 	level, role, canReplicate, err := readServer(ctx, pool)
 	if err == nil {
 		err = checkWALLevel(level)
@@ -134,7 +138,7 @@ func checkSlot(ctx context.Context, pool *pgxpool.Pool, l schema.Layout, slot st
 
 // Warnings reports, for `relay check`, settings that put the database at
 // risk without stopping wal capture: an unlimited max_slot_wal_keep_size.
-func Warnings(ctx context.Context, q schema.Querier) []Finding {
+func Warnings(ctx context.Context, q table.Querier) []Finding {
 	var keep string
 	if err := q.QueryRow(ctx, `SELECT current_setting('max_slot_wal_keep_size')`).Scan(&keep); err != nil || keep != "-1" {
 		return nil

@@ -129,6 +129,7 @@ func TestHeldMaxAgeReleasesWAL(t *testing.T) {
 	relay := s.start()
 	ctx := context.Background()
 	waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
+	start := time.Now()
 	const held = 20
 	for i := range held {
 		if _, err := s.pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
@@ -142,7 +143,7 @@ func TestHeldMaxAgeReleasesWAL(t *testing.T) {
 	}
 	s.produce(ctx, 500, 20, 4)
 	waitFor(t, func() bool { return len(rc.deliveries()) >= 500 })
-	if n := s.deadLetters(); n != 0 {
+	if n := s.deadLetters(); n != 0 && time.Since(start) < 3*time.Second { // a loaded machine may take longer than that
 		t.Fatalf("%d dead letters before sink.held_max_age", n)
 	}
 	if !strings.Contains(scrape(t, addr), "\nrelay_held_max_age_seconds 3\n") {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/redact"
@@ -54,7 +55,7 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logge
 			warnOutbox(ctx, pool, cfg, w)
 		}
 		if cfg.Capture.Mode == "wal" {
-			for _, f := range wal.Check(ctx, pool, l, cfg.Capture.WAL.Slot, cfg.Capture.WAL.Publication, cfg.Capture.WAL.Failover) {
+			for _, f := range wal.Check(ctx, pool, table.Layout(l), cfg.Capture.WAL.Slot, cfg.Capture.WAL.Publication, cfg.Capture.WAL.Failover) {
 				report(f.What, f.Err, f.Fix)
 			}
 			warnWAL(ctx, pool, w)

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/progress"
@@ -92,7 +93,7 @@ func Init(ctx context.Context, cfg *config.Config, opts InitOptions, w io.Writer
 		}
 	}
 	if cfg.Capture.Mode == "wal" {
-		if err := wal.Setup(ctx, conn, l, cfg.Capture.WAL.Slot, cfg.Capture.WAL.Publication, cfg.Capture.WAL.Failover); err != nil {
+		if err := wal.Setup(ctx, conn, table.Layout(l), cfg.Capture.WAL.Slot, cfg.Capture.WAL.Publication, cfg.Capture.WAL.Failover); err != nil {
 			return lockTimeout(err, "publication "+cfg.Capture.WAL.Publication)
 		}
 		fmt.Fprintf(w, "postgres: publication %s and replication slot %s ready\n", cfg.Capture.WAL.Publication, cfg.Capture.WAL.Slot)
@@ -148,7 +149,7 @@ func initDryRun(ctx context.Context, cfg *config.Config, l schema.Layout, role s
 		stmts = append(stmts, s.SQL())
 	}
 	if cfg.Capture.Mode == "wal" {
-		stmts = append(stmts, wal.SetupSQL(l, cfg.Capture.WAL.Slot, cfg.Capture.WAL.Publication, cfg.Capture.WAL.Failover)...)
+		stmts = append(stmts, wal.SetupSQL(table.Layout(l), cfg.Capture.WAL.Slot, cfg.Capture.WAL.Publication, cfg.Capture.WAL.Failover)...)
 	}
 	for _, stmt := range stmts {
 		fmt.Fprintf(w, "%s;\n\n", stmt)

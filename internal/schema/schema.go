@@ -10,7 +10,6 @@ import (
 	"hash/fnv"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/event"
@@ -20,11 +19,7 @@ import (
 
 // Querier is what the package needs of a pgx connection, pool or
 // transaction.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+type Querier = table.Querier
 
 // Table is a schema-qualified table name.
 type Table = table.Name

@@ -7,22 +7,12 @@ import (
 	"crypto/x509"
 	"fmt"
 	"os"
+
+	"github.com/outboxrelay/relay/sink"
 )
 
-// Files names the PEM files of a TLS client. The zero value is TLS off.
-type Files struct {
-	// Enabled turns TLS on.
-	Enabled bool
-	// CAFile is a PEM file of the certificate authorities that sign the
-	// servers' certificates. Empty means the system's roots.
-	CAFile string
-	// CertFile and KeyFile are the PEM client certificate and key for
-	// mutual TLS. Empty means no client certificate.
-	CertFile string
-	KeyFile  string
-	// InsecureSkipVerify accepts any server certificate. For tests only.
-	InsecureSkipVerify bool
-}
+// Files names the PEM files of a TLS client (see sink.TLS).
+type Files = sink.TLS
 
 // Config returns the TLS settings of f, or nil when TLS is off. key is the
 // configuration key of f (sink.kafka.tls), which errors name. TLS 1.2 is

@@ -72,20 +72,8 @@ type Config struct {
 	TransactionalID string
 }
 
-// TLS configures TLS to the brokers.
-type TLS struct {
-	// Enabled turns TLS on. Default false.
-	Enabled bool
-	// CAFile is a PEM file of the certificate authorities that sign the
-	// brokers' certificates. Default empty: the system's roots.
-	CAFile string
-	// CertFile and KeyFile are the PEM client certificate and key for
-	// mutual TLS. Default empty: no client certificate.
-	CertFile string
-	KeyFile  string
-	// InsecureSkipVerify accepts any broker certificate. For tests only.
-	InsecureSkipVerify bool
-}
+// TLS configures TLS to the brokers (see sink.TLS).
+type TLS = sink.TLS
 
 // SASL configures SASL authentication to the brokers.
 type SASL struct {
@@ -355,7 +343,7 @@ func (s *Sink) explain(err error) error {
 
 // tlsConfig builds the TLS settings, or returns nil when TLS is off.
 func tlsConfig(c TLS) (*tls.Config, error) {
-	return tlsconf.Config("sink.kafka.tls", tlsconf.Files(c))
+	return tlsconf.Config("sink.kafka.tls", c)
 }
 
 // saslMechanism returns the SASL mechanism, or nil when SASL is off.

@@ -46,7 +46,7 @@ type Config struct {
 	// TLS configures encryption to the servers. Default off, unless the
 	// URL's scheme is tls:// or the server requires TLS: then with the
 	// system's roots.
-	TLS tlsconf.Files
+	TLS sink.TLS
 	// StreamSettings are the settings of a stream EnsureStream creates.
 	StreamSettings StreamSettings
 }
