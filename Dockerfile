@@ -47,6 +47,14 @@ FROM gcr.io/distroless/static:nonroot
 COPY --from=builder /out/relay /relay
 USER nonroot:nonroot
 
+# The Go runtime's monitor thread otherwise polls every 20 µs after each
+# wake of an idle relay, which on a relay that wakes hundreds of times a
+# second made half its context switches; with schedtrace set it polls every
+# 10 ms instead. The runtime then prints one SCHED line to stderr at start on
+# a host up longer than about 25 days. Set GODEBUG (e.g. schedtrace=0) to
+# change it: docs/operations.md, "The runtime's monitor thread".
+ENV GODEBUG=schedtrace=2147483647
+
 # http.listen: /metrics, /healthz, /readyz, unauthenticated. The config
 # must listen on 0.0.0.0:9090 (not 127.0.0.1) for the port to be reachable
 # from outside the container (the examples do with RELAY_HTTP_LISTEN set);

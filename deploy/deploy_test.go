@@ -988,6 +988,9 @@ func TestDockerfile(t *testing.T) {
 	if !slices.Contains(strings.Fields(d.last("EXPOSE")), httpPort) {
 		t.Errorf("Dockerfile: EXPOSE %q, want %s", d.last("EXPOSE"), httpPort)
 	}
+	if env := d.last("ENV"); env != "GODEBUG=schedtrace=2147483647" {
+		t.Errorf("Dockerfile: ENV %q, want GODEBUG=schedtrace=2147483647 (docs/operations.md, the runtime's monitor thread: relay run no longer sets it itself)", env)
+	}
 	if hc := d.last("HEALTHCHECK"); hc != "" && d.shellless() && !strings.HasPrefix(strings.ToUpper(hc), "NONE") {
 		t.Errorf("Dockerfile: HEALTHCHECK %q cannot run in %s, which has no shell or tools", hc, base)
 	}

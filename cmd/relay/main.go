@@ -43,9 +43,6 @@ const usage = `usage:
 `
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "run" {
-		app.CalmSysmon()
-	}
 	app.TuneGC()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }

@@ -56,7 +56,6 @@ func watchHeapPeak(path string) func() {
 // only the relay, with the relay's runtime and garbage collector settings,
 // as in production.
 func asRelay(cfgPath, dir string, stderr io.Writer) int {
-	app.CalmSysmon()
 	app.TuneGC()
 	cfg, err := config.Load(cfgPath)
 	if err != nil {

@@ -452,6 +452,11 @@ func (e *env) startRelay(d *database, tag string) (*relayProc, error) {
 	return e.startProc(tag, port, e.relayBin, "run", "--config", path)
 }
 
+// relayGODEBUG is the GODEBUG the relay's container image sets (see the
+// Dockerfile and docs/operations.md): the bench runs relays and floors with
+// it, unless its own environment sets GODEBUG.
+const relayGODEBUG = "schedtrace=2147483647"
+
 // startProc starts bin with args as a relay whose HTTP endpoints listen on
 // port, logging to <tag>.log.
 func (e *env) startProc(tag string, port int, bin string, args ...string) (*relayProc, error) {
@@ -465,8 +470,12 @@ func (e *env) startProc(tag string, port int, bin string, args ...string) (*rela
 		http: &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableCompression: true}}}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
+	p.cmd.Env = os.Environ()
+	if _, set := os.LookupEnv("GODEBUG"); !set {
+		p.cmd.Env = append(p.cmd.Env, "GODEBUG="+relayGODEBUG)
+	}
 	if n := e.opts.RelayProcs; n > 0 {
-		p.cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", n))
+		p.cmd.Env = append(p.cmd.Env, fmt.Sprintf("GOMAXPROCS=%d", n))
 	}
 	p.started = time.Now()
 	if err := p.cmd.Start(); err != nil {

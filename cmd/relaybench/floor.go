@@ -13,7 +13,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxrelay/relay/internal/app"
 	"github.com/outboxrelay/relay/internal/wait"
 )
 
@@ -232,11 +231,9 @@ func waitFor(ctx context.Context, limit time.Duration, procs []*relayProc, done 
 // asFloor runs a floor's database loop until SIGTERM or SIGINT. args are
 // the kind and the database's DSN, and for kind "publish" the sink (nats
 // or kafka) and its address: "poll" is pollFloor publishing nothing,
-// "publish" pollFloor publishing to the sink, "archive" archiveFloor. Like
-// `relay run`, it calms the runtime's monitor thread first (it re-executes
-// itself: app.CalmSysmon).
+// "publish" pollFloor publishing to the sink, "archive" archiveFloor. It
+// runs with the relay's GODEBUG (see startProc).
 func asFloor(args []string, stderr io.Writer) int {
-	app.CalmSysmon()
 	kind, dsn := args[0], args[1]
 	var loop func(context.Context, *pgx.Conn) error
 	switch {
