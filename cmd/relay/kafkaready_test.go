@@ -7,6 +7,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outboxrelay/relay/sink/kafka/kafkatest"
 )
 
 // kafkaReadyBound is how soon after its broker stops a Kafka relay must
@@ -14,10 +18,12 @@ import (
 // loaded machine.
 const kafkaReadyBound = 15 * time.Second
 
-// TestKafkaBrokerStopNotReady stops the Kafka broker while producers write, in
-// both capture modes, then with an idle outbox: the relay answers /readyz
-// 503 within kafkaReadyBound each time, and 200 again once the broker is
-// back.
+// TestKafkaBrokerStopNotReady makes the Kafka broker acknowledge nothing
+// while producers write, in both capture modes: first it holds every
+// produce request unanswered (connections and metadata still work), then
+// it stops, then it stops again with an idle outbox. The relay answers
+// /readyz 503 within kafkaReadyBound each time, and 200 again once the
+// broker is back.
 func TestKafkaBrokerStopNotReady(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"poll", "wal"} {
@@ -34,23 +40,21 @@ func TestKafkaBrokerStopNotReady(t *testing.T) {
 			produced := make(chan struct{})
 			go func() { s.produce(ctx, 3000, 300, 4); close(produced) }()
 			s.waitPublishing()
-			for _, phase := range []string{"under load", "idle"} {
-				if phase == "idle" {
+			for _, phase := range []string{"stalled under load", "stopped under load", "stopped idle"} {
+				if phase == "stopped idle" {
 					<-produced
 					s.waitDrained(90 * time.Second)
 				}
-				c.Stop()
+				resume := outage(t, c, phase)
 				stopped := time.Now()
 				for readyz(addr) != http.StatusServiceUnavailable {
 					if time.Since(stopped) > kafkaReadyBound {
-						t.Fatalf("%s: /readyz still %d %s after the Kafka broker stopped", phase, readyz(addr), kafkaReadyBound)
+						t.Fatalf("%s: /readyz still %d %s after the Kafka broker stopped acknowledging", phase, readyz(addr), kafkaReadyBound)
 					}
 					time.Sleep(100 * time.Millisecond)
 				}
-				t.Logf("%s: /readyz 503 %.1fs after the Kafka broker stopped", phase, time.Since(stopped).Seconds())
-				if err := c.Start(); err != nil {
-					t.Fatal(err)
-				}
+				t.Logf("%s: /readyz 503 %.1fs after the Kafka broker stopped acknowledging", phase, time.Since(stopped).Seconds())
+				resume()
 				waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
 			}
 			s.waitDrained(90 * time.Second)
@@ -86,4 +90,31 @@ func TestFreshWalRelayResendsNothing(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	s.verify()
+}
+
+// outage starts phase's Kafka outage on c ("stalled ...": produce requests
+// are held unanswered; otherwise the broker stops) and returns the function
+// that ends it.
+func outage(t *testing.T, c *kafkatest.Cluster, phase string) func() {
+	if !strings.HasPrefix(phase, "stalled") {
+		c.Stop()
+		return func() {
+			if err := c.Start(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	k := c.Kfake()
+	release := make(chan struct{})
+	k.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		select {
+		case <-release:
+			return nil, nil, false // answered as usual; the control is dropped
+		default:
+		}
+		k.KeepControl()
+		k.SleepControl(func() { <-release })
+		return nil, nil, false
+	})
+	return func() { close(release) }
 }
