@@ -61,6 +61,22 @@ else
   fi
 fi
 
+# PgBouncer (Debian package pgbouncer): cmd/relay's pooler tests start their
+# own PgBouncer in transaction pooling mode in front of a test cluster. The
+# package's own service is not needed, so it is stopped and disabled.
+if command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; then
+  echo "deps: pgbouncer present"
+else
+  apt_install pgbouncer
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet pgbouncer 2>/dev/null; then
+    $SUDO systemctl stop pgbouncer || true
+    $SUDO systemctl disable pgbouncer || true
+  fi
+  if [ -x /etc/init.d/pgbouncer ]; then
+    $SUDO /etc/init.d/pgbouncer stop >/dev/null 2>&1 || true
+  fi
+fi
+
 # The SQS emulator (npm package local-aws-sqs) for sink/sqs's tests, installed
 # into the cache internal/testenv runs it from (internal/embedded.CacheDir; keep the
 # version in step with testenv.SQSEmulatorVersion). Needs Node.js and npm.

@@ -72,7 +72,6 @@ func (st *stream) dropArchived(ctx context.Context, b *batch) (bool, error) {
 		}
 	}
 	st.src.skipped.Add(int64(len(b.events) - kept))
-	st.src.resent.Add(int64(kept))
 	clear(b.events[kept:])
 	b.events, b.seqs = slices.Clip(b.events[:kept]), slices.Clip(b.seqs[:kept])
 	return kept > 0 || len(b.bad) > 0, nil
@@ -102,7 +101,8 @@ func (st *stream) lookUp(ctx context.Context, ids []string) (map[string]bool, er
 
 // Replayed returns how many events the source's streams replayed from the
 // slot (committed before the stream started) and dropped because an
-// earlier run had archived them, and how many such replayed events it
-// handed out again because their rows were still unarchived. It is safe
-// for concurrent use.
-func (s *Source) Replayed() (skipped, resent int64) { return s.skipped.Load(), s.resent.Load() }
+// earlier run had archived them. The replayed events it hands out are not
+// counted: a row still unarchived may have reached the broker in an earlier
+// run or never (a backlog written while no relay ran), and the source
+// cannot tell which. It is safe for concurrent use.
+func (s *Source) Replayed() (skipped int64) { return s.skipped.Load() }

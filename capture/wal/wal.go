@@ -207,8 +207,8 @@ type Source struct {
 	// recreated counts slot recreations by reason; its counters are
 	// atomic.
 	recreated map[string]*atomic.Int64
-	// skipped and resent count replayed events, see Replayed.
-	skipped, resent atomic.Int64
+	// skipped counts replayed events dropped, see Replayed.
+	skipped atomic.Int64
 
 	drainedMu sync.Mutex
 	unsettled map[*drained]bool // drained batches not completed or abandoned

@@ -72,8 +72,8 @@ var variables = strings.NewReplacer(`$job`, `.*`, `$__rate_interval`, `30s`, `$_
 // of them too large for NATS, so it is dead-lettered), Prometheus scraping
 // both every second, and checks that every query of every panel returns
 // data: at least one series, whose value may be zero (a counter such as
-// relay_events_resent_total exists from the start and stays 0 until a
-// restart replays events; a query naming a metric the relay does not
+// relay_events_replay_skipped_total exists from the start and stays 0
+// until a restart replays events; a query naming a metric the relay does not
 // export returns no series and fails). It also checks the dashboard's
 // structure: unique panel ids, every query on the datasource variable, and
 // a query for each metric the dashboard must show.
@@ -136,7 +136,7 @@ func checkStructure(t *testing.T, d dashboard) {
 		t.Errorf("only %d queries", queries)
 	}
 	// What the dashboard must answer: keeping up, stuck, database safe,
-	// and duplicates resent after restarts.
+	// and events replayed after restarts.
 	var exprs strings.Builder
 	for _, p := range d.Panels {
 		for _, tg := range p.Targets {
@@ -146,7 +146,7 @@ func checkStructure(t *testing.T, d dashboard) {
 	for _, m := range []string{"relay_events_published_by_type_total", "relay_oldest_unpublished_age_seconds",
 		"relay_replication_slot_retained_wal_bytes", "relay_replication_slot_wal_keep_size_bytes", "relay_destinations_broken",
 		"relay_events_dead_lettered_total", "relay_dead_letters", "relay_publish_retries_total", "relay_publish_batch_duration_seconds_bucket",
-		"relay_events_resent_total", "relay_events_replay_skipped_total", "relay_held_aggregates"} {
+		"relay_events_replay_skipped_total", "relay_held_aggregates"} {
 		if !strings.Contains(exprs.String(), m+"{") {
 			t.Errorf("no panel queries %s", m)
 		}

@@ -46,6 +46,7 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logge
 	pool, err := connect(ctx, cfg.Postgres, 2)
 	report("postgres "+redact.String(cfg.Postgres.URL), err, "check postgres.url, that the server runs and accepts this user")
 	if err == nil {
+		report("postgres session: one server session per connection", sessionPinned(ctx, pool.Config()), poolerFix)
 		report("postgres connections: relay run opens "+conns.String(), serverRoom(ctx, pool, conns.total),
 			"lower postgres.max_conns, or raise the server's max_connections")
 		info, err := schema.Inspect(ctx, pool, l)

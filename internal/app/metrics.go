@@ -40,7 +40,7 @@ type slotWatcher interface {
 // replayer is implemented by sources that replay events an earlier run
 // may have handed to the broker (wal.Source.Replayed).
 type replayer interface {
-	Replayed() (skipped, resent int64)
+	Replayed() (skipped int64)
 }
 
 // walStatuses are the values of pg_replication_slots.wal_status.
@@ -93,10 +93,8 @@ func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backl
 		registerSlot(reg, w)
 	}
 	if r, ok := src.(replayer); ok {
-		counter("events_resent_total", "Events published again after a restart or reconnect that an earlier run may have handed to the broker: replayed from the slot (committed before the stream started) while their rows were still unarchived.",
-			func() int64 { _, n := r.Replayed(); return n })
 		counter("events_replay_skipped_total", "Events replayed from the slot after a restart or reconnect and not published again because an earlier run had archived them.",
-			func() int64 { n, _ := r.Replayed(); return n })
+			r.Replayed)
 	}
 	if l, ok := src.(leader); ok {
 		gauge("capture_leader", "1 while this relay streams, 0 while it stands by.", func() float64 { return boolFloat(l.Leading()) })

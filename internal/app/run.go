@@ -81,6 +81,9 @@ func (r *Relay) open(ctx context.Context) error {
 	}
 	r.closers = append(r.closers, pool.Close)
 	r.pool = pool
+	if err := checkSession(ctx, cfg.Postgres, pool.Config()); err != nil {
+		return err
+	}
 	if err := checkGrants(ctx, pool, cfg); err != nil {
 		return err
 	}
