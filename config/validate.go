@@ -103,6 +103,7 @@ func (l *loader) validate(c *Config) {
 	l.table("archive.table", c.Archive.Table)
 	l.checkRetry(c.Retry)
 	l.table("dead_letter.table", c.DeadLetter.Table)
+	l.checkTablesDistinct(c)
 	if c.DeadLetter.ParkAggregate && c.Capture.Mode == "wal" {
 		l.invalid("dead_letter.park_aggregate", "is not offered in wal mode (see docs/configuration.md): use capture.mode: poll or remove the key")
 	}
@@ -558,6 +559,35 @@ func (l *loader) table(key, value string) {
 	case slices.ContainsFunc(parts, func(p string) bool { return len(p) > maxIdentifier }):
 		l.invalid(key, "a name is longer than PostgreSQL's %d bytes, got %q", maxIdentifier, value)
 	}
+}
+
+// checkTablesDistinct refuses a dead-letter table that is the outbox table
+// or, with archive.mode move, the archive table, and an archive table that
+// is the outbox table: the relay would capture its own dead letters or
+// archived rows. A name without a schema is taken as public's.
+func (l *loader) checkTablesDistinct(c *Config) {
+	same := func(a, b string) bool { return publicName(a) == publicName(b) }
+	if same(c.DeadLetter.Table, c.Outbox.Table) {
+		l.invalid("dead_letter.table", "must not be the outbox table (%s)", c.Outbox.Table)
+	}
+	if c.Archive.Mode != "move" {
+		return
+	}
+	if same(c.Archive.Table, c.Outbox.Table) {
+		l.invalid("archive.table", "must not be the outbox table (%s)", c.Outbox.Table)
+	}
+	if same(c.DeadLetter.Table, c.Archive.Table) {
+		l.invalid("dead_letter.table", "must not be the archive table (%s)", c.Archive.Table)
+	}
+}
+
+// publicName returns a table name with the schema public added when it has
+// none.
+func publicName(table string) string {
+	if strings.Contains(table, ".") {
+		return table
+	}
+	return "public." + table
 }
 
 // template checks that a destination template uses only known placeholders.
