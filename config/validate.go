@@ -246,11 +246,7 @@ func (l *loader) checkWebhook(w Webhook) {
 			l.invalid("sink.webhook.url", "%s", err)
 		}
 	}
-	if _, set := l.lines["sink.webhook.secret"]; set && l.required("sink.webhook.secret", w.Secret, "remove the key to send unsigned requests") {
-		if _, err := whsig.ParseSecret(w.Secret); err != nil {
-			l.invalid("sink.webhook.secret", "%s (whsec_<base64> or a raw string of at least %d bytes)", err, whsig.MinSecretBytes)
-		}
-	}
+	l.checkSecrets(w)
 	for _, name := range slices.Sorted(maps.Keys(w.Headers)) {
 		if err := webhook.CheckStaticHeader(name, w.Headers[name]); err != nil {
 			l.invalid("sink.webhook.headers."+name, "%s", err)
@@ -265,6 +261,35 @@ func (l *loader) checkWebhook(w Webhook) {
 	}
 	if w.MaxConcurrency < 0 || w.MaxConcurrency > maxWebhookConcurrency {
 		l.invalid("sink.webhook.max_concurrency", "must be between 1 and %d (0 or unset: 64), got %d", maxWebhookConcurrency, w.MaxConcurrency)
+	}
+}
+
+// checkSecrets checks sink.webhook.secret or, instead, sink.webhook.secrets:
+// each present key set (an unset ${VAR} must not silently turn signing
+// off) and each secret one ParseSecret accepts.
+func (l *loader) checkSecrets(w Webhook) {
+	_, one := l.lines["sink.webhook.secret"]
+	_, list := l.lines["sink.webhook.secrets"]
+	if one && list {
+		l.invalid("sink.webhook.secrets", "set either sink.webhook.secret or sink.webhook.secrets, not both")
+		return
+	}
+	if list && len(w.Secrets) == 0 {
+		l.required("sink.webhook.secrets", "", "a list of secrets; remove the key to send unsigned requests")
+	}
+	check := func(key, secret string) {
+		if !l.required(key, secret, "remove the key to send unsigned requests") {
+			return
+		}
+		if _, err := whsig.ParseSecret(secret); err != nil {
+			l.invalid(key, "%s (whsec_<base64> or a raw string of at least %d bytes)", err, whsig.MinSecretBytes)
+		}
+	}
+	if one {
+		check("sink.webhook.secret", w.Secret)
+	}
+	for i, s := range w.Secrets {
+		check(fmt.Sprintf("sink.webhook.secrets[%d]", i), s)
 	}
 }
 

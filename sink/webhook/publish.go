@@ -137,7 +137,7 @@ func (s *Sink) post(ctx context.Context, e *event.Event) error {
 		return s.wrap(e, target, fault.AsPermanent(redact.Error(err)))
 	}
 	req.Header = h
-	if s.secret != nil {
+	if len(s.secrets) > 0 {
 		s.sign(req.Header, e, time.Now())
 	}
 
@@ -315,7 +315,11 @@ func (s *Sink) sign(h http.Header, e *event.Event, now time.Time) {
 	ts := now.Unix()
 	h[HeaderWebhookID] = []string{e.ID}
 	h[HeaderWebhookTimestamp] = []string{strconv.FormatInt(ts, 10)}
-	h[HeaderSignature] = []string{whsig.Sign(s.secret, e.ID, ts, e.Payload)}
+	sigs := make([]string, len(s.secrets))
+	for i, key := range s.secrets {
+		sigs[i] = whsig.Sign(key, e.ID, ts, e.Payload)
+	}
+	h[HeaderSignature] = []string{strings.Join(sigs, " ")}
 }
 
 // StatusError is a response whose status is not 2xx.
