@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: test deps demo build vet bench fuzz
+.PHONY: test deps demo build vet bench fuzz docs
 
 # RACE_PKGS are the packages with concurrency of their own (the pipeline,
 # the capture sources, the sinks): test runs them under the race detector.
@@ -60,7 +60,13 @@ build:
 	$(GO) build ./...
 	$(GO) build -o bin/ ./cmd/...
 
-vet:
+# docs checks every Markdown file of the repository as a renderer reads it:
+# no code fence left open, no relative link to a missing file or heading
+# (internal/mdcheck; make test runs it too).
+docs:
+	$(GO) test -count=1 ./internal/mdcheck
+
+vet: docs
 	$(GO) vet ./...
 	cd helpers && $(GO) vet ./...
 	cd deploy/helm && $(GO) vet -mod=mod ./...
