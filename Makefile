@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: test deps demo build vet bench fuzz
+.PHONY: test deps demo build vet bench fuzz docs
 
 # RACE_PKGS are the packages with concurrency of their own (the pipeline,
 # the capture sources, the sinks): test runs them under the race detector.
@@ -60,9 +60,15 @@ build:
 	$(GO) build ./...
 	$(GO) build -o bin/ ./cmd/...
 
+# docs checks every Markdown file of the repository as a renderer reads it:
+# no code fence left open, no relative link to a missing file or heading
+# (internal/mdcheck; make test runs it too).
+docs:
+	$(GO) test -count=1 ./internal/mdcheck
+
 # vet also fails on committed executables and files over 1 MiB outside
 # testdata/ (scripts/check-files.sh).
-vet:
+vet: docs
 	bash scripts/check-files.sh
 	$(GO) vet ./...
 	cd helpers && $(GO) vet ./...

@@ -330,6 +330,11 @@ type Webhook struct {
 	// or raw, at least 16 bytes. Use ${VAR} to keep it out of the file; it
 	// is never logged. Default empty: requests are not signed.
 	Secret string `yaml:"secret"`
+	// Secrets, instead of Secret, lists several secrets, each read as
+	// Secret is: every request carries one signature per secret,
+	// space-separated, so the secret can be rotated without a moment when
+	// a receiver holding either cannot verify. Default empty.
+	Secrets []string `yaml:"secrets"`
 	// Headers are added to every request, e.g. Authorization. They override
 	// the row's headers and cannot set the contract headers, Content-Type,
 	// the signature headers or hop-by-hop headers. Values are never logged.

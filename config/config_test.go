@@ -256,6 +256,10 @@ func TestErrors(t *testing.T) {
 		{"outbox.table", minimal + "outbox:\n  table: a.b.c\n", 8, "outbox.table", `must be "name" or "schema.name", got "a.b.c"`},
 		{"archive.table", minimal + "archive:\n  table: .x\n", 8, "archive.table", `must be "name" or "schema.name", got ".x"`},
 		{"dead_letter.table", minimal + "dead_letter:\n  table: x.\n", 8, "dead_letter.table", `must be "name" or "schema.name", got "x."`},
+		{"dead_letter.table is the outbox", minimal + "dead_letter:\n  table: public.outbox\n", 8, "dead_letter.table", "must not be the outbox table (public.outbox)"},
+		{"dead_letter.table is the outbox unqualified", minimal + "outbox:\n  table: events\ndead_letter:\n  table: public.events\n", 10, "dead_letter.table", "must not be the outbox table (events)"},
+		{"dead_letter.table is the archive", minimal + "archive:\n  mode: move\n  table: app.kept\ndead_letter:\n  table: app.kept\n", 11, "dead_letter.table", "must not be the archive table (app.kept)"},
+		{"archive.table is the outbox", minimal + "archive:\n  mode: move\n  table: outbox\n", 9, "archive.table", "must not be the outbox table (public.outbox)"},
 		{"nats.subject", sinkCase("nats", "  nats:\n    subject: outbox.{type}\n"), 8, "sink.nats.subject", `template "outbox.{type}": unknown placeholder {type} (allowed: {aggregate_type}, {event_type}, {aggregate_id})`},
 		{"kafka.topic", sinkCase("kafka", "  kafka:\n    brokers: [k]\n    topic: t.{x}\n"), 9, "sink.kafka.topic", `template "t.{x}": unknown placeholder {x}`},
 		{"sqs.queue", sinkCase("sqs", "  sqs:\n    region: r\n    queue: q-{id}\n"), 9, "sink.sqs.queue", `template "q-{id}": unknown placeholder {id}`},
@@ -318,9 +322,23 @@ func TestErrorsAreJoined(t *testing.T) {
 	yaml := "postgres:\n  uri: x\ncapture:\n  mode: poll\n  poll:\n    interval: soon\n"
 	_, err := parse("config.yaml", []byte(yaml), env(nil))
 	want := "config.yaml:2: postgres.uri: unknown key (expected one of url, fatal_after, max_conns, aws_iam_auth)\n" +
-		`config.yaml:6: capture.poll.interval: invalid duration "soon" (use Go durations like 250ms or 10s)`
+		`config.yaml:6: capture.poll.interval: invalid duration "soon" (use Go durations like 250ms or 10s)` + "\n" +
+		"config.yaml:1: postgres.url: required\n" +
+		"config.yaml: sink.type: required (kafka, nats, sqs or webhook)"
 	if err == nil || err.Error() != want {
 		t.Errorf("decode errors: got\n%v\nwant\n%s", err, want)
+	}
+
+	// A value that fails to decode does not hide the validation errors of
+	// other keys, and is not reported twice.
+	yaml = "postgres:\n  url: postgres://app@db/app\ncapture:\n  mode: sometimes\nsink:\n  type: webhook\n  webhook:\n" +
+		"    url: ftp://example.com/hook\n    timeout: 10 seconds\n"
+	_, err = parse("config.yaml", []byte(yaml), env(nil))
+	want = `config.yaml:9: sink.webhook.timeout: invalid duration "10 seconds" (use Go durations like 250ms or 10s)` + "\n" +
+		`config.yaml:4: capture.mode: must be wal or poll, got "sometimes"` + "\n" +
+		"config.yaml:8: sink.webhook.url: "
+	if err == nil || !strings.HasPrefix(err.Error(), want) || strings.Count(err.Error(), "\n") != 2 {
+		t.Errorf("decode and validation errors: got\n%v\nwant\n%s...", err, want)
 	}
 
 	yaml = "capture:\n  mode: both\nlog:\n  level: loud\n"

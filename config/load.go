@@ -7,6 +7,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/goccy/go-yaml"
@@ -81,10 +82,9 @@ func parse(file string, data []byte, lookupEnv func(string) (string, bool)) (*Co
 	env, data := newRefs(data, lookupEnv)
 	l := &loader{file: file, env: env, lines: map[string]int{}, anchors: map[string]ast.Node{}}
 	var c Config
-	l.decodeFile(data, &c)
-	if len(l.errs) == 0 {
+	if l.decodeFile(data, &c) {
 		setDefaults(&c)
-		l.validate(&c)
+		l.validateRest(&c)
 	}
 	switch len(l.errs) {
 	case 0:
@@ -123,12 +123,14 @@ func (l *loader) errorf(line int, key, format string, args ...any) {
 	l.errs = append(l.errs, &Error{File: l.file, Line: line, Key: key, Msg: msg})
 }
 
-// decodeFile parses data and decodes its single document into c.
-func (l *loader) decodeFile(data []byte, c *Config) {
+// decodeFile parses data and decodes its single document into c. It
+// reports whether the file had a document to decode: a syntax error or a
+// second document leaves nothing worth validating.
+func (l *loader) decodeFile(data []byte, c *Config) bool {
 	f, err := parser.ParseBytes(data, 0)
 	if err != nil {
 		l.syntaxError(data, err)
-		return
+		return false
 	}
 	var bodies []ast.Node
 	for _, doc := range f.Docs {
@@ -139,9 +141,33 @@ func (l *loader) decodeFile(data []byte, c *Config) {
 	switch {
 	case len(bodies) > 1:
 		l.errorf(lineOf(bodies[1]), "", "only one YAML document is allowed")
+		return false
 	case len(bodies) == 1:
 		l.decode(bodies[0], reflect.ValueOf(c).Elem(), "")
 	}
+	return true
+}
+
+// validateRest validates c after decoding, so that one pass reports every
+// problem: a key that failed to decode keeps its zero value or default, so
+// validation errors about it, or about a key inside it, are left out.
+func (l *loader) validateRest(c *Config) {
+	decoded := len(l.errs)
+	var failed []string
+	for _, err := range l.errs {
+		failed = append(failed, err.(*Error).Key)
+	}
+	l.validate(c)
+	kept := l.errs[:decoded]
+	for _, err := range l.errs[decoded:] {
+		key := err.(*Error).Key
+		if !slices.ContainsFunc(failed, func(f string) bool {
+			return f == "" || key == f || strings.HasPrefix(key, f+".") || strings.HasPrefix(key, f+"[")
+		}) {
+			kept = append(kept, err)
+		}
+	}
+	l.errs = kept
 }
 
 // syntaxError records a YAML syntax error. goccy's message is used without

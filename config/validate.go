@@ -103,6 +103,7 @@ func (l *loader) validate(c *Config) {
 	l.table("archive.table", c.Archive.Table)
 	l.checkRetry(c.Retry)
 	l.table("dead_letter.table", c.DeadLetter.Table)
+	l.checkTablesDistinct(c)
 	if c.DeadLetter.ParkAggregate && c.Capture.Mode == "wal" {
 		l.invalid("dead_letter.park_aggregate", "is not offered in wal mode (see docs/configuration.md): use capture.mode: poll or remove the key")
 	}
@@ -245,11 +246,7 @@ func (l *loader) checkWebhook(w Webhook) {
 			l.invalid("sink.webhook.url", "%s", err)
 		}
 	}
-	if _, set := l.lines["sink.webhook.secret"]; set && l.required("sink.webhook.secret", w.Secret, "remove the key to send unsigned requests") {
-		if _, err := whsig.ParseSecret(w.Secret); err != nil {
-			l.invalid("sink.webhook.secret", "%s (whsec_<base64> or a raw string of at least %d bytes)", err, whsig.MinSecretBytes)
-		}
-	}
+	l.checkSecrets(w)
 	for _, name := range slices.Sorted(maps.Keys(w.Headers)) {
 		if err := webhook.CheckStaticHeader(name, w.Headers[name]); err != nil {
 			l.invalid("sink.webhook.headers."+name, "%s", err)
@@ -264,6 +261,35 @@ func (l *loader) checkWebhook(w Webhook) {
 	}
 	if w.MaxConcurrency < 0 || w.MaxConcurrency > maxWebhookConcurrency {
 		l.invalid("sink.webhook.max_concurrency", "must be between 1 and %d (0 or unset: 64), got %d", maxWebhookConcurrency, w.MaxConcurrency)
+	}
+}
+
+// checkSecrets checks sink.webhook.secret or, instead, sink.webhook.secrets:
+// each present key set (an unset ${VAR} must not silently turn signing
+// off) and each secret one ParseSecret accepts.
+func (l *loader) checkSecrets(w Webhook) {
+	_, one := l.lines["sink.webhook.secret"]
+	_, list := l.lines["sink.webhook.secrets"]
+	if one && list {
+		l.invalid("sink.webhook.secrets", "set either sink.webhook.secret or sink.webhook.secrets, not both")
+		return
+	}
+	if list && len(w.Secrets) == 0 {
+		l.required("sink.webhook.secrets", "", "a list of secrets; remove the key to send unsigned requests")
+	}
+	check := func(key, secret string) {
+		if !l.required(key, secret, "remove the key to send unsigned requests") {
+			return
+		}
+		if _, err := whsig.ParseSecret(secret); err != nil {
+			l.invalid(key, "%s (whsec_<base64> or a raw string of at least %d bytes)", err, whsig.MinSecretBytes)
+		}
+	}
+	if one {
+		check("sink.webhook.secret", w.Secret)
+	}
+	for i, s := range w.Secrets {
+		check(fmt.Sprintf("sink.webhook.secrets[%d]", i), s)
 	}
 }
 
@@ -558,6 +584,35 @@ func (l *loader) table(key, value string) {
 	case slices.ContainsFunc(parts, func(p string) bool { return len(p) > maxIdentifier }):
 		l.invalid(key, "a name is longer than PostgreSQL's %d bytes, got %q", maxIdentifier, value)
 	}
+}
+
+// checkTablesDistinct refuses a dead-letter table that is the outbox table
+// or, with archive.mode move, the archive table, and an archive table that
+// is the outbox table: the relay would capture its own dead letters or
+// archived rows. A name without a schema is taken as public's.
+func (l *loader) checkTablesDistinct(c *Config) {
+	same := func(a, b string) bool { return publicName(a) == publicName(b) }
+	if same(c.DeadLetter.Table, c.Outbox.Table) {
+		l.invalid("dead_letter.table", "must not be the outbox table (%s)", c.Outbox.Table)
+	}
+	if c.Archive.Mode != "move" {
+		return
+	}
+	if same(c.Archive.Table, c.Outbox.Table) {
+		l.invalid("archive.table", "must not be the outbox table (%s)", c.Outbox.Table)
+	}
+	if same(c.DeadLetter.Table, c.Archive.Table) {
+		l.invalid("dead_letter.table", "must not be the archive table (%s)", c.Archive.Table)
+	}
+}
+
+// publicName returns a table name with the schema public added when it has
+// none.
+func publicName(table string) string {
+	if strings.Contains(table, ".") {
+		return table
+	}
+	return "public." + table
 }
 
 // template checks that a destination template uses only known placeholders.

@@ -79,8 +79,8 @@ func TestWebhookErrors(t *testing.T) {
 		{"bad url", "    url: \"http://h:port/x\"\n", 8, "sink.webhook.url", "not a valid URL: "},
 		{"unknown placeholder", "    url: http://h/{id}\n", 8, "sink.webhook.url", "template \"http://h/{id}\": unknown placeholder {id}"},
 		{"secret empty", "    url: http://h/\n    secret: ${UNSET}\n", 9, "sink.webhook.secret", "must not be empty (remove the key to send unsigned requests)"},
-		{"secret short", "    url: http://h/\n    secret: fifteen-bytes!!\n", 9, "sink.webhook.secret", "too short: 15 bytes, at least 16 are needed"},
-		{"secret short whsec", "    url: http://h/\n    secret: whsec_c2hvcnQ=\n", 9, "sink.webhook.secret", "too short: 5 bytes"},
+		{"secret short", "    url: http://h/\n    secret: fifteen-bytes!!\n", 9, "sink.webhook.secret", "too short: the secret is 15 bytes, at least 16 are needed"},
+		{"secret short whsec", "    url: http://h/\n    secret: whsec_c2hvcnQ=\n", 9, "sink.webhook.secret", "too short: the decoded key is 5 bytes"},
 		{"secret bad base64", "    url: http://h/\n    secret: whsec_!!not-base64-but-long\n", 9, "sink.webhook.secret", "the part after whsec_ is not valid base64"},
 		{"header name", "    url: http://h/\n    headers:\n      \"bad name\": x\n", 10, "sink.webhook.headers.bad name", "not a valid HTTP header name"},
 		{"header reserved", "    url: http://h/\n    headers:\n      idempotency-key: x\n", 10, "sink.webhook.headers.idempotency-key", "Idempotency-Key is set by the relay or by HTTP itself"},
@@ -90,7 +90,10 @@ func TestWebhookErrors(t *testing.T) {
 		{"headers not a map", "    url: http://h/\n    headers: [a]\n", 9, "sink.webhook.headers", "expected a mapping, got a list"},
 		{"concurrency negative", "    url: http://h/\n    max_concurrency: -1\n", 9, "sink.webhook.max_concurrency", "must be between 1 and 10000 (0 or unset: 64), got -1"},
 		{"concurrency huge", "    url: http://h/\n    max_concurrency: 10001\n", 9, "sink.webhook.max_concurrency", "must be between 1 and 10000"},
-		{"unknown key", "    url: http://h/\n    secrets: x\n", 9, "sink.webhook.secrets", "unknown key (expected one of url, timeout, secret, headers, max_concurrency, health_url)"},
+		{"unknown key", "    url: http://h/\n    secret_list: x\n", 9, "sink.webhook.secret_list", "unknown key (expected one of url, timeout, secret, secrets, headers, max_concurrency, health_url)"},
+		{"secret and secrets", "    url: http://h/\n    secret: whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n    secrets: [whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw]\n", 10, "sink.webhook.secrets", "set either sink.webhook.secret or sink.webhook.secrets, not both"},
+		{"secrets empty", "    url: http://h/\n    secrets: []\n", 9, "sink.webhook.secrets", "must not be empty (a list of secrets"},
+		{"secrets one short", "    url: http://h/\n    secrets:\n      - whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n      - ${UNSET}\n", 11, "sink.webhook.secrets[1]", "must not be empty"},
 		{"health url placeholder", "    url: http://h/\n    health_url: http://h/{aggregate_type}\n", 9, "sink.webhook.health_url", "placeholders are not allowed"},
 		{"health url scheme", "    url: http://h/\n    health_url: ftp://h/health\n", 9, "sink.webhook.health_url", "the scheme must be http or https"},
 		{"health url empty", "    url: http://h/\n    health_url: \"\"\n", 9, "sink.webhook.health_url", "must not be empty"},
@@ -162,5 +165,18 @@ func TestReservedMatchesSink(t *testing.T) {
 				t.Errorf("header %s: want refused %v; the config refuses it: %v, the sink: %v", n, want, cfgErr, sinkErr)
 			}
 		}
+	}
+}
+
+// TestWebhookSecrets checks that sink.webhook.secrets takes a list of
+// secrets, each from the environment, for signing with each.
+func TestWebhookSecrets(t *testing.T) {
+	yaml := webhookCase("    url: http://h/\n    secrets: [${NEW}, ${OLD}]\n")
+	c, err := Parse([]byte(yaml), env(map[string]string{"NEW": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "OLD": "a raw secret of 24 bytes"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Sink.Webhook.Secrets; !slices.Equal(got, []string{"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "a raw secret of 24 bytes"}) {
+		t.Errorf("secrets %q", got)
 	}
 }

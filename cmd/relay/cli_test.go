@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -249,4 +250,57 @@ func TestSecretsFromEnvNeverPrinted(t *testing.T) {
 	if code != 2 || strings.Contains(out, "pa ss") || !strings.Contains(out, "postgres.url") {
 		t.Errorf("run with an unparsable URL: exit %d\n%s", code, out)
 	}
+}
+
+// TestHelp checks that every command answers --help, -h and relay help
+// COMMAND with its own usage on stdout and exit 0, within seconds and
+// without starting anything (relay demo would start Postgres and NATS and
+// print its progress), and that commands without arguments refuse extra
+// ones.
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range []string{"run", "init", "check", "status", "dlq", "demo", "version", "help"} {
+		for _, args := range [][]string{{cmd, "--help"}, {cmd, "-h"}, {"help", cmd}} {
+			stdout, stderr, code := runRelaySplit(t, args...)
+			if code != 0 || stderr != "" || !strings.HasPrefix(stdout, "usage: relay "+cmd) {
+				t.Errorf("relay %s: exit %d, want 0 with its usage on stdout\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout, stderr)
+			}
+		}
+	}
+	stdout, _, code := runRelaySplit(t, "init", "--help")
+	if code != 0 || !strings.Contains(stdout, "-role NAME") || strings.Contains(stdout, "-role relay run") {
+		t.Errorf("init --help names --role's value badly:\n%s", stdout)
+	}
+	for _, args := range [][]string{{"help"}, {"--help"}} {
+		if stdout, _, code := runRelaySplit(t, args...); code != 0 || !strings.Contains(stdout, "relay demo") || !strings.Contains(stdout, "relay help [COMMAND]") {
+			t.Errorf("relay %v: exit %d\n%s", args, code, stdout)
+		}
+	}
+	for _, args := range [][]string{{"version", "extra"}, {"demo", "extra"}, {"help", "frobnicate"}, {"help", "run", "init"}, {"run", "--bogus"}} {
+		if _, stderr, code := runRelaySplit(t, args...); code != 2 || stderr == "" {
+			t.Errorf("relay %v: exit %d, want 2 with a message\n%s", args, code, stderr)
+		}
+	}
+}
+
+// runRelaySplit runs a relay command that must finish within 20 seconds
+// and returns its stdout, its stderr and its exit status.
+func runRelaySplit(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var stdout, stderr strings.Builder
+	cmd := exec.CommandContext(ctx, relayBin, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Errorf("relay %v did not finish within 20s", args)
+	}
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("relay %v: %v", args, err)
+	}
+	return stdout.String(), stderr.String(), code
 }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/google/uuid"
@@ -26,130 +27,218 @@ import (
 	"github.com/outboxrelay/relay/internal/schema"
 )
 
-const usage = `usage:
-  relay run    --config FILE                 run the relay until SIGINT/SIGTERM
-  relay init   --config FILE [--dry-run] [--role NAME] [--lock-timeout 5s]
-                                             create the outbox, dead-letter table, trigger and stream;
-                                             with --role, grant (or print) what relay run needs
-  relay check  --config FILE                 check the config, Postgres and the sink
-  relay status --config FILE [--json] [--endpoint URL] [--max-age 5m]
-                                             the relays, backlog, slot, partitions, dead letters and
-                                             destinations at a glance; exit 0 healthy, 1 not
-  relay dlq    list|redrive|drop --config FILE [--id UUID ...] [--aggregate ID] [--older-than DURATION] [--all] [--limit N]
-                                             inspect, re-publish (same ids) or delete dead letters;
-                                             redrive and drop need a filter or --all
-  relay demo                                 run a self-contained demo (needs PostgreSQL server binaries)
-  relay version                              print the version, commit and Go version
-`
+// commands are relay's subcommands in the order usage lists them.
+var commands = []command{
+	{"run", "relay run    --config FILE", "run the relay until SIGINT/SIGTERM", configFlags("run")},
+	{"init", "relay init   --config FILE [--dry-run] [--role NAME] [--lock-timeout 5s]",
+		"create the outbox, dead-letter table, trigger and stream;\nwith --role, grant (or print) what relay run needs", configFlags("init")},
+	{"check", "relay check  --config FILE", "check the config, Postgres and the sink", configFlags("check")},
+	{"status", "relay status --config FILE [--json] [--endpoint URL] [--max-age 5m]",
+		"the relays, backlog, slot, partitions, dead letters and\ndestinations at a glance; exit 0 healthy, 1 not", statusFlags},
+	{"dlq", "relay dlq    list|redrive|drop --config FILE [--id UUID ...] [--aggregate ID] [--older-than DURATION] [--all] [--limit N]",
+		"inspect, re-publish (same ids) or delete dead letters;\nredrive and drop need a filter or --all", dlqFlags},
+	{"demo", "relay demo", "run a self-contained demo (needs PostgreSQL server binaries)", demoFlags},
+	{"version", "relay version", "print the version, commit and Go version", versionFlags},
+	{"help", "relay help [COMMAND]", "print this usage, or a command's usage and flags", nil},
+}
+
+// A command is one subcommand: its synopsis, what it does, and setup,
+// which defines its flags on fs and returns the function that runs it once
+// fs has parsed the arguments.
+type command struct {
+	name, synopsis, summary string
+	setup                   func(fs *flag.FlagSet) runFunc
+}
+
+// runFunc runs a command whose flags were parsed.
+type runFunc func(ctx context.Context, fs *flag.FlagSet, stdout, stderr io.Writer) error
+
+// usage returns the list of every command.
+func usage() string {
+	var b strings.Builder
+	b.WriteString("usage:\n")
+	for _, c := range commands {
+		lines := strings.Split(c.summary, "\n")
+		if len(c.synopsis) < 43 {
+			fmt.Fprintf(&b, "  %-43s%s\n", c.synopsis, lines[0])
+			lines = lines[1:]
+		} else {
+			b.WriteString("  " + c.synopsis + "\n")
+		}
+		for _, line := range lines {
+			fmt.Fprintf(&b, "  %-43s%s\n", "", line)
+		}
+	}
+	b.WriteString("\nrelay help COMMAND or relay COMMAND --help shows a command's flags.\n")
+	return b.String()
+}
 
 func main() {
 	app.TuneGC()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// run executes one command and returns the exit status.
+// run executes one command and returns the exit status. A command given
+// -h, -help or --help prints its usage to stdout, starts nothing and
+// returns 0; so does relay help COMMAND.
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, usage())
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	var err error
-	cmd, rest := args[0], args[1:]
-	switch cmd {
-	case "run", "init", "check":
-		err = configCommand(ctx, cmd, rest, stdout, stderr)
-	case "dlq":
-		err = dlqCommand(ctx, rest, stdout, stderr)
-	case "status":
-		err = statusCommand(ctx, rest, stdout, stderr)
-	case "demo":
-		err = demo.Run(ctx, demo.Options{Out: stdout})
-	case "version", "--version":
-		bi := buildinfo.Read()
-		fmt.Fprintf(stdout, "relay %s\ncommit %s\ngo %s\n", bi.Version, bi.Commit, bi.GoVersion)
-		return 0
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-		return 0
-	default:
-		err = &app.UsageError{Err: fmt.Errorf("unknown command %q\n%s", cmd, usage)}
+	name, rest := args[0], args[1:]
+	switch name {
+	case "-h", "-help", "--help":
+		name = "help"
+	case "--version":
+		name = "version"
 	}
-	return status(cmd, err, stderr)
+	if name == "help" {
+		return status(name, helpCommand(rest, stdout), stderr)
+	}
+	c, ok := lookup(name)
+	if !ok {
+		return status(name, &app.UsageError{Err: fmt.Errorf("unknown command %q\n%s", name, usage())}, stderr)
+	}
+	fs := newFlagSet(c)
+	exec := c.setup(fs)
+	err := fs.Parse(rest)
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		err = &app.UsageError{Err: fmt.Errorf("relay %s: %w (relay help %s lists its flags)", name, err, name)}
+	}
+	if err == nil {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		err = exec(ctx, fs, stdout, stderr)
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		printHelp(stdout, c)
+		return 0
+	}
+	return status(name, err, stderr)
 }
 
-func configCommand(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	path := fs.String("config", "", "path to the YAML config file (required)")
-	var initOpts app.InitOptions
-	if cmd == "init" {
-		fs.BoolVar(&initOpts.DryRun, "dry-run", false, "print the SQL instead of running it")
-		fs.StringVar(&initOpts.Role, "role", "", "the role `relay run` connects as: print (with --dry-run) or grant the privileges it needs")
-		fs.DurationVar(&initOpts.LockTimeout, "lock-timeout", app.DefaultLockTimeout,
-			"give up a statement that waits longer than this for a table lock the application holds")
+// lookup returns the command called name.
+func lookup(name string) (command, bool) {
+	i := slices.IndexFunc(commands, func(c command) bool { return c.name == name })
+	if i < 0 {
+		return command{}, false
 	}
-	if err := fs.Parse(args); err != nil {
-		return &app.UsageError{Err: err}
+	return commands[i], true
+}
+
+// newFlagSet returns a flag set for c that prints nothing itself: run
+// reports its errors and printHelp its usage.
+func newFlagSet(c command) *flag.FlagSet {
+	fs := flag.NewFlagSet("relay "+c.name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return fs
+}
+
+// printHelp writes c's synopsis, summary and flags to w.
+func printHelp(w io.Writer, c command) {
+	fmt.Fprintf(w, "usage: %s\n\n%s\n", c.synopsis, c.summary)
+	if c.setup == nil {
+		return
 	}
-	if *path == "" || fs.NArg() > 0 {
-		return &app.UsageError{Err: fmt.Errorf("relay %s: --config FILE is required and takes no other arguments", cmd)}
-	}
-	cfg, err := config.Load(*path)
-	if err != nil {
-		return err
-	}
-	log := app.NewLogger(cfg.Log, stderr)
-	switch cmd {
-	case "init":
-		initOpts.Progress = stderr
-		return app.Init(ctx, cfg, initOpts, stdout, log)
-	case "check":
-		return app.Check(ctx, cfg, stdout, log)
-	default:
-		return app.RunConfig(ctx, cfg, log)
+	fs := newFlagSet(c)
+	c.setup(fs)
+	var n int
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	if n > 0 {
+		fmt.Fprintln(w, "\nflags:")
+		fs.SetOutput(w)
+		fs.PrintDefaults()
 	}
 }
 
-// statusCommand runs `relay status`.
-func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// helpCommand runs relay help [COMMAND]: the list of commands, or one
+// command's usage and flags, on stdout.
+func helpCommand(args []string, stdout io.Writer) error {
+	switch {
+	case len(args) == 0:
+		fmt.Fprint(stdout, usage())
+		return nil
+	case len(args) > 1:
+		return &app.UsageError{Err: errors.New("relay help: takes at most one command")}
+	}
+	name := args[0]
+	if slices.Contains([]string{"-h", "-help", "--help"}, name) {
+		name = "help"
+	}
+	c, ok := lookup(name)
+	if !ok {
+		return &app.UsageError{Err: fmt.Errorf("relay help: unknown command %q\n%s", name, usage())}
+	}
+	printHelp(stdout, c)
+	return nil
+}
+
+// configFlags sets up run, init or check: --config and, for init, its own
+// flags.
+func configFlags(cmd string) func(fs *flag.FlagSet) runFunc {
+	return func(fs *flag.FlagSet) runFunc {
+		path := fs.String("config", "", "path to the YAML config file (required)")
+		var initOpts app.InitOptions
+		if cmd == "init" {
+			fs.BoolVar(&initOpts.DryRun, "dry-run", false, "print the SQL instead of running it")
+			fs.StringVar(&initOpts.Role, "role", "", "the `NAME` of the role relay run connects as: print (with --dry-run) or grant the privileges it needs")
+			fs.DurationVar(&initOpts.LockTimeout, "lock-timeout", app.DefaultLockTimeout,
+				"give up a statement that waits longer than this for a table lock the application holds")
+		}
+		return func(ctx context.Context, fs *flag.FlagSet, stdout, stderr io.Writer) error {
+			if *path == "" || fs.NArg() > 0 {
+				return &app.UsageError{Err: fmt.Errorf("relay %s: --config FILE is required and takes no other arguments", cmd)}
+			}
+			cfg, err := config.Load(*path)
+			if err != nil {
+				return err
+			}
+			log := app.NewLogger(cfg.Log, stderr)
+			switch cmd {
+			case "init":
+				initOpts.Progress = stderr
+				return app.Init(ctx, cfg, initOpts, stdout, log)
+			case "check":
+				return app.Check(ctx, cfg, stdout, log)
+			default:
+				return app.RunConfig(ctx, cfg, log)
+			}
+		}
+	}
+}
+
+// statusFlags sets up relay status.
+func statusFlags(fs *flag.FlagSet) runFunc {
 	path := fs.String("config", "", "path to the YAML config file (required)")
 	var opts app.StatusOptions
 	fs.BoolVar(&opts.JSON, "json", false, "print one JSON object")
-	fs.StringVar(&opts.Endpoint, "endpoint", "", "base URL of a running relay's HTTP server (default: from http.listen)")
+	fs.StringVar(&opts.Endpoint, "endpoint", "", "base `URL` of a running relay's HTTP server (default: from http.listen)")
 	fs.DurationVar(&opts.MaxAge, "max-age", app.DefaultStatusMaxAge, "unhealthy when the oldest unpublished event is older")
-	if err := fs.Parse(args); err != nil {
-		return &app.UsageError{Err: err}
-	}
-	if *path == "" || fs.NArg() > 0 || opts.MaxAge <= 0 {
-		return &app.UsageError{Err: fmt.Errorf("relay status: --config FILE is required, --max-age must be positive, and no other arguments are taken")}
-	}
-	if opts.Endpoint != "" {
-		if u, err := url.Parse(opts.Endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return &app.UsageError{Err: fmt.Errorf("relay status: --endpoint must be an http:// or https:// URL, e.g. http://127.0.0.1:9090")}
+	return func(ctx context.Context, fs *flag.FlagSet, stdout, stderr io.Writer) error {
+		if *path == "" || fs.NArg() > 0 || opts.MaxAge <= 0 {
+			return &app.UsageError{Err: fmt.Errorf("relay status: --config FILE is required, --max-age must be positive, and no other arguments are taken")}
 		}
+		if opts.Endpoint != "" {
+			if u, err := url.Parse(opts.Endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return &app.UsageError{Err: fmt.Errorf("relay status: --endpoint must be an http:// or https:// URL, e.g. http://127.0.0.1:9090")}
+			}
+		}
+		cfg, err := config.Load(*path)
+		if err != nil {
+			return err
+		}
+		return app.Status(ctx, cfg, opts, stdout)
 	}
-	cfg, err := config.Load(*path)
-	if err != nil {
-		return err
-	}
-	return app.Status(ctx, cfg, opts, stdout)
 }
 
-// dlqCommand runs `relay dlq list|redrive|drop`.
-func dlqCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || !slices.Contains([]string{"list", "redrive", "drop"}, args[0]) {
-		return &app.UsageError{Err: fmt.Errorf("relay dlq: want list, redrive or drop\n%s", usage)}
-	}
-	action := app.DLQAction(args[0])
-	fs := flag.NewFlagSet("dlq "+args[0], flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// dlqFlags sets up relay dlq: the action comes first, then the flags,
+// which the returned function parses after taking the action off.
+func dlqFlags(fs *flag.FlagSet) runFunc {
 	path := fs.String("config", "", "path to the YAML config file (required)")
 	var f schema.DeadLetterFilter
-	fs.Func("id", "a dead letter's id (repeatable); default all", func(s string) error {
+	fs.Func("id", "a dead letter's `UUID` (repeatable); default all", func(s string) error {
 		u, err := uuid.Parse(s)
 		if err != nil {
 			return fmt.Errorf("not a UUID: %q", s)
@@ -161,20 +250,52 @@ func dlqCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.DurationVar(&f.OlderThan, "older-than", 0, "only dead letters whose last failure is older than this")
 	limit := fs.Int("limit", 100, "list at most this many")
 	all := fs.Bool("all", false, "redrive or drop every dead letter (required without --id, --aggregate or --older-than)")
-	if err := fs.Parse(args[1:]); err != nil {
-		return &app.UsageError{Err: err}
+	return func(ctx context.Context, fs *flag.FlagSet, stdout, stderr io.Writer) error {
+		args := fs.Args()
+		if len(args) == 0 || !slices.Contains([]string{"list", "redrive", "drop"}, args[0]) {
+			return &app.UsageError{Err: errors.New("relay dlq: want list, redrive or drop (relay help dlq shows the flags)")}
+		}
+		action := app.DLQAction(args[0])
+		if err := fs.Parse(args[1:]); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return err
+			}
+			return &app.UsageError{Err: fmt.Errorf("relay dlq %s: %w (relay help dlq lists its flags)", action, err)}
+		}
+		if *path == "" || fs.NArg() > 0 || *limit <= 0 {
+			return &app.UsageError{Err: fmt.Errorf("relay dlq %s: --config FILE is required, --limit must be positive, and no other arguments are taken", action)}
+		}
+		if action != app.DLQList && f.Empty() && !*all {
+			return &app.UsageError{Err: fmt.Errorf("relay dlq %s: select dead letters with --id, --aggregate or --older-than, or give --all to %s every one", action, action)}
+		}
+		cfg, err := config.Load(*path)
+		if err != nil {
+			return err
+		}
+		return app.DLQ(ctx, cfg, action, f, app.DLQOptions{Limit: *limit, Progress: stderr}, stdout)
 	}
-	if *path == "" || fs.NArg() > 0 || *limit <= 0 {
-		return &app.UsageError{Err: fmt.Errorf("relay dlq %s: --config FILE is required, --limit must be positive, and no other arguments are taken", action)}
+}
+
+// demoFlags sets up relay demo, which takes no arguments.
+func demoFlags(*flag.FlagSet) runFunc {
+	return func(ctx context.Context, fs *flag.FlagSet, stdout, stderr io.Writer) error {
+		if fs.NArg() > 0 {
+			return &app.UsageError{Err: errors.New("relay demo: takes no arguments")}
+		}
+		return demo.Run(ctx, demo.Options{Out: stdout})
 	}
-	if action != app.DLQList && f.Empty() && !*all {
-		return &app.UsageError{Err: fmt.Errorf("relay dlq %s: select dead letters with --id, --aggregate or --older-than, or give --all to %s every one", action, action)}
+}
+
+// versionFlags sets up relay version, which takes no arguments.
+func versionFlags(*flag.FlagSet) runFunc {
+	return func(_ context.Context, fs *flag.FlagSet, stdout, stderr io.Writer) error {
+		if fs.NArg() > 0 {
+			return &app.UsageError{Err: errors.New("relay version: takes no arguments")}
+		}
+		bi := buildinfo.Read()
+		fmt.Fprintf(stdout, "relay %s\ncommit %s\ngo %s\n", bi.Version, bi.Commit, bi.GoVersion)
+		return nil
 	}
-	cfg, err := config.Load(*path)
-	if err != nil {
-		return err
-	}
-	return app.DLQ(ctx, cfg, action, f, app.DLQOptions{Limit: *limit, Progress: stderr}, stdout)
 }
 
 // status prints err and maps it to the exit status: 0 success, 1 runtime

@@ -6,15 +6,20 @@
 //	...
 //	body, _ := io.ReadAll(r.Body)
 //	if err := v.Verify(r.Header, body); err != nil {
-//		http.Error(w, "bad signature", http.StatusBadRequest)
+//		http.Error(w, "bad signature", http.StatusUnauthorized)
 //		return
 //	}
+//
+// Answer a bad signature with 401 Unauthorized: the relay then holds the
+// URL's events and retries them, so a secret not yet deployed on one side
+// loses nothing. A 400, 413 or 422 tells the relay the event itself can
+// never succeed, and it dead-letters the event.
 //
 // A request carries three headers: webhook-id (the event's message id, the
 // same on every attempt), webhook-timestamp (unix seconds of this attempt)
 // and webhook-signature ("v1," and the base64 HMAC-SHA256, keyed with the
 // secret, of "<id>.<timestamp>.<body>"; several space-separated signatures
-// may be sent). Signing the id and the timestamp with the body means a
+// may be sent, one per secret while a secret is rotated). Signing the id and the timestamp with the body means a
 // captured request cannot be passed off as another event, nor replayed after
 // the tolerance window. The package uses only the standard library.
 package webhook
@@ -43,29 +48,75 @@ const (
 	// receiver's clock, in the past or the future, as Standard Webhooks
 	// recommends.
 	Tolerance = 5 * time.Minute
-	// MinSecretBytes is the shortest secret, in bytes after decoding, that
+	// MinSecretBytes is the shortest key, in bytes after decoding, that
 	// ParseSecret accepts.
 	MinSecretBytes = 16
+	// RecommendedSecretBytes is the shortest key Standard Webhooks allows;
+	// SecretAdvice warns about a shorter one.
+	RecommendedSecretBytes = 24
 	// secretPrefix marks a base64-encoded secret.
 	secretPrefix = "whsec_"
 )
 
-// ParseSecret returns the key bytes of a signing secret: for
-// "whsec_<base64>" the decoded bytes, for any other string its own bytes.
-// It fails for a key shorter than MinSecretBytes or invalid base64 after
+// ParseSecret returns the key bytes of a signing secret, read as the
+// Standard Webhooks reference libraries read it: the base64 after whsec_,
+// and for a secret without that prefix the base64 it holds, when it is
+// standard base64 (padding optional) of at least MinSecretBytes bytes. Any
+// other secret without the prefix is a raw secret: its own bytes are the
+// key, which the reference libraries cannot read (SecretAdvice says so). It
+// fails for a key shorter than MinSecretBytes or invalid base64 after
 // whsec_; its errors never contain the secret.
 func ParseSecret(secret string) ([]byte, error) {
-	key := []byte(secret)
-	if b64, ok := strings.CutPrefix(secret, secretPrefix); ok {
-		var err error
-		if key, err = base64.StdEncoding.DecodeString(b64); err != nil {
-			return nil, errors.New("the part after whsec_ is not valid base64")
-		}
+	key, raw, err := parseSecret(secret)
+	if err != nil {
+		return nil, err
 	}
 	if len(key) < MinSecretBytes {
-		return nil, fmt.Errorf("too short: %d bytes, at least %d are needed", len(key), MinSecretBytes)
+		what := "the decoded key"
+		if raw {
+			what = "the secret"
+		}
+		return nil, fmt.Errorf("too short: %s is %d bytes, at least %d are needed", what, len(key), MinSecretBytes)
 	}
 	return key, nil
+}
+
+// parseSecret returns the key of secret and whether it is raw: without
+// whsec_ and not base64 of at least MinSecretBytes bytes.
+func parseSecret(secret string) (key []byte, raw bool, err error) {
+	if b64, ok := strings.CutPrefix(secret, secretPrefix); ok {
+		if key, err = decodeBase64(b64); err != nil {
+			return nil, false, errors.New("the part after whsec_ is not valid base64")
+		}
+		return key, false, nil
+	}
+	if key, err := decodeBase64(secret); err == nil && len(key) >= MinSecretBytes {
+		return key, false, nil
+	}
+	return []byte(secret), true, nil
+}
+
+// decodeBase64 decodes standard base64 with or without its padding, as the
+// reference libraries do.
+func decodeBase64(s string) ([]byte, error) {
+	return base64.RawStdEncoding.DecodeString(strings.TrimSuffix(strings.TrimSuffix(s, "="), "="))
+}
+
+// SecretAdvice returns a warning about a secret ParseSecret accepts, or ""
+// when there is none to give: a raw secret, which receivers using a
+// Standard Webhooks library cannot verify with (they base64-decode it), or
+// a key shorter than RecommendedSecretBytes. It never contains the secret.
+func SecretAdvice(secret string) string {
+	key, raw, err := parseSecret(secret)
+	switch {
+	case err != nil:
+		return ""
+	case raw:
+		return "the secret has no whsec_ prefix and is not the base64 of 16 bytes or more, so its own bytes are the key, while Standard Webhooks libraries base64-decode it: a receiver using one cannot verify the signatures; configure whsec_ followed by the base64 of the key instead"
+	case len(key) < RecommendedSecretBytes:
+		return fmt.Sprintf("the key is %d bytes; Standard Webhooks asks for at least %d (generate one with: echo \"whsec_$(openssl rand -base64 32)\")", len(key), RecommendedSecretBytes)
+	}
+	return ""
 }
 
 // Sign returns the webhook-signature value of the message id sent at
@@ -103,8 +154,9 @@ type Verifier struct {
 	Now func() time.Time
 }
 
-// NewVerifier returns a Verifier for secret, "whsec_<base64>" or raw, as
-// ParseSecret reads it.
+// NewVerifier returns a Verifier for secret, as ParseSecret reads it: the
+// same string the relay's sink.webhook.secret holds (or, while the relay
+// signs with several, any one of them).
 func NewVerifier(secret string) (*Verifier, error) {
 	key, err := ParseSecret(secret)
 	if err != nil {

@@ -137,3 +137,56 @@ func headers(id string, ts int64, sig string) http.Header {
 	h.Set(HeaderSignature, sig)
 	return h
 }
+
+// referenceVectors were signed by the Standard Webhooks reference library
+// for JavaScript (npm standardwebhooks 1.0.0, new Webhook(secret).sign), at
+// timestamp 1700000000 with id msg_2KWPBgLlAfxdpx2AI54pPJ85f4W and body
+// {"order":"o-1","amount":42}. The library base64-decodes a secret with
+// or without whsec_, padding optional; the last one was made with its
+// format "raw" option, the only way it takes a secret that is not base64.
+var referenceVectors = []struct{ secret, signature string }{
+	{"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "v1,guBq5E03l6A+OZe+YoDPCJDGW5rcFVOFlNh0Xd/chUw="},
+	{"MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "v1,guBq5E03l6A+OZe+YoDPCJDGW5rcFVOFlNh0Xd/chUw="},
+	{"c2VjcmV0LWtleS1vZi10d2VudHktYnl0ZXM", "v1,2FetKhHIT2D8p36HRFC47TAfRur1S45xWN1eQ9cRSKE="},
+	{"c2VjcmV0LWtleS1vZi10d2VudHktYnl0ZXM=", "v1,2FetKhHIT2D8p36HRFC47TAfRur1S45xWN1eQ9cRSKE="},
+	{"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", "v1,DzSaf7DBu6RosThAbhAeHi2LDWybAy2oTal7FRYAyLc="},
+	{"correct horse battery staple!", "v1,dpC+52U0rTiMYPhY+WkGJfuQ2JXLOrDGr8I/fJkm/Ys="},
+}
+
+// TestReferenceLibrary checks that a secret means what it means to the
+// reference library: Sign makes the signature it made, and Verify accepts
+// it, for the same configured string, with or without whsec_.
+func TestReferenceLibrary(t *testing.T) {
+	const id, ts, body = "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W", 1700000000, `{"order":"o-1","amount":42}`
+	for _, vec := range referenceVectors {
+		key, err := ParseSecret(vec.secret)
+		if err != nil {
+			t.Fatalf("%s: %v", vec.secret, err)
+		}
+		if got := Sign(key, id, ts, []byte(body)); got != vec.signature {
+			t.Errorf("%s: Sign = %s, the reference library signs %s", vec.secret, got, vec.signature)
+		}
+		v := verifierAt(t, vec.secret, time.Unix(ts, 0))
+		if err := v.Verify(headers(id, ts, "v1,bm90IGl0 "+vec.signature), []byte(body)); err != nil {
+			t.Errorf("%s: Verify of the reference signature: %v", vec.secret, err)
+		}
+	}
+}
+
+// TestSecretAdvice checks the warnings about secrets ParseSecret accepts:
+// one the reference libraries cannot read, one shorter than 24 bytes, and
+// none for a whsec_ secret of 24 bytes or more.
+func TestSecretAdvice(t *testing.T) {
+	for _, c := range []struct{ secret, want string }{
+		{"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", ""},
+		{"MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", ""},
+		{"whsec_" + base64.StdEncoding.EncodeToString(make([]byte, 16)), "the key is 16 bytes; Standard Webhooks asks for at least 24"},
+		{"correct horse battery staple!", "no whsec_ prefix"},
+		{"0123456789abcdef", "no whsec_ prefix"},
+	} {
+		got := SecretAdvice(c.secret)
+		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) || (got != "" && strings.Contains(got, c.secret)) {
+			t.Errorf("SecretAdvice(%q) = %q, want %q", c.secret, got, c.want)
+		}
+	}
+}

@@ -171,7 +171,7 @@ func sqsConfig(c config.SQS) sqssink.Config {
 // webhookConfig maps sink.webhook to the webhook sink's settings.
 func webhookConfig(c config.Webhook) webhook.Config {
 	return webhook.Config{
-		URL: c.URL, Timeout: c.Timeout.D(), Secret: c.Secret, Headers: c.Headers,
+		URL: c.URL, Timeout: c.Timeout.D(), Secret: c.Secret, Secrets: c.Secrets, Headers: c.Headers,
 		MaxConcurrency: c.MaxConcurrency, HealthURL: c.HealthURL,
 	}
 }

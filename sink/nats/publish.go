@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -14,6 +15,7 @@ import (
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/destname"
+	"github.com/outboxrelay/relay/internal/rowtext"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/envelope"
 )
@@ -106,6 +108,9 @@ func (s *Sink) send(ctx context.Context, msg *nats.Msg, hs *headerSet, subject s
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := checkRowHeaderValues(e, s.rows); err != nil {
+		return fault.AsPermanent(err)
+	}
 	*msg = nats.Msg{Subject: subject, Header: hs.headers(e, s.rows), Data: e.Payload}
 	if env := s.opts.Envelope; env != nil {
 		if err := env.Check(e); err != nil {
@@ -133,6 +138,20 @@ func headerBytes(h nats.Header) int {
 		}
 	}
 	return n
+}
+
+// checkRowHeaderValues returns an error naming the first row header rows
+// forwards whose value holds a control byte other than horizontal tab:
+// NATS headers are CRLF-delimited text, and a NUL or another control byte
+// would be stored and handed to every consumer as it is.
+func checkRowHeaderValues(e *event.Event, rows *sink.HeaderFilter) error {
+	for k, v := range e.Headers {
+		i := strings.IndexFunc(v, func(r rune) bool { return (r < ' ' && r != '\t') || r == 0x7f })
+		if i >= 0 && rows.Reason(k) == "" {
+			return fmt.Errorf("row header %s: the value has the control byte %#02x at byte %d, which NATS headers cannot carry as text", rowtext.Label(k), v[i], i)
+		}
+	}
+	return nil
 }
 
 // headerSet builds the headers of one message after another in one map and

@@ -3,6 +3,7 @@ package nats
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,4 +43,33 @@ func FuzzRowBytes(f *testing.F) {
 			t.Fatalf("connection %v after the publish", s.nc.Status())
 		}
 	})
+}
+
+// TestControlBytesInHeaderValues checks that an event whose row header
+// value holds a NUL or another control byte fails as its own fault
+// (permanent, naming the header) and is not stored, while a tab passes and
+// the neighbours are stored.
+func TestControlBytesInHeaderValues(t *testing.T) {
+	srv := startServer(t, testenv.NATSOptions{})
+	s := newStreamSink(t, srv.URL(), Options{})
+	for i, v := range []string{"a\x00b", "bell\x07", "del\x7f"} {
+		odd := testEvent(10*i+2, "order", "odd")
+		odd.Headers = map[string]string{"X-Tenant": v}
+		tab := testEvent(10*i+3, "order", "tab")
+		tab.Headers = map[string]string{"X-Tenant": "a\tb"}
+		batch := []*event.Event{testEvent(10*i+1, "order", "a"), odd, tab}
+		err := s.Publish(context.Background(), batch)
+		ferr := sink.Failed(err, 1)
+		if fault.ClassOf(ferr) != fault.Permanent || !strings.Contains(fmt.Sprint(ferr), "X-Tenant") {
+			t.Errorf("header value %q: %v (%s), want a permanent failure naming the header", v, ferr, fault.ClassOf(ferr))
+		}
+		for _, j := range []int{0, 2} {
+			if ferr := sink.Failed(err, j); ferr != nil {
+				t.Errorf("neighbour %d: %v", j, ferr)
+			}
+		}
+	}
+	if n := len(storedMsgs(t, s)); n != 6 {
+		t.Errorf("%d messages stored, want the 6 neighbours", n)
+	}
 }

@@ -137,7 +137,7 @@ func (s *Sink) post(ctx context.Context, e *event.Event) error {
 		return s.wrap(e, target, fault.AsPermanent(redact.Error(err)))
 	}
 	req.Header = h
-	if s.secret != nil {
+	if len(s.secrets) > 0 {
 		s.sign(req.Header, e, time.Now())
 	}
 
@@ -190,13 +190,25 @@ func (s *Sink) wrap(e *event.Event, target string, err error) error {
 	return fmt.Errorf("POST %s for event %s: %w", redact.String(target), e.ID, err)
 }
 
+// The bounds on a row's headers in one request; an event over either
+// fails as its own fault (permanent) and is dead-lettered. 64 KiB is
+// JetStream's limit on a message's headers too.
+const (
+	MaxRowHeaders     = 256
+	MaxRowHeaderBytes = 64 << 10
+)
+
 // header returns the request headers of e: its Headers map (names in
 // canonical form), then the static headers, then the contract headers, each
 // overriding the ones before it, and with an envelope the CloudEvents
 // headers in place of any other Ce- header. Row headers s.rows drops are
 // left out.
 func (s *Sink) header(e *event.Event) (http.Header, error) {
+	if len(e.Headers) > MaxRowHeaders {
+		return nil, fmt.Errorf("the row has %d headers, over the %d the relay sends in a request", len(e.Headers), MaxRowHeaders)
+	}
 	h := make(http.Header, len(e.Headers)+len(s.headers)+8)
+	size := 0
 	for k, v := range e.Headers {
 		ck := textproto.CanonicalMIMEHeaderKey(k)
 		if !s.rows.Forward(k) || s.headers[ck] != nil {
@@ -204,6 +216,9 @@ func (s *Sink) header(e *event.Event) (http.Header, error) {
 		}
 		if !validHeaderName(k) {
 			return nil, fmt.Errorf("row header %q is not a valid HTTP header name", k)
+		}
+		if size += len(k) + len(v) + len(": \r\n"); size > MaxRowHeaderBytes {
+			return nil, fmt.Errorf("the row's headers are over %d bytes, more than the relay sends in a request (servers refuse large header blocks)", MaxRowHeaderBytes)
 		}
 		h[ck] = append(h[ck], headerValue(v))
 	}
@@ -315,7 +330,11 @@ func (s *Sink) sign(h http.Header, e *event.Event, now time.Time) {
 	ts := now.Unix()
 	h[HeaderWebhookID] = []string{e.ID}
 	h[HeaderWebhookTimestamp] = []string{strconv.FormatInt(ts, 10)}
-	h[HeaderSignature] = []string{whsig.Sign(s.secret, e.ID, ts, e.Payload)}
+	sigs := make([]string, len(s.secrets))
+	for i, key := range s.secrets {
+		sigs[i] = whsig.Sign(key, e.ID, ts, e.Payload)
+	}
+	h[HeaderSignature] = []string{strings.Join(sigs, " ")}
 }
 
 // StatusError is a response whose status is not 2xx.

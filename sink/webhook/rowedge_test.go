@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -104,4 +105,41 @@ func FuzzRowHeaders(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestRowHeadersBounded: a row with more than MaxRowHeaders headers or
+// more than MaxRowHeaderBytes of them (20,013 headers, one header of 1 MB)
+// fails alone as permanent without a request; a row at the bounds is
+// delivered, as is its neighbour.
+func TestRowHeadersBounded(t *testing.T) {
+	rc := newReceiver(t, nil)
+	s := newSink(t, Config{URL: rc.URL + "/in/{aggregate_id}"})
+	many := map[string]string{}
+	for i := range 20013 {
+		many[fmt.Sprintf("X-H%d", i)] = "v"
+	}
+	atBound := map[string]string{}
+	for i := range MaxRowHeaders {
+		atBound[fmt.Sprintf("X-H%d", i)] = strings.Repeat("v", 200)
+	}
+	for _, c := range []struct {
+		name    string
+		headers map[string]string
+		want    string
+	}{
+		{"20,013 headers", many, "permanent"},
+		{"a 1 MB header", map[string]string{"X-Big": strings.Repeat("b", 1<<20)}, "permanent"},
+		{"at the bounds", atBound, "ok"},
+	} {
+		batch := testEvents(2)
+		batch[0].Headers = c.headers
+		before := len(rc.requests())
+		err := s.Publish(context.Background(), batch)
+		if got := sinktest.Classes(err, 2); !slices.Equal(got, []string{c.want, "ok"}) {
+			t.Errorf("%s: classes %v, want [%s ok] (err %.300v)", c.name, got, c.want, err)
+		}
+		if want := map[string]int{"permanent": 1, "ok": 2}[c.want]; len(rc.requests())-before != want {
+			t.Errorf("%s: %d requests, want %d", c.name, len(rc.requests())-before, want)
+		}
+	}
 }

@@ -152,3 +152,34 @@ func TestSignedPerAttempt(t *testing.T) {
 		}
 	}
 }
+
+// TestSecretRotation checks that a sink with several secrets sends one v1
+// signature per secret, space-separated, so a receiver holding either the
+// new or the old secret verifies every request, and one holding neither
+// does not.
+func TestSecretRotation(t *testing.T) {
+	const oldSecret = "0123456789abcdef0123456789abcdef" // prefix-less base64: its decoded 24 bytes are the key
+	rc := newReceiver(t, func(w http.ResponseWriter, r *http.Request, _ int) {})
+	s := newSink(t, Config{URL: rc.URL + "/x", Secret: testSecret, Secrets: []string{oldSecret}})
+	if err := s.Publish(context.Background(), testEvents(2)); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rc.requests() {
+		if sigs := strings.Fields(r.Header.Get(whsig.HeaderSignature)); len(sigs) != 2 {
+			t.Errorf("webhook-signature %q, want two signatures", sigs)
+		}
+		for _, secret := range []string{testSecret, oldSecret} {
+			v, err := whsig.NewVerifier(secret)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := v.Verify(r.Header, r.Body); err != nil {
+				t.Errorf("a receiver with secret %s: %v", secret[:6], err)
+			}
+		}
+		other, _ := whsig.NewVerifier("whsec_" + base64.StdEncoding.EncodeToString([]byte("another key of 24 bytes!")))
+		if err := other.Verify(r.Header, r.Body); err == nil {
+			t.Error("a receiver with another secret verified the request")
+		}
+	}
+}

@@ -59,6 +59,10 @@ type Config struct {
 	// or raw, at least 16 bytes, as the helpers' webhook.ParseSecret reads
 	// it. Default empty: requests are not signed.
 	Secret string
+	// Secrets are more secrets, read as Secret is: each request carries
+	// one v1 signature per secret, Secret's first, space-separated, as
+	// Standard Webhooks does while a secret is rotated. Default none.
+	Secrets []string
 	// Headers are added to every request, such as Authorization. They
 	// override the row's headers and cannot set a header CheckStaticHeader
 	// refuses. Default none.
@@ -100,7 +104,7 @@ type Sink struct {
 	timeout time.Duration
 	headers http.Header           // static headers from sink.webhook.headers
 	rows    *sink.HeaderFilter    // which row headers are sent
-	secret  []byte                // nil: requests are not signed
+	secrets [][]byte              // none: requests are not signed
 	env     *envelope.CloudEvents // nil: no envelope
 	health  string                // sink.webhook.health_url; empty: none
 	client  *http.Client
@@ -173,10 +177,8 @@ func New(cfg Config, opts Options) (*Sink, error) {
 		health:  cfg.HealthURL,
 		env:     opts.Envelope,
 	}
-	if cfg.Secret != "" {
-		if s.secret, err = whsig.ParseSecret(cfg.Secret); err != nil {
-			return nil, fmt.Errorf("sink.webhook.secret: %w", err)
-		}
+	if s.secrets, err = parseSecrets(cfg, log); err != nil {
+		return nil, err
 	}
 	rt := opts.Transport
 	if rt == nil {
@@ -192,6 +194,31 @@ func New(cfg Config, opts Options) (*Sink, error) {
 	}
 	s.closed, s.close = context.WithCancel(context.Background())
 	return s, nil
+}
+
+// parseSecrets returns the keys of cfg's secrets, Secret's first, and logs
+// whsig.SecretAdvice's warning about any of them.
+func parseSecrets(cfg Config, log *slog.Logger) ([][]byte, error) {
+	type named struct{ key, secret string }
+	var secrets []named
+	if cfg.Secret != "" {
+		secrets = append(secrets, named{"sink.webhook.secret", cfg.Secret})
+	}
+	for i, secret := range cfg.Secrets {
+		secrets = append(secrets, named{fmt.Sprintf("sink.webhook.secrets[%d]", i), secret})
+	}
+	keys := make([][]byte, 0, len(secrets))
+	for _, n := range secrets {
+		key, err := whsig.ParseSecret(n.secret)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", n.key, err)
+		}
+		if advice := whsig.SecretAdvice(n.secret); advice != "" {
+			log.Warn(n.key+": "+advice, "key", n.key)
+		}
+		keys = append(keys, key)
+	}
+	return keys, nil
 }
 
 // newTransport returns a keep-alive transport that opens at most n
