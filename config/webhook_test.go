@@ -69,7 +69,7 @@ func TestWebhookErrors(t *testing.T) {
 		key, msg      string
 	}{
 		{"url missing", "    timeout: 1s\n", 7, "sink.webhook.url", "required"},
-		{"url empty", "    url: ${UNSET}\n", 8, "sink.webhook.url", "must not be empty"},
+		{"url empty", "    url: ${UNSET:-}\n", 8, "sink.webhook.url", "must not be empty"},
 		{"relative url", "    url: /hook/{aggregate_type}\n", 8, "sink.webhook.url", "must be an absolute http or https URL"},
 		{"scheme", "    url: ftp://h/{aggregate_type}\n", 8, "sink.webhook.url", `the scheme must be http or https, got "ftp"`},
 		{"placeholder in host", "    url: https://{aggregate_type}.example.com/in\n", 8, "sink.webhook.url", "placeholders are allowed only in the path and query, not in the scheme or host"},
@@ -78,7 +78,7 @@ func TestWebhookErrors(t *testing.T) {
 		{"fragment", "    url: http://h/in#{event_type}\n", 8, "sink.webhook.url", "a URL fragment (#...) is never sent"},
 		{"bad url", "    url: \"http://h:port/x\"\n", 8, "sink.webhook.url", "not a valid URL: "},
 		{"unknown placeholder", "    url: http://h/{id}\n", 8, "sink.webhook.url", "template \"http://h/{id}\": unknown placeholder {id}"},
-		{"secret empty", "    url: http://h/\n    secret: ${UNSET}\n", 9, "sink.webhook.secret", "must not be empty (remove the key to send unsigned requests)"},
+		{"secret empty", "    url: http://h/\n    secret: ${UNSET:-}\n", 9, "sink.webhook.secret", "must not be empty (remove the key to send unsigned requests)"},
 		{"secret short", "    url: http://h/\n    secret: fifteen-bytes!!\n", 9, "sink.webhook.secret", "too short: 15 bytes, at least 16 are needed"},
 		{"secret short whsec", "    url: http://h/\n    secret: whsec_c2hvcnQ=\n", 9, "sink.webhook.secret", "too short: 5 bytes"},
 		{"secret bad base64", "    url: http://h/\n    secret: whsec_!!not-base64-but-long\n", 9, "sink.webhook.secret", "the part after whsec_ is not valid base64"},
