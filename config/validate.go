@@ -587,8 +587,8 @@ func (l *loader) checkIAMAuth(p Postgres) {
 	if !awsRegion.MatchString(region) {
 		l.invalid("postgres.aws_iam_auth.region", "must be an AWS region such as eu-west-1, got %q", region)
 	}
-	if urlPassword(p.URL) {
-		l.invalid("postgres.aws_iam_auth.region", "IAM authentication signs a token for every connection: remove the password from postgres.url")
+	if urlPassword(p.URL) || p.Password != "" || p.PasswordFile != "" {
+		l.invalid("postgres.aws_iam_auth.region", "IAM authentication signs a token for every connection: remove the password from postgres.url, postgres.password and postgres.password_file")
 	}
 }
 
