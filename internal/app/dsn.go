@@ -73,12 +73,9 @@ func misplacedUserinfo(rest string) bool {
 // badPercent matches a % that starts no percent-encoded byte.
 var badPercent = regexp.MustCompile(`%([^0-9A-Fa-f]|.[^0-9A-Fa-f]|.?$)`)
 
-// quotedText matches a double-quoted string, as %q writes it.
-var quotedText = regexp.MustCompile(`"(?:\\.|[^"\\])*"`)
-
 // parseReason returns pgx's reason for rejecting a connection string
-// without the string itself and with every quoted fragment of it (such as
-// the word a key=value parser took for a key) replaced by "…".
+// without the string itself, and with every quoted fragment of it (such as
+// the word a key=value parser took for a key) masked by redact.String.
 func parseReason(err error) string {
 	var pe *pgconn.ParseConfigError
 	if !errors.As(err, &pe) {
@@ -86,8 +83,7 @@ func parseReason(err error) string {
 	}
 	c := *pe
 	c.ConnString = ""
-	msg := strings.TrimPrefix(c.Error(), "cannot parse ``: ")
-	return redact.String(quotedText.ReplaceAllString(msg, `"…"`))
+	return strings.TrimPrefix(redact.String(c.Error()), "cannot parse ``: ")
 }
 
 // target names the database of pc for messages: user, first host and
