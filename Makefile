@@ -36,7 +36,7 @@ test: deps
 FUZZTIME ?= 5s
 FUZZ_TARGETS = FuzzClean:./internal/rowtext FuzzPublishedByType:./pipeline FuzzRowValuesLogged:./pipeline \
 	FuzzRender:./sink/template FuzzParseHeaders:./event FuzzEnvSecret:./config \
-	FuzzRecordHeaders:./sink/kafka FuzzMessageAttributes:./sink/sqs
+	FuzzRecordHeaders:./sink/kafka FuzzMessageAttributes:./sink/sqs FuzzRedactDSN:./internal/redact
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "fuzz: $${t%%:*} in $${t#*:} for $(FUZZTIME)"; \

@@ -35,7 +35,7 @@ func TestCloudEventsErrors(t *testing.T) {
 		key, msg      string
 	}{
 		{"source missing", "  envelope: cloudevents\n", 5, "sink.cloudevents.source", "required (a URI reference such as urn:example:orders"},
-		{"source empty", "  envelope: cloudevents\n  cloudevents:\n    source: ${UNSET}\n", 9, "sink.cloudevents.source", "must not be empty"},
+		{"source empty", "  envelope: cloudevents\n  cloudevents:\n    source: ${UNSET:-}\n", 9, "sink.cloudevents.source", "must not be empty"},
 		{"source with space", "  envelope: cloudevents\n  cloudevents:\n    source: urn:a b\n", 9, "sink.cloudevents.source", "must not contain whitespace"},
 		{"source with query", "  envelope: cloudevents\n  cloudevents:\n    source: https://h/x?y=1\n", 9, "sink.cloudevents.source", "must not have a query or fragment"},
 		{"source not a URI", "  envelope: cloudevents\n  cloudevents:\n    source: \"%zz\"\n", 9, "sink.cloudevents.source", "is not a URI reference"},

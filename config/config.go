@@ -24,8 +24,20 @@ type Config struct {
 
 // Postgres says how to reach the database.
 type Postgres struct {
-	// URL is a libpq connection URL or key=value string. Required.
+	// URL is a libpq connection URL or key=value string. Required. A
+	// password in it must be percent-encoded (URL) or quoted (key=value)
+	// when it holds characters these forms reserve; Password and
+	// PasswordFile need no encoding.
 	URL string `yaml:"url"`
+	// Password is the password of every connection the relay opens,
+	// taken as is (no URL encoding); it is never printed. Optional; it
+	// excludes a password in URL, PasswordFile and AWSIAMAuth.
+	Password string `yaml:"password"`
+	// PasswordFile is a file holding the password (one trailing newline is
+	// dropped), read again for every new connection, so a rotated secret
+	// mounted as a file applies without a restart. Optional; it excludes a
+	// password in URL, Password and AWSIAMAuth.
+	PasswordFile string `yaml:"password_file"`
 	// FatalAfter bounds how long `relay run` keeps retrying a database
 	// failure that will not pass by itself (a missing privilege, table or
 	// column) before it exits with status 1. Meanwhile it reports not

@@ -225,7 +225,7 @@ func TestErrors(t *testing.T) {
 		{"negative duration", minimal + "retry:\n  initial: -1s\n", 8, "retry.initial", `invalid duration "-1s" (must not be negative)`},
 		// Required values.
 		{"postgres.url missing", "capture:\n  mode: poll\nsink:\n  type: nats\n", 0, "postgres.url", "required"},
-		{"postgres.url empty", strings.Replace(minimal, "postgres://app@localhost/app", "${UNSET}", 1), 2, "postgres.url", "must not be empty"},
+		{"postgres.url empty", strings.Replace(minimal, "postgres://app@localhost/app", "${UNSET:-}", 1), 2, "postgres.url", "must not be empty"},
 		{"capture.mode missing", "postgres:\n  url: x\nsink:\n  type: nats\n", 0, "capture.mode", "required (wal or poll)"},
 		{"capture.mode wrong", strings.Replace(minimal, "mode: poll", "mode: wall", 1), 6, "capture.mode", `must be wal or poll, got "wall"`},
 		{"sink.type missing", "postgres:\n  url: x\ncapture:\n  mode: wal\n", 0, "sink.type", "required (kafka, nats, sqs or webhook)"},
@@ -321,7 +321,7 @@ func TestLoadErrors(t *testing.T) {
 func TestErrorsAreJoined(t *testing.T) {
 	yaml := "postgres:\n  uri: x\ncapture:\n  mode: poll\n  poll:\n    interval: soon\n"
 	_, err := parse("config.yaml", []byte(yaml), env(nil))
-	want := "config.yaml:2: postgres.uri: unknown key (expected one of url, fatal_after, max_conns, aws_iam_auth)\n" +
+	want := "config.yaml:2: postgres.uri: unknown key (expected one of url, password, password_file, fatal_after, max_conns, aws_iam_auth)\n" +
 		`config.yaml:6: capture.poll.interval: invalid duration "soon" (use Go durations like 250ms or 10s)` + "\n" +
 		"config.yaml:1: postgres.url: required\n" +
 		"config.yaml: sink.type: required (kafka, nats, sqs or webhook)"

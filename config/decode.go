@@ -59,6 +59,9 @@ func (l *loader) resolve(n ast.Node, path string) ast.Node {
 				return nil
 			}
 		default:
+			for _, name := range l.env.unsetIn(n) {
+				l.errorf(lineOf(n), path, "${%s} is not set (write ${%s:-} to allow an empty value)", name, name)
+			}
 			return l.env.scalar(n)
 		}
 	}

@@ -26,15 +26,17 @@ type refs struct {
 	values  *strings.Replacer // placeholder -> the variable's value
 	written *strings.Replacer // placeholder -> the reference as written
 	hidden  *strings.Replacer // a non-empty value -> the reference as written
+	unset   map[string]string // placeholder -> name, for a ${NAME} without default whose variable is unset
 }
 
 // newRefs replaces the references in data with placeholders, and $$ with a
 // literal $, and returns the text to parse. A reference is ${NAME} or
 // ${NAME:-default} on one line; a $ that starts no well-formed reference
-// is kept as is. An unset variable is empty; the default applies when the
-// variable is unset or empty, like the shell.
+// is kept as is. The default applies when the variable is unset or empty,
+// like the shell; a ${NAME} without default whose variable is unset is
+// recorded, for the loader to reject where a value uses it.
 func newRefs(data []byte, lookupEnv func(string) (string, bool)) (*refs, []byte) {
-	r := &refs{prefix: "relayenv"}
+	r := &refs{prefix: "relayenv", unset: map[string]string{}}
 	for bytes.Contains(data, []byte(r.prefix)) {
 		r.prefix += "x"
 	}
@@ -51,7 +53,7 @@ func newRefs(data []byte, lookupEnv func(string) (string, bool)) (*refs, []byte)
 		}
 		b.WriteString(s[:i])
 		s = s[i:]
-		text, value, ok := reference(s, lookupEnv)
+		text, value, set, ok := reference(s, lookupEnv)
 		switch {
 		case s[1] == '$':
 			b.WriteByte('$')
@@ -61,6 +63,9 @@ func newRefs(data []byte, lookupEnv func(string) (string, bool)) (*refs, []byte)
 			b.WriteString(ph)
 			values = append(values, ph, value)
 			written = append(written, ph, text)
+			if !set {
+				r.unset[ph] = text[2 : len(text)-1]
+			}
 			if value != "" {
 				hidden = append(hidden, pair{value, text})
 			}
@@ -80,24 +85,48 @@ func newRefs(data []byte, lookupEnv func(string) (string, bool)) (*refs, []byte)
 }
 
 // reference returns the ${...} reference s starts with, as written, and its
-// value; ok is false when s starts with no well-formed reference.
-func reference(s string, lookupEnv func(string) (string, bool)) (text, value string, ok bool) {
+// value; set is false for a ${NAME} without default whose variable is
+// unset, and ok is false when s starts with no well-formed reference.
+func reference(s string, lookupEnv func(string) (string, bool)) (text, value string, set, ok bool) {
 	if !strings.HasPrefix(s, "${") {
-		return "", "", false
+		return "", "", false, false
 	}
 	end := strings.IndexAny(s, "}\n")
 	if end < 0 || s[end] != '}' {
-		return "", "", false
+		return "", "", false, false
 	}
 	name, def, hasDef := strings.Cut(s[2:end], ":-")
 	if !envName.MatchString(name) {
-		return "", "", false
+		return "", "", false, false
 	}
-	value, _ = lookupEnv(name)
+	value, set = lookupEnv(name)
 	if value == "" && hasDef {
-		value = def
+		value, set = def, true
 	}
-	return s[:end+1], value, true
+	return s[:end+1], value, set, true
+}
+
+// unsetIn returns the names of the unset variables that the scalar n uses
+// without a default, in order of first use.
+func (r *refs) unsetIn(n ast.Node) []string {
+	var s string
+	switch t := n.(type) {
+	case *ast.StringNode:
+		s = t.Value
+	case *ast.LiteralNode:
+		s = t.Value.Value
+	}
+	var names []string
+	for i := strings.Index(s, r.prefix); i >= 0; {
+		s = s[i:]
+		end := strings.IndexByte(s, 'z')
+		if name, ok := r.unset[s[:end+1]]; ok && !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+		s = s[end+1:]
+		i = strings.Index(s, r.prefix)
+	}
+	return names
 }
 
 // expand returns s with its placeholders replaced by the variables' values,

@@ -68,7 +68,7 @@ func plainOK(s string) bool { return s != "" }
 // unset variable leaves the default, and that a quoted one stays a string.
 func TestEnvTypes(t *testing.T) {
 	yaml := "postgres:\n  url: postgres://app@db/app\n  max_conns: ${N}\ncapture:\n  mode: poll\n" +
-		"  poll:\n    interval: ${I}\n    batch_size: ${UNSET}\nsink:\n  type: nats\n  nats:\n    stream: '${N}'\n"
+		"  poll:\n    interval: ${I}\n    batch_size: ${UNSET:-}\nsink:\n  type: nats\n  nats:\n    stream: '${N}'\n"
 	c, err := Parse([]byte(yaml), env(map[string]string{"N": "12", "I": "250ms"}))
 	if err != nil {
 		t.Fatal(err)
@@ -121,4 +121,55 @@ func FuzzEnvSecret(f *testing.F) {
 			t.Fatalf("%q shown in %v", secret, err)
 		}
 	})
+}
+
+// TestEnvUnset checks that a ${VAR} without default whose variable is unset
+// is an error naming the variable, the key and its line, wherever a value
+// uses it, and that ${VAR:-}, a set but empty variable and a reference in a
+// comment are not.
+func TestEnvUnset(t *testing.T) {
+	vars := env(map[string]string{"EMPTY": "", "PW": "x"})
+	bad := []struct{ yaml, want string }{
+		{strings.Replace(minimal, "app@localhost", "app:${PGPASSWORD}@localhost", 1),
+			"line 2: postgres.url: ${PGPASSWORD} is not set (write ${PGPASSWORD:-} to allow an empty value)"},
+		{minimal + "  poll:\n    batch_size: ${BATCH}\n", "line 8: capture.poll.batch_size: ${BATCH} is not set"},
+		{strings.Replace(minimal, "type: nats", "type: webhook\n  webhook:\n    url: ${HOOK}/x", 1), "line 6: sink.webhook.url: ${HOOK} is not set"},
+		{strings.Replace(minimal, "  url:", "  password: \"${PGPASSWORD}\"\n  url:", 1), "line 2: postgres.password: ${PGPASSWORD} is not set"},
+	}
+	for _, tt := range bad {
+		_, err := Parse([]byte(tt.yaml), vars)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%q:\n got %v\nwant %s", tt.yaml, err, tt.want)
+		}
+	}
+	good := strings.Replace(minimal, "app@localhost", "app${UNSET:-}${EMPTY}@localhost", 1) + "# password: ${UNSET}\n"
+	if c, err := Parse([]byte(good), vars); err != nil || c.Postgres.URL != "postgres://app@localhost/app" {
+		t.Errorf("%q: %v", good, err)
+	}
+}
+
+// TestPostgresPassword checks postgres.password: taken as is from the
+// environment, and exclusive with a password in postgres.url and with
+// postgres.password_file.
+func TestPostgresPassword(t *testing.T) {
+	const secret = "Pg S3cr3t w/rd#1?&%@"
+	vars := env(map[string]string{"PGPASSWORD": secret})
+	c, err := Parse([]byte(strings.Replace(minimal, "  url:", "  password: ${PGPASSWORD}\n  url:", 1)), vars)
+	if err != nil || c.Postgres.Password != secret {
+		t.Fatalf("password %q: %v", c.Postgres.Password, err)
+	}
+	bad := []struct{ yaml, want string }{
+		{strings.Replace(minimal, "  url: postgres://app@", "  password: ${PGPASSWORD}\n  url: postgres://app:pw@", 1),
+			"line 2: postgres.password: postgres.url carries a password too: remove it from the URL"},
+		{strings.Replace(minimal, "  url: postgres://app@localhost/app", "  password_file: /run/pw\n  url: host=h password=pw", 1),
+			"line 2: postgres.password_file: postgres.url carries a password too"},
+		{strings.Replace(minimal, "  url:", "  password: x\n  password_file: /run/pw\n  url:", 1),
+			"line 3: postgres.password_file: set postgres.password or postgres.password_file, not both"},
+	}
+	for _, tt := range bad {
+		_, err := Parse([]byte(tt.yaml), vars)
+		if err == nil || !strings.Contains(err.Error(), tt.want) || strings.Contains(err.Error(), "S3cr3t") {
+			t.Errorf("%q:\n got %v\nwant %s", tt.yaml, err, tt.want)
+		}
+	}
 }

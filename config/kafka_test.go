@@ -116,7 +116,7 @@ func TestKafkaErrors(t *testing.T) {
 		{"sasl without mechanism", brokers + "    sasl:\n      username: u\n      password: p\n", 9, "sink.kafka.sasl.mechanism",
 			"required (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, AWS_MSK_IAM or OAUTHBEARER)"},
 		{"sasl username missing", brokers + "    sasl:\n      mechanism: PLAIN\n      password: p\n", 9, "sink.kafka.sasl.username", "required"},
-		{"sasl password empty", brokers + "    sasl:\n      mechanism: SCRAM-SHA-256\n      username: u\n      password: ${UNSET}\n", 12, "sink.kafka.sasl.password",
+		{"sasl password empty", brokers + "    sasl:\n      mechanism: SCRAM-SHA-256\n      username: u\n      password: ${UNSET:-}\n", 12, "sink.kafka.sasl.password",
 			"must not be empty (use ${VAR} to read it from the environment)"},
 		{"sasl unknown key", brokers + "    sasl:\n      user: u\n", 10, "sink.kafka.sasl.user", "unknown key (expected one of mechanism, username, password, token_file)"},
 		{"unknown kafka key", brokers + "    acks: 1\n", 9, "sink.kafka.acks",

@@ -69,7 +69,7 @@ func TestNATSErrors(t *testing.T) {
 		{"nkey and user", "    nkey_file: a.nk\n    username: u\n    password: p\n", 9, "sink.nats.username", "set only one way to authenticate"},
 		{"password without user", "    password: p\n", 7, "sink.nats.username", "required (the user of sink.nats.password)"},
 		{"user without password", "    username: u\n", 7, "sink.nats.password", "required (use ${VAR} to read it from the environment)"},
-		{"empty token", "    token: ${UNSET}\n", 8, "sink.nats.token", "must not be empty (remove the key to connect without it)"},
+		{"empty token", "    token: ${UNSET:-}\n", 8, "sink.nats.token", "must not be empty (remove the key to connect without it)"},
 		{"empty creds", "    credentials_file: \"\"\n", 8, "sink.nats.credentials_file", "must not be empty"},
 		{"tls ca without enabled", "    tls:\n      ca_file: ca.pem\n", 9, "sink.nats.tls.ca_file",
 			"has no effect unless sink.nats.tls.enabled is true"},

@@ -87,6 +87,7 @@ func orDefault[T comparable](v *T, def T) {
 // already rejected while decoding, and zero ones replaced by defaults.
 func (l *loader) validate(c *Config) {
 	l.required("postgres.url", c.Postgres.URL, "")
+	l.checkPassword(c.Postgres)
 	l.checkIAMAuth(c.Postgres)
 	if c.Postgres.FatalAfter.D() < time.Second {
 		l.invalid("postgres.fatal_after", "must be at least 1s, got %s", c.Postgres.FatalAfter.D())
@@ -641,8 +642,23 @@ func (l *loader) checkIAMAuth(p Postgres) {
 	if !awsRegion.MatchString(region) {
 		l.invalid("postgres.aws_iam_auth.region", "must be an AWS region such as eu-west-1, got %q", region)
 	}
-	if urlPassword(p.URL) {
-		l.invalid("postgres.aws_iam_auth.region", "IAM authentication signs a token for every connection: remove the password from postgres.url")
+	if urlPassword(p.URL) || p.Password != "" || p.PasswordFile != "" {
+		l.invalid("postgres.aws_iam_auth.region", "IAM authentication signs a token for every connection: remove the password from postgres.url, postgres.password and postgres.password_file")
+	}
+}
+
+// checkPassword checks that at most one of postgres.url, postgres.password
+// and postgres.password_file gives the password.
+func (l *loader) checkPassword(p Postgres) {
+	switch {
+	case p.Password != "" && p.PasswordFile != "":
+		l.invalid("postgres.password_file", "set postgres.password or postgres.password_file, not both")
+	case (p.Password != "" || p.PasswordFile != "") && urlPassword(p.URL):
+		key := "postgres.password"
+		if p.PasswordFile != "" {
+			key = "postgres.password_file"
+		}
+		l.invalid(key, "postgres.url carries a password too: remove it from the URL")
 	}
 }
 

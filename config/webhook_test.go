@@ -69,7 +69,7 @@ func TestWebhookErrors(t *testing.T) {
 		key, msg      string
 	}{
 		{"url missing", "    timeout: 1s\n", 7, "sink.webhook.url", "required"},
-		{"url empty", "    url: ${UNSET}\n", 8, "sink.webhook.url", "must not be empty"},
+		{"url empty", "    url: ${UNSET:-}\n", 8, "sink.webhook.url", "must not be empty"},
 		{"relative url", "    url: /hook/{aggregate_type}\n", 8, "sink.webhook.url", "must be an absolute http or https URL"},
 		{"scheme", "    url: ftp://h/{aggregate_type}\n", 8, "sink.webhook.url", `the scheme must be http or https, got "ftp"`},
 		{"placeholder in host", "    url: https://{aggregate_type}.example.com/in\n", 8, "sink.webhook.url", "placeholders are allowed only in the path and query, not in the scheme or host"},
@@ -78,7 +78,7 @@ func TestWebhookErrors(t *testing.T) {
 		{"fragment", "    url: http://h/in#{event_type}\n", 8, "sink.webhook.url", "a URL fragment (#...) is never sent"},
 		{"bad url", "    url: \"http://h:port/x\"\n", 8, "sink.webhook.url", "not a valid URL: "},
 		{"unknown placeholder", "    url: http://h/{id}\n", 8, "sink.webhook.url", "template \"http://h/{id}\": unknown placeholder {id}"},
-		{"secret empty", "    url: http://h/\n    secret: ${UNSET}\n", 9, "sink.webhook.secret", "must not be empty (remove the key to send unsigned requests)"},
+		{"secret empty", "    url: http://h/\n    secret: ${UNSET:-}\n", 9, "sink.webhook.secret", "must not be empty (remove the key to send unsigned requests)"},
 		{"secret short", "    url: http://h/\n    secret: fifteen-bytes!!\n", 9, "sink.webhook.secret", "too short: the secret is 15 bytes, at least 16 are needed"},
 		{"secret short whsec", "    url: http://h/\n    secret: whsec_c2hvcnQ=\n", 9, "sink.webhook.secret", "too short: the decoded key is 5 bytes"},
 		{"secret bad base64", "    url: http://h/\n    secret: whsec_!!not-base64-but-long\n", 9, "sink.webhook.secret", "the part after whsec_ is not valid base64"},
@@ -93,7 +93,7 @@ func TestWebhookErrors(t *testing.T) {
 		{"unknown key", "    url: http://h/\n    secret_list: x\n", 9, "sink.webhook.secret_list", "unknown key (expected one of url, timeout, secret, secrets, headers, max_concurrency, health_url)"},
 		{"secret and secrets", "    url: http://h/\n    secret: whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n    secrets: [whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw]\n", 10, "sink.webhook.secrets", "set either sink.webhook.secret or sink.webhook.secrets, not both"},
 		{"secrets empty", "    url: http://h/\n    secrets: []\n", 9, "sink.webhook.secrets", "must not be empty (a list of secrets"},
-		{"secrets one short", "    url: http://h/\n    secrets:\n      - whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n      - ${UNSET}\n", 11, "sink.webhook.secrets[1]", "must not be empty"},
+		{"secrets one short", "    url: http://h/\n    secrets:\n      - whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n      - ${UNSET:-}\n", 11, "sink.webhook.secrets[1]", "must not be empty"},
 		{"health url placeholder", "    url: http://h/\n    health_url: http://h/{aggregate_type}\n", 9, "sink.webhook.health_url", "placeholders are not allowed"},
 		{"health url scheme", "    url: http://h/\n    health_url: ftp://h/health\n", 9, "sink.webhook.health_url", "the scheme must be http or https"},
 		{"health url empty", "    url: http://h/\n    health_url: \"\"\n", 9, "sink.webhook.health_url", "must not be empty"},

@@ -89,12 +89,18 @@ func (b connBudget) String() string {
 const applicationName = "outbox-relay"
 
 // pgConfig parses postgres.url into a pool config of at most maxConns
-// connections named applicationName that, with postgres.aws_iam_auth, sign
-// in with IAM tokens. Errors name the database with its password redacted.
+// connections named applicationName, with the password of postgres.password
+// or postgres.password_file, that, with postgres.aws_iam_auth, sign in with
+// IAM tokens. A postgres.url that cannot be parsed, or evidently holds an
+// unencoded password, is a UsageError saying what is wrong and never
+// showing the URL.
 func pgConfig(ctx context.Context, pg config.Postgres, maxConns int32) (*pgxpool.Config, error) {
 	pcfg, err := pgxpool.ParseConfig(pg.URL)
-	if err != nil {
-		return nil, &UsageError{Err: fmt.Errorf("postgres.url %s: cannot parse", redact.String(pg.URL))}
+	if problem := dsnProblem(pg.URL, err); problem != "" {
+		return nil, &UsageError{Err: errors.New("postgres.url: " + problem)}
+	}
+	if err := setPassword(&pcfg.ConnConfig.Config, pg); err != nil {
+		return nil, err
 	}
 	pcfg.MaxConns = maxConns
 	pcfg.ConnConfig.RuntimeParams["application_name"] = applicationName
@@ -109,7 +115,7 @@ func pgConfig(ctx context.Context, pg config.Postgres, maxConns int32) (*pgxpool
 }
 
 // connect opens a pool to postgres.url and checks it answers. Errors name
-// the database with its password redacted.
+// the database by target, without its password.
 func connect(ctx context.Context, pg config.Postgres, maxConns int32) (*pgxpool.Pool, error) {
 	pcfg, err := pgConfig(ctx, pg, maxConns)
 	if err != nil {
@@ -117,11 +123,11 @@ func connect(ctx context.Context, pg config.Postgres, maxConns int32) (*pgxpool.
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, fmt.Errorf("connect to postgres %s: %w", redact.String(pg.URL), err)
+		return nil, fmt.Errorf("connect to postgres %s: %w", target(&pcfg.ConnConfig.Config), redact.Error(err))
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("connect to postgres %s: %w", redact.String(pg.URL), err)
+		return nil, fmt.Errorf("connect to postgres %s: %w", target(&pcfg.ConnConfig.Config), redact.Error(err))
 	}
 	return pool, nil
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/config"
-	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/internal/schema"
 )
 
@@ -44,7 +43,11 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logge
 	}
 	l := layoutOf(cfg)
 	pool, err := connect(ctx, cfg.Postgres, 2)
-	report("postgres "+redact.String(cfg.Postgres.URL), err, "check postgres.url, that the server runs and accepts this user")
+	fix := "check postgres.url, that the server runs and accepts this user and password"
+	if IsUsage(err) {
+		fix = "fix postgres.url as the message says"
+	}
+	report("postgres "+describeDB(cfg.Postgres), err, fix)
 	if err == nil {
 		report("postgres session: one server session per connection", sessionPinned(ctx, pool.Config()), poolerFix)
 		report("postgres connections: relay run opens "+conns.String(), serverRoom(ctx, pool, conns.total),

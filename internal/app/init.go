@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,6 +16,7 @@ import (
 	"github.com/outboxrelay/relay/capture/table"
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/pgerr"
 	"github.com/outboxrelay/relay/internal/progress"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/internal/schema"
@@ -72,7 +74,7 @@ func Init(ctx context.Context, cfg *config.Config, opts InitOptions, w io.Writer
 	defer pool.Close()
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("connect to postgres %s: %w", redact.String(cfg.Postgres.URL), err)
+		return fmt.Errorf("connect to postgres %s: %w", describeDB(cfg.Postgres), redact.Error(err))
 	}
 	defer conn.Release()
 	if _, err := conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)", fmt.Sprint(opts.LockTimeout.Milliseconds())); err != nil {
@@ -100,12 +102,9 @@ func Init(ctx context.Context, cfg *config.Config, opts InitOptions, w io.Writer
 	}
 	fmt.Fprintf(w, "postgres: outbox %s, dead-letter table %s ready\n", l.Outbox, l.DeadLetter)
 	if opts.Role != "" {
-		for _, stmt := range grantSQL(cfg, info.SeqSequence, opts.Role) {
-			if _, err := conn.Exec(ctx, stmt); err != nil {
-				return fmt.Errorf("grant role %s what relay run needs: %w\nstatement: %s", opts.Role, err, stmt)
-			}
+		if err := grantRole(ctx, conn, cfg, info.SeqSequence, opts.Role, w); err != nil {
+			return err
 		}
-		fmt.Fprintf(w, "postgres: role %s granted what `relay run` needs\n", opts.Role)
 	}
 	conn.Release()
 
@@ -120,6 +119,53 @@ func Init(ctx context.Context, cfg *config.Config, opts InitOptions, w io.Writer
 	}
 	fmt.Fprintln(w, done)
 	return nil
+}
+
+// grantRole grants role what `relay run` needs with cfg (seq is the seq
+// column's sequence). The REPLICATION attribute of wal mode is left alone
+// when role may replicate already; when granting it is refused for want of
+// superuser, grantRole prints the statement a superuser must run and goes
+// on, so that init fails only on what its own role could do.
+func grantRole(ctx context.Context, conn *pgxpool.Conn, cfg *config.Config, seq, role string, w io.Writer) error {
+	lacking := ""
+	for _, stmt := range schema.GrantSQL(runPrivileges(cfg, seq), role) {
+		var err error
+		switch {
+		case !strings.HasPrefix(stmt, "ALTER ROLE "):
+			_, err = conn.Exec(ctx, stmt)
+		case mayReplicate(ctx, conn, role):
+			fmt.Fprintf(w, "postgres: role %s may replicate already\n", role)
+		default:
+			_, err = conn.Exec(ctx, stmt)
+			if pe := pgerr.Of(err); pe != nil && pe.Code == insufficientPrivilege {
+				lacking, err = stmt, nil
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("grant role %s what relay run needs: %w\nstatement: %s", role, err, stmt)
+		}
+	}
+	if lacking == "" {
+		fmt.Fprintf(w, "postgres: role %s granted what `relay run` needs\n", role)
+		return nil
+	}
+	fmt.Fprintf(w, "postgres: role %s granted what `relay run` needs but REPLICATION, which only a superuser can grant; "+
+		"`relay run` refuses to start without it. As a superuser, run:\n  %s;\n"+
+		"(Amazon RDS/Aurora: GRANT rds_replication TO %s;)\n", role, lacking, schema.Q(role))
+	return nil
+}
+
+// insufficientPrivilege is the SQLSTATE of a statement refused for want of
+// a privilege, such as ALTER ROLE … REPLICATION by a role that is not a
+// superuser.
+const insufficientPrivilege = "42501"
+
+// mayReplicate reports whether role may use replication
+// (schema.RoleCanReplicate); false when that cannot be read.
+func mayReplicate(ctx context.Context, conn *pgxpool.Conn, role string) bool {
+	var can bool
+	err := conn.QueryRow(ctx, schema.RoleCanReplicate, role).Scan(&can)
+	return err == nil && can
 }
 
 // runStep runs s on conn; an index build reports its progress to

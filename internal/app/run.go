@@ -19,7 +19,6 @@ import (
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/outage"
-	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/pipeline"
 	"github.com/outboxrelay/relay/sink"
 )
@@ -240,7 +239,7 @@ func RunConfig(ctx context.Context, cfg *config.Config, log *slog.Logger) error 
 	defer r.Close()
 	f.set(r.handler())
 	log.Info("relay running", "capture", cfg.Capture.Mode, "sink", cfg.Sink.Type,
-		"table", cfg.Outbox.Table, "postgres", redact.String(cfg.Postgres.URL))
+		"table", cfg.Outbox.Table, "postgres", describeDB(cfg.Postgres))
 	if err := r.Run(ctx); err != nil {
 		return err
 	}

@@ -22,6 +22,19 @@ var (
 	param = regexp.MustCompile(`(?i)((?:^|[\s?&;,("'])[\w.-]*(?:pass|pw|secret|token|key|sig|auth|credential|code)[\w.-]*[ \t]*=[ \t]*)('(?:\\.|[^'\n])*'?|"(?:\\.|[^"\n])*"?|[^\s&#"]*)`)
 	// jsonField matches a quoted JSON field whose name names a credential.
 	jsonField = regexp.MustCompile(`(?i)("[\w.-]*(?:pass|pw|secret|token|key|sig|auth|credential)[\w.-]*"[ \t]*:[ \t]*)("(?:\\.|[^"\n])*"?)`)
+	// passKey matches the key of a libpq key=value password setting
+	// (password, sslpassword) and what precedes it.
+	passKey = regexp.MustCompile(`(?i)(?:^|[\s;,("'\x60])[\w.-]*pass[\w.-]*[ \t]*=[ \t]*`)
+	// nextKey matches the blanks and key that start the next setting of a
+	// libpq key=value string.
+	nextKey = regexp.MustCompile(`[ \t]+[A-Za-z_][\w.-]*[ \t]*=`)
+	// parseError matches the reason of a pgx connection string parse
+	// error, after the string it echoes.
+	parseError = regexp.MustCompile("cannot parse `[^\n]*`: [^\n]*")
+	// quoted matches the text from the first to the last double quote of
+	// a line: pgx quotes fragments with %q or "%s", and a fragment can hold
+	// quotes.
+	quoted = regexp.MustCompile(`"[^\n]*"`)
 	// secretKey matches a log attribute key that names a credential.
 	secretKey = regexp.MustCompile(`(?i)pass|pw|secret|token|credential`)
 	// bearer matches the credentials of an HTTP Authorization value.
@@ -39,8 +52,12 @@ var (
 //   - the value of every key=value pair whose key names a credential
 //     (password, pw, token, secret, key, sig, auth, credential, code, in any
 //     case and as part of a longer name), in query strings and libpq
-//     key=value strings, quoted or not;
-//   - quoted JSON fields named so, and Bearer/Basic credentials.
+//     key=value strings, quoted or not; outside a query string, the
+//     unquoted value of a key naming a password runs up to the next
+//     "key=" or the end of the line, as libpq would read it, so a
+//     password holding blanks is hidden whole;
+//   - quoted JSON fields named so, and Bearer/Basic credentials;
+//   - the double-quoted fragments of pgx's connection string parse errors.
 //
 // It works on text alone, so it never returns the secret of an input that
 // fails to parse. Secrets in a URL's path cannot be recognised.
@@ -48,9 +65,50 @@ func String(s string) string {
 	if strings.Contains(s, "://") {
 		s = userinfo(s)
 	}
+	s = passValues(s)
+	s = parseErrors(s)
 	s = bearer.ReplaceAllString(s, "${1} "+Mask)
 	s = jsonField.ReplaceAllString(s, `${1}"`+Mask+`"`)
 	return param.ReplaceAllString(s, "${1}"+Mask)
+}
+
+// passValues masks the unquoted value of every password setting of a
+// libpq key=value string, which runs, as libpq reads it, up to the next
+// setting: an unquoted password holding blanks is hidden whole, up to the
+// next "key=" or the end of the line. A single-quoted value is left to
+// param.
+func passValues(s string) string {
+	var b strings.Builder
+	for {
+		loc := passKey.FindStringIndex(s)
+		if loc == nil {
+			b.WriteString(s)
+			return b.String()
+		}
+		b.WriteString(s[:loc[1]])
+		s = s[loc[1]:]
+		if s == "" || s[0] == '\'' {
+			continue
+		}
+		end := strings.IndexByte(s, '\n')
+		if end < 0 {
+			end = len(s)
+		}
+		if next := nextKey.FindStringIndex(s[:end]); next != nil {
+			end = next[0]
+		}
+		b.WriteString(Mask)
+		s = s[end:]
+	}
+}
+
+// parseErrors masks the double-quoted fragments of every pgx connection
+// string parse error ("cannot parse `…`: …"), whose reason may quote part
+// of a password that the parser took for a key, a host or a port.
+func parseErrors(s string) string {
+	return parseError.ReplaceAllStringFunc(s, func(m string) string {
+		return quoted.ReplaceAllString(m, `"`+Mask+`"`)
+	})
 }
 
 // userinfo masks the user information of every URL in s.
@@ -73,8 +131,8 @@ func userinfo(s string) string {
 			end = next
 		}
 		at := strings.LastIndexByte(s[:end], '@')
-		if at < 0 {
-			at = spacedPassword(s, end)
+		if at < 0 || at == end-1 { // no @, or one that leaves no host
+			at = max(at, spacedPassword(s, end))
 		}
 		if at < 0 {
 			continue
@@ -95,10 +153,11 @@ func userinfo(s string) string {
 // spacedPassword returns the end of user information whose password holds
 // a blank or a quote, as in postgres://u:pa ss@h/db, where s[:end] is the
 // text up to that character: when s[:end] has a colon not followed by a
-// port, it is the last @ on the line before the next URL; else -1.
+// port that ends the host (digits alone could start a password), it is the
+// last @ on the line before the next URL; else -1.
 func spacedPassword(s string, end int) int {
 	colon := strings.IndexByte(s[:end], ':')
-	if colon < 0 || isPort(s[colon+1:end]) {
+	if colon < 0 || isPort(s[colon+1:end]) && strings.Trim(s[colon+1:end], "0123456789") != "" {
 		return -1
 	}
 	line, _, _ := strings.Cut(s, "\n")

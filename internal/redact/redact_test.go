@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // cases are every form of secret String must hide: in each input, the
@@ -40,6 +43,10 @@ var cases = []struct{ in, want string }{
 	{"host=h password = 'SEC RET\\' SECRET' dbname=db", "host=h password = xxxxx dbname=db"},
 	{"host=h password='unterminated SECRET", "host=h password=xxxxx"},
 	{"host=h PASSWORD=SECRET", "host=h PASSWORD=xxxxx"},
+	{"host=h user=u password=Pg SECRET w/rd#1?&%: cannot parse", "host=h user=u password=xxxxx"},
+	{"host=h password=SEC RET#1 dbname=db sslmode=disable", "host=h password=xxxxx dbname=db sslmode=disable"},
+	{"cannot parse `host=h password=SEC&RET x`: failed (missing \"=\" after \"x\")", "cannot parse `host=h password=xxxxx"},
+	{"host=h password='SEC\\'RET' x=1", "host=h password=xxxxx x=1"},
 	{"host=h sslpassword=SECRET", "host=h sslpassword=xxxxx"},
 	{"https://h/x?pw=SECRET&PWD=SECRET&db_pw=SECRET", "https://h/x?pw=xxxxx&PWD=xxxxx&db_pw=xxxxx"},
 	{"AWS_SECRET_ACCESS_KEY=SECRET AWS_SESSION_TOKEN=SECRET", "AWS_SECRET_ACCESS_KEY=xxxxx AWS_SESSION_TOKEN=xxxxx"},
@@ -122,3 +129,82 @@ func FuzzString(f *testing.F) {
 func secretShaped(s string) bool {
 	return len(s) >= 4 && !strings.ContainsAny(s, " \t\r\n\f\v\"'`<>&#@:/\\,;\x00")
 }
+
+// FuzzRedactDSN places a password in every connection string form pgx
+// accepts (URL user information, percent-encoded or not, several hosts, a
+// password= query parameter, key=value quoted with escapes or unquoted,
+// blanks and all) and checks that no 4 bytes of it, or of its encoded
+// form, survive String, neither in the string nor in pgx's parse error
+// (which echoes the string), beyond what the same text shows with a
+// neutral password of the same length.
+func FuzzRedactDSN(f *testing.F) {
+	for _, pw := range []string{"Pg S3cr3t w/rd#1?&%@:", "s3cr3t", `it's "q" \x`, "a@b/c?d#e", "pa ss word=x"} {
+		f.Add(pw)
+	}
+	f.Fuzz(func(t *testing.T, pw string) {
+		if len(pw) < 4 || strings.ContainsAny(pw, "\x00\n\r") {
+			return
+		}
+		neutral := strings.Repeat("\x02", len(pw))
+		for i, form := range dsnForms {
+			if i >= unquotedForms && nextKey.MatchString(pw) || i == rawURLForm && pw[0] >= '0' && pw[0] <= '9' {
+				continue // ambiguous: a setting, or a port, in the password
+			}
+			for _, text := range []func(string) string{
+				func(dsn string) string { return dsn },
+				func(dsn string) string { return "connect to postgres " + dsn + ": refused" },
+				func(dsn string) string {
+					_, err := pgconn.ParseConfig(dsn)
+					if err == nil {
+						return ""
+					}
+					return err.Error()
+				},
+			} {
+				out := String(text(form(pw)))
+				shown := String(text(form(neutral))) + pgxStatic
+				for _, secret := range []string{pw, encode(pw), quote(pw)} {
+					for i := 0; i+4 <= len(secret); i++ {
+						if sub := secret[i : i+4]; strings.TrimSpace(sub) != "" && strings.Contains(out, sub) && !strings.Contains(shown, sub) {
+							t.Fatalf("%q of the password %q survives in\n%q\nfrom\n%q", sub, pw, out, text(form(pw)))
+						}
+					}
+				}
+			}
+		}
+	})
+}
+
+// pgxStatic is text of pgx's parse errors that a password can hold too.
+const pgxStatic = "unexpected spaces found in password, use percent-encoded spaces (%20) instead; " +
+	"failed to parse as keyword/value (invalid keyword/value); unterminated quoted string in connection info string"
+
+// dsnForms are the connection string forms FuzzRedactDSN puts a password
+// in; those from unquotedForms on hold it unquoted in key=value settings,
+// where a password holding blanks then "key=" reads as a setting, and the
+// one at rawURLForm unencoded in a URL, where a password starting with
+// digits reads as a port.
+var dsnForms = []func(pw string) string{
+	func(pw string) string { return "postgres://u:" + encode(pw) + "@h1:5432,h2:5433/db?sslmode=disable" },
+	func(pw string) string { return "postgresql://u:" + pw + "@h/db" },
+	func(pw string) string {
+		return "postgres://u@h/db?sslmode=disable&password=" + encode(pw) + "&application_name=x"
+	},
+	func(pw string) string { return "host=h1,h2 user=u password='" + quote(pw) + "' dbname=db" },
+	func(pw string) string { return "host=h user=u dbname=db password = '" + quote(pw) + "'" },
+	// unquotedForms:
+	func(pw string) string { return "host=h user=u password=" + pw },
+	func(pw string) string { return "host=h password=" + pw + " dbname=db sslmode=disable" },
+}
+
+// rawURLForm is the index of the unencoded URL form of dsnForms.
+const rawURLForm = 1
+
+// unquotedForms is the index of the first unquoted form of dsnForms.
+const unquotedForms = 5
+
+// encode percent-encodes pw for a URL.
+func encode(pw string) string { return strings.ReplaceAll(url.QueryEscape(pw), "+", "%20") }
+
+// quote escapes pw for a single-quoted key=value setting.
+func quote(pw string) string { return strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(pw) }

@@ -208,6 +208,15 @@ func unquote(quoted string) string {
 // replication: the REPLICATION attribute, superuser, or membership in
 // rds_replication where that role exists (Amazon RDS and Aurora grant
 // replication through it).
-const CanReplicate = `SELECT r.rolreplication OR r.rolsuper OR coalesce(
-	(SELECT pg_has_role(current_user, p.oid, 'MEMBER') FROM pg_roles p WHERE p.rolname = 'rds_replication'), false)
-	FROM pg_roles r WHERE r.rolname = current_user`
+var CanReplicate = canReplicate("current_user")
+
+// RoleCanReplicate is CanReplicate for the role named by parameter $1; it
+// returns no row when that role does not exist.
+var RoleCanReplicate = canReplicate("$1::name")
+
+// canReplicate returns the query of CanReplicate for the role name expr.
+func canReplicate(expr string) string {
+	return `SELECT r.rolreplication OR r.rolsuper OR coalesce(
+	(SELECT pg_has_role(` + expr + `, p.oid, 'MEMBER') FROM pg_roles p WHERE p.rolname = 'rds_replication'), false)
+	FROM pg_roles r WHERE r.rolname = ` + expr
+}
