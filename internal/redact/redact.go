@@ -75,8 +75,9 @@ func String(s string) string {
 // passValues masks the unquoted value of every password setting of a
 // libpq key=value string, which runs, as libpq reads it, up to the next
 // setting: an unquoted password holding blanks is hidden whole, up to the
-// next "key=" or the end of the line. A single-quoted value is left to
-// param.
+// next "key=" or the end of the line; a single-quoted one too, from its
+// closing quote on (libpq would refuse what follows it, and pgx's error
+// echoes it).
 func passValues(s string) string {
 	var b strings.Builder
 	for {
@@ -87,19 +88,37 @@ func passValues(s string) string {
 		}
 		b.WriteString(s[:loc[1]])
 		s = s[loc[1]:]
-		if s == "" || s[0] == '\'' {
+		if s == "" {
 			continue
 		}
 		end := strings.IndexByte(s, '\n')
 		if end < 0 {
 			end = len(s)
 		}
-		if next := nextKey.FindStringIndex(s[:end]); next != nil {
-			end = next[0]
+		from := 0
+		if s[0] == '\'' {
+			from = quoteEnd(s[:end])
+		}
+		if next := nextKey.FindStringIndex(s[from:end]); next != nil {
+			end = from + next[0]
 		}
 		b.WriteString(Mask)
 		s = s[end:]
 	}
+}
+
+// quoteEnd returns the end of the single-quoted value s starts with
+// (backslash escapes a character), or len(s) when the quote is not closed.
+func quoteEnd(s string) int {
+	for i := 1; i < len(s); i++ {
+		switch s[i] {
+		case '\\':
+			i++
+		case '\'':
+			return i + 1
+		}
+	}
+	return len(s)
 }
 
 // parseErrors masks the double-quoted fragments of every pgx connection
@@ -131,8 +150,11 @@ func userinfo(s string) string {
 			end = next
 		}
 		at := strings.LastIndexByte(s[:end], '@')
-		if at < 0 || at == end-1 { // no @, or one that leaves no host
-			at = max(at, spacedPassword(s, end))
+		switch {
+		case at < 0: // no @: a password may hold a blank or quote before one
+			at = spacedPassword(s, end)
+		default: // the password may go on past a blank to a later @
+			at = max(at, lastAt(s))
 		}
 		if at < 0 {
 			continue
@@ -160,6 +182,12 @@ func spacedPassword(s string, end int) int {
 	if colon < 0 || isPort(s[colon+1:end]) && strings.Trim(s[colon+1:end], "0123456789") != "" {
 		return -1
 	}
+	return lastAt(s)
+}
+
+// lastAt returns the index of the last @ on s's first line before the
+// next URL, or -1.
+func lastAt(s string) int {
 	line, _, _ := strings.Cut(s, "\n")
 	if next := strings.Index(line, "://"); next >= 0 {
 		line = line[:next]
