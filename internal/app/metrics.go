@@ -116,6 +116,18 @@ func registerHeaderDrops(reg prometheus.Registerer, drops *sink.HeaderDrops, sin
 	}
 }
 
+// registerRunBreaks exposes relay_kafka_run_breaks_total, the runs of one
+// aggregate the Kafka broker did not store as one batch, when breaks is
+// not nil (the Kafka sink).
+func registerRunBreaks(reg prometheus.Registerer, breaks func() int64) {
+	if breaks == nil {
+		return
+	}
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Name: "kafka_run_breaks_total",
+		Help: "Publishes in which Kafka did not store one aggregate's records as one batch: its order on the topic may be broken; should stay 0."},
+		func() float64 { return float64(breaks()) }))
+}
+
 // registerSlot exposes the replication slot's state, as the source last
 // observed it, on reg.
 func registerSlot(reg prometheus.Registerer, w slotWatcher) {

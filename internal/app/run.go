@@ -130,6 +130,7 @@ func (r *Relay) open(ctx context.Context) error {
 	registerTables(r.reg, cfg.Capture.Mode, r.dlq)
 	r.reg.MustRegister(newDestinationCollector(r.pipeline.Destinations))
 	registerHeaderDrops(r.reg, snk.drops, cfg.Sink.Type)
+	registerRunBreaks(r.reg, snk.runBreaks)
 	return nil
 }
 

@@ -36,6 +36,9 @@ type brokerSink struct {
 	check func(ctx context.Context) error
 	// drops counts the row headers the sink does not forward.
 	drops *sink.HeaderDrops
+	// runBreaks counts the Kafka sink's broken runs (kafka.Sink.RunBreaks);
+	// nil for the other sinks.
+	runBreaks func() int64
 }
 
 // MaxPerAggregate implements sink.Ordered for the pipeline: the wrapped
@@ -84,7 +87,8 @@ func openBroker(ctx context.Context, c config.Sink, log *slog.Logger, window int
 			return nil, err
 		}
 		return &brokerSink{routedSink: s, name: "kafka " + strings.Join(c.Kafka.Brokers, ","), check: s.Check,
-			prepare: func(ctx context.Context) (string, error) { return kafkaTopics(ctx, s, c.Kafka.Topic) }}, nil
+			prepare:   func(ctx context.Context) (string, error) { return kafkaTopics(ctx, s, c.Kafka.Topic) },
+			runBreaks: s.RunBreaks}, nil
 	case "sqs":
 		s, err := sqssink.New(ctx, sqsConfig(c.SQS), sqssink.Options{Logger: log, Envelope: env, HeaderDrops: drops})
 		if err != nil {

@@ -191,6 +191,14 @@ type Sink struct {
 
 	alone *loner // republishes the records of rejected batches one by one
 
+	// runBreaks counts the runs whose acknowledged records were not stored
+	// as one batch (see checkRuns).
+	runBreaks atomic.Int64
+	// onAck, when set, sees every record the broker acknowledged to
+	// Publish before checkRuns does; tests set it to alter what the broker
+	// reported. Nil in the relay.
+	onAck func(*kgo.Record)
+
 	closeOnce sync.Once
 	closed    chan struct{}
 }

@@ -28,7 +28,9 @@ import (
 // MaxPerAggregate): once one of them fails, the later ones fail too, with
 // sink.ErrHeldBack when they were not produced. The events of one
 // aggregate that Publish produces go in one record batch of their topic,
-// and the rest are held back (see records and the runs in runs.go).
+// and the rest are held back (see records and the runs in runs.go); should
+// the acknowledgements show otherwise, Publish fails the events from the
+// first one out of place (see checkRuns).
 //
 // Before the first publish to a topic, Publish makes sure the topic exists
 // (see docs/design.md, Kafka). Errors are classified by classify.
@@ -41,137 +43,222 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	// in their partitions, which is safe (see docs/design.md, Kafka).
 	defer cancel()
 
-	topics := make([]string, len(batch))
-	keys := make([]string, len(batch)) // topic and ordering key
-	errs := make([]error, len(batch))
-	prepared := make(map[string]error)
-	guards := newAggGuards(ctx, len(batch))
-	defer guards.release()
-	for i, e := range batch {
-		topics[i] = s.topicOf(e)
-		keys[i] = topics[i] + "\x00" + e.Key()
-		guards.count(keys[i])
-		if err := destname.KafkaTopic(topics[i]); err != nil {
-			errs[i], topics[i] = fault.AsPermanent(err), "an invalid topic"
-			continue
-		}
-		err, seen := prepared[topics[i]]
-		if !seen {
-			err = s.ready(ctx, topics[i])
-			prepared[topics[i]] = err
-		}
-		if err == nil && s.opts.Envelope != nil {
-			err = s.opts.Envelope.Check(e)
-		}
-		errs[i] = err
-	}
-
-	type result struct {
-		i   int
-		err error
-	}
-	results := make(chan result, len(batch)) // promises never block
-	pending := 0
-	recs := s.records(batch, topics, keys, errs)
-	stopped := make(map[string]bool) // keys whose later events are held back
+	p := s.newPublish(ctx, batch)
+	defer p.guards.release()
+	p.prepare()
+	p.recs = s.records(batch, p.topics, p.keys, p.errs)
 	t, err := s.enterTxn()
 	if err != nil {
 		return err
 	}
-	recorded := s.recordedIn(t, batch)
-	// Every record is built before the first is produced, so that the
-	// records of one aggregate follow each other closely.
-	for i, e := range batch {
-		k, r := keys[i], recs[i]
-		g := guards.of(k)
-		if errs[i] != nil || recorded[i] {
-			continue
-		}
-		if stopped[k] || g.stopped() {
-			errs[i], stopped[k] = sink.ErrHeldBack, true
-			continue
-		}
-		if ctx.Err() != nil {
-			// Produce buffers a record even with a done context when the
-			// client has room; a later record of the key must not be.
-			errs[i], stopped[k] = s.explain(ctx.Err()), true
-			continue
-		}
-		pending++
-		m := g.member(r)
-		promise := func(_ *kgo.Record, err error) {
-			if m.refusedRecord() {
-				err = sink.ErrHeldBack
-			} else {
-				g.fail(err)
-			}
-			if t != nil {
-				t.ack(e.ID, err)
-			}
-			results <- result{i, err}
-		}
-		cl := s.cl
-		if t != nil {
-			t.add()
-			cl = t.cl
-		}
-		cl.Produce(g.context(ctx), r, promise)
-	}
+	p.t = t
+	p.recorded = s.recordedIn(t, batch)
+	p.produce()
 	if t != nil {
 		s.txn.leave()
 	}
-
-	settled := make([]bool, len(batch))
-	var waitErr error
-	// In a transaction every record is waited for: one given up on could
-	// still be appended and committed, and then be published again.
-	timeout := ctx.Done()
+	p.wait()
 	if t != nil {
+		p.commit(parent)
+	} else {
+		s.retryAlone(ctx, p.recs, p.keys, p.errs, p.settled)
+	}
+	p.checkRuns()
+	return p.report()
+}
+
+// publish is the state of one Publish call. Only the calling goroutine
+// uses it, but for results, which the records' promises send on.
+type publish struct {
+	s      *Sink
+	ctx    context.Context // ends after AckTimeout
+	batch  []*event.Event
+	topics []string
+	keys   []string // topic and ordering key
+	errs   []error
+	guards *aggGuards
+
+	recs     []*kgo.Record
+	t        *txn   // the open transaction; nil when not transactional
+	recorded []bool // events a committed transaction recorded as published
+
+	results chan result // the promises' outcomes; never blocks
+	pending int         // records produced and not settled
+	settled []bool      // events whose record's promise reported
+	acked   []bool      // events whose record the broker acknowledged
+	waitErr error       // why the wait for the pending ones ended
+}
+
+// result is the outcome a record's promise reports for event i.
+type result struct {
+	i   int
+	err error
+}
+
+// newPublish starts the publish of batch within ctx: it renders each
+// event's topic and key and counts the events of each key.
+func (s *Sink) newPublish(ctx context.Context, batch []*event.Event) *publish {
+	p := &publish{
+		s:       s,
+		ctx:     ctx,
+		batch:   batch,
+		topics:  make([]string, len(batch)),
+		keys:    make([]string, len(batch)),
+		errs:    make([]error, len(batch)),
+		guards:  newAggGuards(ctx, len(batch)),
+		results: make(chan result, len(batch)),
+		settled: make([]bool, len(batch)),
+		acked:   make([]bool, len(batch)),
+	}
+	for i, e := range batch {
+		p.topics[i] = s.topicOf(e)
+		p.keys[i] = p.topics[i] + "\x00" + e.Key()
+		p.guards.count(p.keys[i])
+	}
+	return p
+}
+
+// prepare fails the events whose topic name is invalid (permanent), or
+// cannot be made ready (see ready), or that the envelope refuses. Each
+// topic is made ready once per call.
+func (p *publish) prepare() {
+	prepared := make(map[string]error)
+	for i, e := range p.batch {
+		if err := destname.KafkaTopic(p.topics[i]); err != nil {
+			p.errs[i], p.topics[i] = fault.AsPermanent(err), "an invalid topic"
+			continue
+		}
+		err, seen := prepared[p.topics[i]]
+		if !seen {
+			err = p.s.ready(p.ctx, p.topics[i])
+			prepared[p.topics[i]] = err
+		}
+		if err == nil && p.s.opts.Envelope != nil {
+			err = p.s.opts.Envelope.Check(e)
+		}
+		p.errs[i] = err
+	}
+}
+
+// produce produces, in batch order, the record of every event not failed,
+// held back or recorded yet, into the transaction when there is one. Once
+// an aggregate's record failed or was refused, or the context ended, its
+// later events are held back (or fail with the context's error). Every
+// record is built before the first is produced, so that the records of one
+// aggregate follow each other closely.
+func (p *publish) produce() {
+	stopped := make(map[string]bool) // keys whose later events are held back
+	for i := range p.batch {
+		k := p.keys[i]
+		g := p.guards.of(k)
+		if p.errs[i] != nil || p.recorded[i] {
+			continue
+		}
+		if stopped[k] || g.stopped() {
+			p.errs[i], stopped[k] = sink.ErrHeldBack, true
+			continue
+		}
+		if p.ctx.Err() != nil {
+			// Produce buffers a record even with a done context when the
+			// client has room; a later record of the key must not be.
+			p.errs[i], stopped[k] = p.s.explain(p.ctx.Err()), true
+			continue
+		}
+		p.pending++
+		cl := p.s.cl
+		if p.t != nil {
+			p.t.add()
+			cl = p.t.cl
+		}
+		cl.Produce(g.context(p.ctx), p.recs[i], p.promise(i, g))
+	}
+}
+
+// promise returns the promise of event i's record, of g's run: it reports
+// the outcome on results, to g and to the transaction. A record the
+// partitioner refused reports sink.ErrHeldBack.
+func (p *publish) promise(i int, g *aggGuard) func(*kgo.Record, error) {
+	m := g.member(p.recs[i])
+	id := p.batch[i].ID
+	return func(_ *kgo.Record, err error) {
+		if m.refusedRecord() {
+			err = sink.ErrHeldBack
+		} else {
+			g.fail(err)
+		}
+		if p.t != nil {
+			p.t.ack(id, err)
+		}
+		p.results <- result{i, err}
+	}
+}
+
+// wait collects the promises' outcomes until every produced record
+// settled, the context ends (not in a transaction: a record given up on
+// could still be appended and committed, and then be published again), or
+// the sink is closed; waitErr says which.
+func (p *publish) wait() {
+	timeout := p.ctx.Done()
+	if p.t != nil {
 		timeout = nil
 	}
-	for pending > 0 && waitErr == nil {
+	for p.pending > 0 && p.waitErr == nil {
 		select {
-		case r := <-results:
-			pending--
-			settled[r.i], errs[r.i] = true, r.err
+		case r := <-p.results:
+			p.pending--
+			p.settled[r.i], p.errs[r.i], p.acked[r.i] = true, r.err, r.err == nil
+			if r.err == nil && p.s.onAck != nil {
+				p.s.onAck(p.recs[r.i])
+			}
 		case <-timeout:
-			waitErr = s.explain(ctx.Err())
-		case <-s.closed:
-			waitErr = errClosed
+			p.waitErr = p.s.explain(p.ctx.Err())
+		case <-p.s.closed:
+			p.waitErr = errClosed
 		}
 	}
-	if t != nil && slices.Contains(settled, true) {
-		if err := t.wait(parent); err != nil {
-			for i := range batch {
-				if settled[i] && errs[i] == nil {
-					errs[i] = err
-				}
+}
+
+// commit waits, within parent, for the transaction that holds the records
+// to end, when any settled, and fails the acknowledged ones when it did
+// not commit.
+func (p *publish) commit(parent context.Context) {
+	if !slices.Contains(p.settled, true) {
+		return
+	}
+	if err := p.t.wait(parent); err != nil {
+		for i := range p.batch {
+			if p.settled[i] && p.errs[i] == nil {
+				p.errs[i] = err
 			}
 		}
 	}
+}
 
-	if t == nil {
-		s.retryAlone(ctx, recs, keys, errs, settled)
-	}
-
+// report returns the call's outcome: nil when every event was published
+// (or recorded), else a *sink.BatchError with each failure classified and
+// naming its event and topic. The events after an aggregate's first
+// failure fail as sink.ErrHeldBack carrying its class; one of them that
+// was stored anyway is logged as an error (its aggregate's order may be
+// broken), unless in a transaction.
+func (p *publish) report() error {
 	failed := false
 	firstErr := make(map[string]error) // key -> failure of its first failed event
-	for i, e := range batch {
-		if recorded[i] {
-			errs[i] = nil
+	for i, e := range p.batch {
+		if p.recorded[i] {
+			p.errs[i] = nil
 			continue
 		}
-		err := errs[i]
-		if err == nil && !settled[i] {
-			err = waitErr
+		err := p.errs[i]
+		if err == nil && !p.settled[i] {
+			err = p.waitErr
 		}
-		first, after := firstErr[keys[i]]
+		first, after := firstErr[p.keys[i]]
 		if err == nil && !after {
 			continue
 		}
-		if err == nil && t == nil {
-			s.opts.Logger.Error("kafka: an event was stored after an earlier event of its aggregate failed; the aggregate's order on the topic may be broken",
-				"topic", topics[i], "event", e.ID)
+		if err == nil && p.t == nil {
+			p.s.opts.Logger.Error("kafka: an event was stored after an earlier event of its aggregate failed; the aggregate's order on the topic may be broken",
+				"topic", p.topics[i], "event", e.ID)
 		}
 		failed = true
 		switch {
@@ -180,17 +267,17 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 			err = fmt.Errorf("%w (%w)", sink.ErrHeldBack, first)
 		case !errors.Is(err, sink.ErrHeldBack):
 			if errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.UnknownTopicID) {
-				s.forget(topics[i])
+				p.s.forget(p.topics[i])
 			}
 			err = classifyRecord(err, e)
 		}
-		errs[i] = fmt.Errorf("publish %s to %s: %w", e.ID, topics[i], err)
+		p.errs[i] = fmt.Errorf("publish %s to %s: %w", e.ID, p.topics[i], err)
 		if !after {
-			firstErr[keys[i]] = errs[i]
+			firstErr[p.keys[i]] = p.errs[i]
 		}
 	}
 	if failed {
-		return &sink.BatchError{Errs: errs}
+		return &sink.BatchError{Errs: p.errs}
 	}
 	return nil
 }

@@ -2,9 +2,14 @@ package kafka
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync/atomic"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxrelay/relay/fault"
+	"github.com/outboxrelay/relay/internal/rowtext"
 )
 
 // # Runs
@@ -30,6 +35,13 @@ import (
 // or failed, so nothing of the aggregate that a rejection could fail is in
 // the client ahead of a run's first record (see docs/design.md, Hot
 // aggregates).
+//
+// This rests on four behaviours of franz-go that it does not document,
+// which TestFranzGo* pin for the version in checkedFranzGo: Partition is
+// asked again after OnNewBatch, under the topic's partitioning lock; a
+// negative partition fails that record alone; no other path makes a
+// partition's batches; a record's Context reaches the partitioner. Should
+// an upgrade break one of them unnoticed, checkRuns makes it loud.
 
 // aggGuards hold the run of each aggregate with more than one record in a
 // Publish call. A failure of one of its records stops the producing of the
@@ -64,9 +76,12 @@ func newAggGuards(ctx context.Context, n int) *aggGuards {
 // count counts a record of aggregate key k.
 func (gs *aggGuards) count(k string) { gs.counts[k]++ }
 
+// isRun reports whether k has more than one record in the call.
+func (gs *aggGuards) isRun(k string) bool { return gs.counts[k] > 1 }
+
 // of returns the guard of k, or nil when k has one record in the call.
 func (gs *aggGuards) of(k string) *aggGuard {
-	if gs.counts[k] < 2 {
+	if !gs.isRun(k) {
 		return nil
 	}
 	g := gs.guards[k]
@@ -198,3 +213,66 @@ func (p *topicRuns) Partition(r *kgo.Record, n int) int {
 	}
 	return part
 }
+
+// errRunBroken fails the events of a run from the first record the broker
+// did not store where the run's one batch would have put it.
+var errRunBroken = errors.New("the broker did not store the records of this event's aggregate in one batch")
+
+// checkRuns checks that the broker stored the acknowledged records of each
+// run the way one record batch holds them: in one partition, under one
+// producer id and epoch, at offsets that increase in produce order. (Not
+// consecutive ones: records of other aggregates, of this call or of a
+// concurrent one, may sit between them in the batch.) A record that breaks
+// this, and every acknowledged record of its run after it, fail as
+// unavailable: the order may already be broken on the topic, which is no
+// fault of the events, and publishing them again puts them, in order,
+// after everything stored. The break is logged as an error and counted
+// (see RunBreaks).
+func (p *publish) checkRuns() {
+	prev := make(map[string]*kgo.Record) // key -> its run's last acknowledged record
+	broken := make(map[string]error)     // key -> the failure of its run's first record out of place
+	for i := range p.batch {
+		k := p.keys[i]
+		if !p.acked[i] || p.errs[i] != nil || !p.guards.isRun(k) {
+			continue
+		}
+		r, q := p.recs[i], prev[k]
+		prev[k] = r
+		switch {
+		case broken[k] != nil:
+			p.errs[i] = broken[k]
+		case q != nil && !sameBatch(q, r):
+			broken[k] = p.runBroken(i, q)
+			p.errs[i] = broken[k]
+		}
+	}
+}
+
+// sameBatch reports whether r, acknowledged after q, may be stored in the
+// batch that holds q.
+func sameBatch(q, r *kgo.Record) bool {
+	return r.Partition == q.Partition && r.ProducerID == q.ProducerID &&
+		r.ProducerEpoch == q.ProducerEpoch && r.Offset > q.Offset
+}
+
+// runBroken logs and counts the break of a run at event i's record, which
+// the broker did not store in the batch of q, the run's previous record,
+// and returns the failure of event i.
+func (p *publish) runBroken(i int, q *kgo.Record) error {
+	r := p.recs[i]
+	n := p.s.runBreaks.Add(1)
+	p.s.opts.Logger.Error("kafka: the broker did not store one publish's records of an aggregate in one batch; the aggregate's order on the topic may be broken, so its events from this one on are published again",
+		"topic", r.Topic, "partition", r.Partition, "offset", r.Offset,
+		"producer_id", r.ProducerID, "producer_epoch", r.ProducerEpoch,
+		"previous_partition", q.Partition, "previous_offset", q.Offset,
+		"previous_producer_id", q.ProducerID, "previous_producer_epoch", q.ProducerEpoch,
+		"event", rowtext.Value(p.batch[i].ID), "breaks", n)
+	return fault.AsUnavailable(fmt.Errorf("%w: stored at offset %d of partition %d by producer %d epoch %d, after offset %d of partition %d by producer %d epoch %d",
+		errRunBroken, r.Offset, r.Partition, r.ProducerID, r.ProducerEpoch, q.Offset, q.Partition, q.ProducerID, q.ProducerEpoch))
+}
+
+// RunBreaks returns how many times, since the sink was made, the broker
+// acknowledged the records of one aggregate in one publish other than as
+// one batch would hold them (see docs/design.md, Hot aggregates). It
+// should stay 0; see checkRuns. Safe for concurrent use.
+func (s *Sink) RunBreaks() int64 { return s.runBreaks.Load() }
