@@ -27,14 +27,14 @@ const poolerFix = "the relay needs one server session per connection: its prepar
 // postgres.url stays the same between statements, as it does on a direct
 // connection or through a session pooler; a transaction-pooling proxy
 // fails it with errPooler. The probe opens two connections of pcfg's
-// settings in the simple protocol and closes them: the first runs a
+// settings with unnamed statements and closes them: the first runs a
 // statement, the second then holds a transaction open, and the first runs
 // another. A pooler that reuses the session the first released, as
 // PgBouncer does by default, gives it to the second; one that does not
 // must give the first another session while the second holds its own.
 func sessionPinned(ctx context.Context, pcfg *pgxpool.Config) error {
 	cc := pcfg.ConnConfig.Copy()
-	cc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	cc.DefaultQueryExecMode = pgx.QueryExecModeExec // unnamed statements: no name a pooler could clash on, any client_encoding
 	a, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
 		return err
