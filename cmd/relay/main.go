@@ -122,18 +122,20 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	path := fs.String("config", "", "path to the YAML config file (required)")
 	var opts app.StatusOptions
 	fs.BoolVar(&opts.JSON, "json", false, "print one JSON object")
-	fs.StringVar(&opts.Endpoint, "endpoint", "", "base URL of a running relay's HTTP server (default: from http.listen)")
+	fs.Func("endpoint", "base URL of a running relay's HTTP server to ask as well (repeatable); asked with the relays it names "+
+		"when the database cannot be read (default then: from http.listen)", func(s string) error {
+		if u, err := url.Parse(s); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("must be an http:// or https:// URL, e.g. http://127.0.0.1:9090")
+		}
+		opts.Endpoints = append(opts.Endpoints, s)
+		return nil
+	})
 	fs.DurationVar(&opts.MaxAge, "max-age", app.DefaultStatusMaxAge, "unhealthy when the oldest unpublished event is older")
 	if err := fs.Parse(args); err != nil {
 		return &app.UsageError{Err: err}
 	}
 	if *path == "" || fs.NArg() > 0 || opts.MaxAge <= 0 {
 		return &app.UsageError{Err: fmt.Errorf("relay status: --config FILE is required, --max-age must be positive, and no other arguments are taken")}
-	}
-	if opts.Endpoint != "" {
-		if u, err := url.Parse(opts.Endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return &app.UsageError{Err: fmt.Errorf("relay status: --endpoint must be an http:// or https:// URL, e.g. http://127.0.0.1:9090")}
-		}
 	}
 	cfg, err := config.Load(*path)
 	if err != nil {
