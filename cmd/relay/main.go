@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/google/uuid"
@@ -32,12 +33,16 @@ const usage = `usage:
                                              create the outbox, dead-letter table, trigger and stream;
                                              with --role, grant (or print) what relay run needs
   relay check  --config FILE                 check the config, Postgres and the sink
-  relay status --config FILE [--json] [--endpoint URL] [--max-age 5m]
-                                             the relays, backlog, slot, partitions, dead letters and
-                                             destinations at a glance; exit 0 healthy, 1 not
-  relay dlq    list|redrive|drop --config FILE [--id UUID ...] [--aggregate ID] [--older-than DURATION] [--all] [--limit N]
-                                             inspect, re-publish (same ids) or delete dead letters;
-                                             redrive and drop need a filter or --all
+  relay status --config FILE [--json] [--endpoint URL ...] [--max-age 5m]
+                                             the whole fleet's view, the same from whichever relay it
+                                             asks: every relay the database lists and what each says,
+                                             backlog, slot, partitions, dead letters; exit 0 healthy, 1 not
+  relay dlq    list|show|redrive|drop --config FILE [--id UUID ...] [--json]
+               [--aggregate ID] [--older-than DURATION] [--all] [--limit N]
+                                             list dead letters, show them whole (show ID...: every
+                                             column, payload, headers, the full error), re-publish
+                                             them (same ids) or delete them; redrive and drop need a
+                                             filter or --all, and redrive INSERT on the outbox
   relay demo                                 run a self-contained demo (needs PostgreSQL server binaries)
   relay version                              print the version, commit and Go version
 `
@@ -144,42 +149,65 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	return app.Status(ctx, cfg, opts, stdout)
 }
 
-// dlqCommand runs `relay dlq list|redrive|drop`.
+// dlqCommand runs `relay dlq list|show|redrive|drop`. show takes the ids
+// as arguments or with --id.
 func dlqCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || !slices.Contains([]string{"list", "redrive", "drop"}, args[0]) {
-		return &app.UsageError{Err: fmt.Errorf("relay dlq: want list, redrive or drop\n%s", usage)}
+	if len(args) == 0 || !slices.Contains([]string{"list", "show", "redrive", "drop"}, args[0]) {
+		return &app.UsageError{Err: fmt.Errorf("relay dlq: want list, show, redrive or drop\n%s", usage)}
 	}
 	action := app.DLQAction(args[0])
 	fs := flag.NewFlagSet("dlq "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", "", "path to the YAML config file (required)")
 	var f schema.DeadLetterFilter
-	fs.Func("id", "a dead letter's id (repeatable); default all", func(s string) error {
+	addID := func(s string) error {
 		u, err := uuid.Parse(s)
 		if err != nil {
 			return fmt.Errorf("not a UUID: %q", s)
 		}
 		f.IDs = append(f.IDs, u.String())
 		return nil
-	})
+	}
+	fs.Func("id", "a dead letter's id (repeatable); default all", addID)
 	fs.StringVar(&f.Aggregate, "aggregate", "", "only this aggregate_id")
 	fs.DurationVar(&f.OlderThan, "older-than", 0, "only dead letters whose last failure is older than this")
-	limit := fs.Int("limit", 100, "list at most this many")
+	limit := fs.Int("limit", 100, "list or show at most this many")
 	all := fs.Bool("all", false, "redrive or drop every dead letter (required without --id, --aggregate or --older-than)")
-	if err := fs.Parse(args[1:]); err != nil {
+	asJSON := fs.Bool("json", false, "list and show: print a JSON array")
+	rest := args[1:]
+	for action == app.DLQShow && len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
+		if err := addID(rest[0]); err != nil {
+			return &app.UsageError{Err: fmt.Errorf("relay dlq show: %w", err)}
+		}
+		rest = rest[1:]
+	}
+	if err := fs.Parse(rest); err != nil {
 		return &app.UsageError{Err: err}
 	}
-	if *path == "" || fs.NArg() > 0 || *limit <= 0 {
-		return &app.UsageError{Err: fmt.Errorf("relay dlq %s: --config FILE is required, --limit must be positive, and no other arguments are taken", action)}
+	for _, id := range fs.Args() {
+		if action != app.DLQShow {
+			return &app.UsageError{Err: fmt.Errorf("relay dlq %s takes no arguments (ids go with --id), got %q", action, id)}
+		}
+		if err := addID(id); err != nil {
+			return &app.UsageError{Err: fmt.Errorf("relay dlq show: %w", err)}
+		}
 	}
-	if action != app.DLQList && f.Empty() && !*all {
+	if *path == "" || *limit <= 0 {
+		return &app.UsageError{Err: fmt.Errorf("relay dlq %s: --config FILE is required and --limit must be positive", action)}
+	}
+	switch {
+	case action == app.DLQShow && len(f.IDs) == 0:
+		return &app.UsageError{Err: fmt.Errorf("relay dlq show: give the ids of the dead letters to show: relay dlq show ID... --config FILE (relay dlq list names them)")}
+	case (action == app.DLQRedrive || action == app.DLQDrop) && f.Empty() && !*all:
 		return &app.UsageError{Err: fmt.Errorf("relay dlq %s: select dead letters with --id, --aggregate or --older-than, or give --all to %s every one", action, action)}
+	case *asJSON && action != app.DLQList && action != app.DLQShow:
+		return &app.UsageError{Err: fmt.Errorf("relay dlq %s: --json is for list and show", action)}
 	}
 	cfg, err := config.Load(*path)
 	if err != nil {
 		return err
 	}
-	return app.DLQ(ctx, cfg, action, f, app.DLQOptions{Limit: *limit, Progress: stderr}, stdout)
+	return app.DLQ(ctx, cfg, action, f, app.DLQOptions{Limit: *limit, JSON: *asJSON, Progress: stderr}, stdout)
 }
 
 // status prints err and maps it to the exit status: 0 success, 1 runtime

@@ -188,6 +188,7 @@ func Status(ctx context.Context, cfg *config.Config, opts StatusOptions, w io.Wr
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
 	return enc.Encode(v)
 }
 
