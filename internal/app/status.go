@@ -159,17 +159,19 @@ func Status(ctx context.Context, cfg *config.Config, opts StatusOptions, w io.Wr
 	if opts.MaxAge <= 0 {
 		opts.MaxAge = DefaultStatusMaxAge
 	}
-	rep := &statusReport{Mode: cfg.Capture.Mode, Problems: []string{}, Warnings: []string{}, Relays: []relayStatus{},
-		DeadLetters: []deadLetterStatus{}}
+	rep := newStatusReport(cfg.Capture.Mode)
 	if err := rep.readDatabase(ctx, cfg); err != nil {
-		if IsUsage(err) {
+		if IsUsage(err) || ctx.Err() != nil {
 			return err
 		}
-		*rep = statusReport{Mode: rep.Mode, Problems: rep.Problems, Warnings: rep.Warnings, Relays: []relayStatus{},
-			DeadLetters: []deadLetterStatus{}, Database: databaseStatus{Reachable: rep.Database.Reachable,
-				Error: rowtext.Clean(redact.String(err.Error()), 500)}}
+		reachable := rep.Database.Reachable
+		rep = newStatusReport(cfg.Capture.Mode) // nothing half read
+		rep.Database = databaseStatus{Reachable: reachable, Error: rowtext.Clean(redact.String(err.Error()), 500)}
 	}
 	rep.askRelays(ctx, cfg, opts.Endpoints)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	rep.judge(cfg, opts.MaxAge)
 	if opts.JSON {
 		if err := writeJSON(w, rep); err != nil {
@@ -182,6 +184,12 @@ func Status(ctx context.Context, cfg *config.Config, opts StatusOptions, w io.Wr
 		return ErrUnhealthy
 	}
 	return nil
+}
+
+// newStatusReport returns an empty report of capture mode mode.
+func newStatusReport(mode string) *statusReport {
+	return &statusReport{Mode: mode, Problems: []string{}, Warnings: []string{}, Relays: []relayStatus{},
+		DeadLetters: []deadLetterStatus{}}
 }
 
 // writeJSON writes v to w as indented JSON.
@@ -496,6 +504,9 @@ func (rep *statusReport) judgeRelay(r relayStatus, problem, warn func(string, ..
 			r.name(), r.Client)
 	case l.Error != "":
 		problem("the relay at %s does not answer: %s", l.URL, l.Error)
+	case r.FoundBy == foundInDatabase && l.Address != r.Address:
+		problem("the relay that advertises %s is not the one answering there (it says %q): set http.advertise to an address other hosts reach it at",
+			r.Address, l.Address)
 	case l.Starting != "":
 		problem("the relay at %s has not started: %s", r.name(), l.Starting)
 	case l.DatabaseError != "":
