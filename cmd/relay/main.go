@@ -173,7 +173,7 @@ func dlqCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.DurationVar(&f.OlderThan, "older-than", 0, "only dead letters whose last failure is older than this")
 	limit := fs.Int("limit", 100, "list or show at most this many")
 	all := fs.Bool("all", false, "redrive or drop every dead letter (required without --id, --aggregate or --older-than)")
-	asJSON := fs.Bool("json", false, "list and show: print a JSON array")
+	asJSON := fs.Bool("json", false, "print JSON: list and show an array of dead letters, redrive and drop the count")
 	rest := args[1:]
 	for action == app.DLQShow && len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
 		if err := addID(rest[0]); err != nil {
@@ -200,8 +200,6 @@ func dlqCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return &app.UsageError{Err: fmt.Errorf("relay dlq show: give the ids of the dead letters to show: relay dlq show ID... --config FILE (relay dlq list names them)")}
 	case (action == app.DLQRedrive || action == app.DLQDrop) && f.Empty() && !*all:
 		return &app.UsageError{Err: fmt.Errorf("relay dlq %s: select dead letters with --id, --aggregate or --older-than, or give --all to %s every one", action, action)}
-	case *asJSON && action != app.DLQList && action != app.DLQShow:
-		return &app.UsageError{Err: fmt.Errorf("relay dlq %s: --json is for list and show", action)}
 	}
 	cfg, err := config.Load(*path)
 	if err != nil {

@@ -33,7 +33,7 @@ type DLQOptions struct {
 	// Limit is how many rows list and show print, at most.
 	Limit int
 	// JSON makes list and show print a JSON array (see deadLetterJSON and
-	// deadLetterRowJSON) instead of text.
+	// deadLetterRowJSON), redrive and drop a dlqResult, instead of text.
 	JSON bool
 	// Progress, when set, receives redrive's progress lines (see package
 	// progress), ProgressEvery apart when it is not a terminal (default
@@ -65,7 +65,10 @@ func DLQ(ctx context.Context, cfg *config.Config, action DLQAction, f schema.Dea
 		return fmt.Errorf("dead-letter table %s: %w", l.DeadLetter, err)
 	}
 	if !exists {
-		if opts.JSON {
+		switch {
+		case opts.JSON && (action == DLQRedrive || action == DLQDrop):
+			return writeJSON(w, newDLQResult(l, action, 0))
+		case opts.JSON:
 			return writeJSON(w, []any{})
 		}
 		fmt.Fprintf(w, "no dead letters: table %s does not exist yet (relay run and relay init create it)\n", l.DeadLetter)
@@ -82,6 +85,9 @@ func DLQ(ctx context.Context, cfg *config.Config, action DLQAction, f schema.Dea
 		if err != nil {
 			return err
 		}
+		if opts.JSON {
+			return writeJSON(w, newDLQResult(l, action, n))
+		}
 		fmt.Fprintf(w, "redrove %d dead letters into %s with their original ids\n", n, l.Outbox)
 	case DLQDrop:
 		var n int64
@@ -91,6 +97,9 @@ func DLQ(ctx context.Context, cfg *config.Config, action DLQAction, f schema.Dea
 		})
 		if err != nil {
 			return err
+		}
+		if opts.JSON {
+			return writeJSON(w, newDLQResult(l, action, n))
 		}
 		fmt.Fprintf(w, "dropped %d dead letters from %s\n", n, l.DeadLetter)
 	case DLQShow:
@@ -110,6 +119,22 @@ func DLQ(ctx context.Context, cfg *config.Config, action DLQAction, f schema.Dea
 		printDeadLetters(w, dls)
 	}
 	return nil
+}
+
+// dlqResult is what redrive and drop print with --json.
+type dlqResult struct {
+	// Action is "redrive" or "drop".
+	Action DLQAction `json:"action"`
+	// Count is how many dead letters went back into the outbox (redrive)
+	// or were deleted (drop).
+	Count int64 `json:"count"`
+	// Outbox and DeadLetterTable name the tables.
+	Outbox          string `json:"outbox"`
+	DeadLetterTable string `json:"dead_letter_table"`
+}
+
+func newDLQResult(l schema.Layout, action DLQAction, n int64) dlqResult {
+	return dlqResult{Action: action, Count: n, Outbox: l.Outbox.String(), DeadLetterTable: l.DeadLetter.String()}
 }
 
 // checkDLQGrants returns an error naming the privileges of

@@ -552,7 +552,7 @@ func (rep *statusReport) print(w io.Writer) {
 	case rep.Database.Error == "":
 		fmt.Fprintf(w, "relays        %d on the outbox\n", countFound(rep.Relays, foundInDatabase))
 	default:
-		fmt.Fprintf(w, "relays        %d answering or named by one (the database lists them when it can be read)\n", len(rep.Relays))
+		fmt.Fprintf(w, "relays        %d asked: the one at the endpoint and those it last saw (the database, which lists them all, cannot be read)\n", len(rep.Relays))
 	}
 	for _, r := range rep.Relays {
 		r.print(w, rep.Partitions != nil)
@@ -623,7 +623,10 @@ func countFound(rs []relayStatus, foundBy string) int {
 // print writes r's lines: what the database says, then what it says.
 func (r relayStatus) print(w io.Writer, partitioned bool) {
 	addr := r.Address
-	if addr == "" {
+	switch {
+	case addr == "" && r.Live != nil:
+		addr = r.Live.URL
+	case addr == "":
 		addr = "(no HTTP address)"
 	}
 	fmt.Fprintf(w, "  %-22s", addr)
