@@ -62,6 +62,7 @@ type relayJSON struct {
 		Address   string `json:"address"`
 		Hostname  string `json:"hostname"`
 		PID       int    `json:"pid"`
+		Starting  string `json:"starting"`
 		Capturing bool   `json:"capturing"`
 		Leading   *bool  `json:"leading"`
 		Broken    []struct {
