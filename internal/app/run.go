@@ -151,7 +151,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	g.Go(func() error { return r.pipeline.Run(ctx) })
 	g.Go(func() error { return r.backlog.watch(gctx, r.pool, backlogInterval) })
 	g.Go(func() error { return r.dlq.watch(gctx, r.pool, backlogInterval) })
-	g.Go(func() error { return r.peers.watch(gctx, r.pool, layoutOf(r.cfg)) })
+	if r.addr != "" { // only GET /status serves the peers
+		g.Go(func() error { return r.peers.watch(gctx, r.pool, layoutOf(r.cfg)) })
+	}
 	if r.cfg.Archive.Retention > 0 {
 		g.Go(func() error { return r.prune(gctx) })
 	}
