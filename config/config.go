@@ -400,6 +400,12 @@ type HTTP struct {
 	// Listen is the address of /metrics, /healthz and /readyz; empty
 	// disables the server.
 	Listen string `yaml:"listen"`
+	// Advertise is the host:port other hosts reach Listen at, which the
+	// relay publishes in its database sessions' application_name so that
+	// relay status finds every relay. Default: Listen's host, or, when that
+	// is a wildcard, the local IP address this host reaches Postgres from,
+	// with Listen's port. At most 50 bytes; unused without Listen.
+	Advertise string `yaml:"advertise"`
 	// Pprof also serves Go's runtime profiles (net/http/pprof) under
 	// /debug/pprof/ on Listen. Default false: profiles reveal the
 	// process's internals, so keep the listener private when on.

@@ -109,6 +109,7 @@ func (l *loader) validate(c *Config) {
 		l.invalid("dead_letter.park_aggregate", "is not offered in wal mode (see docs/configuration.md): use capture.mode: poll or remove the key")
 	}
 	l.hostPort("http.listen", c.HTTP.Listen)
+	l.advertise(c.HTTP)
 	l.choice("log.format", c.Log.Format, "text", "json")
 	l.choice("log.level", c.Log.Level, "debug", "info", "warn", "error")
 	l.otlpEndpoint("tracing.otlp_endpoint", c.Tracing.OTLPEndpoint)
@@ -544,6 +545,27 @@ func (l *loader) hostPort(key, value string) {
 	}
 	if err != nil {
 		l.invalid(key, "must be host:port, e.g. 127.0.0.1:9090 or :9090, got %q", value)
+	}
+}
+
+// maxAdvertise bounds http.advertise: PostgreSQL keeps 63 bytes of an
+// application_name, which also holds "outbox-relay ".
+const maxAdvertise = 50
+
+// advertise checks http.advertise: a host and a port from 1 to 65535, at
+// most maxAdvertise bytes, and only with http.listen.
+func (l *loader) advertise(h HTTP) {
+	if h.Advertise == "" {
+		return
+	}
+	host, port, err := net.SplitHostPort(h.Advertise)
+	n, perr := strconv.Atoi(port)
+	switch {
+	case h.Listen == "":
+		l.invalid("http.advertise", "needs http.listen: without it there is nothing to reach")
+	case err != nil || host == "" || perr != nil || n < 1 || n > 65535 || len(h.Advertise) > maxAdvertise:
+		l.invalid("http.advertise", "must be host:port with a host, a port from 1 to 65535 and at most %d bytes, e.g. relay-0.relay:9090, got %q",
+			maxAdvertise, h.Advertise)
 	}
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -228,7 +229,8 @@ func TestInterruptedCommandsFail(t *testing.T) {
 	}
 }
 
-// TestSecretsFromEnvNeverPrinted runs check, dlq list and run with a
+// TestSecretsFromEnvNeverPrinted runs check, dlq list, status (text and
+// JSON, which reports the unreachable database) and run with a
 // postgres password from the environment holding YAML's special
 // characters: the value is used whole (not cut at " #", no alias for "*")
 // and no command prints it, even when the URL cannot be parsed.
@@ -238,9 +240,10 @@ func TestSecretsFromEnvNeverPrinted(t *testing.T) {
 		"capture:\n  mode: poll\nsink:\n  type: nats\n  nats:\n    url: nats://127.0.0.1:%d\n", deadPort, deadPort))
 	for _, secret := range []string{"s3cr3t #1", "*star", "pa ss", "it's'q", `dq"uote`, "%zz", "&amp", "!tag"} {
 		t.Setenv("RELAY_TEST_PW", secret)
-		for _, args := range [][]string{{"check"}, {"dlq", "list"}} {
+		for _, args := range [][]string{{"check"}, {"dlq", "list"}, {"status"}, {"status", "--json"}} {
 			out, code := runRelay(t, append(args, "--config", cfg)...)
-			if code == 0 || strings.Contains(out, secret) || strings.Contains(out, "alias") {
+			quoted, _ := json.Marshal(secret)
+			if code == 0 || strings.Contains(out, secret) || strings.Contains(out, string(quoted[1:len(quoted)-1])) || strings.Contains(out, "alias") {
 				t.Errorf("%v with %q: exit %d\n%s", args, secret, code, out)
 			}
 		}

@@ -149,7 +149,8 @@ type sessionStats struct {
 }
 
 // watchSessions samples the relay's sessions (application_name
-// outbox-relay) on the stack's database in pg_stat_activity until ctx ends;
+// outbox-relay, followed by its HTTP address when it serves one) on the
+// stack's database in pg_stat_activity until ctx ends;
 // the function it returns waits for that and returns what it saw.
 func (s *stack) watchSessions(ctx context.Context) func() sessionStats {
 	var st sessionStats
@@ -160,7 +161,7 @@ func (s *stack) watchSessions(ctx context.Context) func() sessionStats {
 			rows, err := s.pool.Query(ctx, `SELECT backend_type, coalesce(state, ''), left(query, 60),
 				coalesce(extract(epoch FROM clock_timestamp() - xact_start), 0),
 				CASE WHEN state LIKE 'idle in transaction%' THEN extract(epoch FROM clock_timestamp() - state_change) ELSE 0 END
-				FROM pg_stat_activity WHERE application_name = 'outbox-relay' AND datname = current_database()`)
+				FROM pg_stat_activity WHERE application_name LIKE 'outbox-relay%' AND datname = current_database()`)
 			if err != nil {
 				continue
 			}

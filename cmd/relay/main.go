@@ -33,10 +33,10 @@ var commands = []command{
 	{"init", "relay init   --config FILE [--dry-run] [--role NAME] [--lock-timeout 5s]",
 		"create the outbox, dead-letter table, trigger and stream;\nwith --role, grant (or print) what relay run needs", configFlags("init")},
 	{"check", "relay check  --config FILE", "check the config, Postgres and the sink", configFlags("check")},
-	{"status", "relay status --config FILE [--json] [--endpoint URL] [--max-age 5m]",
-		"the relays, backlog, slot, partitions, dead letters and\ndestinations at a glance; exit 0 healthy, 1 not", statusFlags},
-	{"dlq", "relay dlq    list|redrive|drop --config FILE [--id UUID ...] [--aggregate ID] [--older-than DURATION] [--all] [--limit N]",
-		"inspect, re-publish (same ids) or delete dead letters;\nredrive and drop need a filter or --all", dlqFlags},
+	{"status", "relay status --config FILE [--json] [--endpoint URL ...] [--max-age 5m]",
+		"the whole fleet's view, the same from whichever relay it\nasks: every relay the database lists and what each says,\nbacklog, slot, partitions, dead letters; exit 0 healthy, 1 not", statusFlags},
+	{"dlq", "relay dlq    list|show|redrive|drop --config FILE [--id UUID ...] [--json] [--aggregate ID] [--older-than DURATION] [--all] [--limit N]",
+		"list dead letters, show them whole (show ID...: every\ncolumn, payload, headers, the full error), re-publish\nthem (same ids) or delete them; redrive and drop need a\nfilter or --all, and redrive INSERT on the outbox", dlqFlags},
 	{"demo", "relay demo", "run a self-contained demo (needs PostgreSQL server binaries)", demoFlags},
 	{"version", "relay version", "print the version, commit and Go version", versionFlags},
 	{"help", "relay help [COMMAND]", "print this usage, or a command's usage and flags", nil},
@@ -214,16 +214,18 @@ func statusFlags(fs *flag.FlagSet) runFunc {
 	path := fs.String("config", "", "path to the YAML config file (required)")
 	var opts app.StatusOptions
 	fs.BoolVar(&opts.JSON, "json", false, "print one JSON object")
-	fs.StringVar(&opts.Endpoint, "endpoint", "", "base `URL` of a running relay's HTTP server (default: from http.listen)")
+	fs.Func("endpoint", "base `URL` of a running relay's HTTP server to ask as well (repeatable); asked with the relays it names "+
+		"when the database cannot be read (default then: from http.listen)", func(s string) error {
+		if u, err := url.Parse(s); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("must be an http:// or https:// URL, e.g. http://127.0.0.1:9090")
+		}
+		opts.Endpoints = append(opts.Endpoints, s)
+		return nil
+	})
 	fs.DurationVar(&opts.MaxAge, "max-age", app.DefaultStatusMaxAge, "unhealthy when the oldest unpublished event is older")
 	return func(ctx context.Context, fs *flag.FlagSet, stdout, stderr io.Writer) error {
 		if *path == "" || fs.NArg() > 0 || opts.MaxAge <= 0 {
 			return &app.UsageError{Err: fmt.Errorf("relay status: --config FILE is required, --max-age must be positive, and no other arguments are taken")}
-		}
-		if opts.Endpoint != "" {
-			if u, err := url.Parse(opts.Endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				return &app.UsageError{Err: fmt.Errorf("relay status: --endpoint must be an http:// or https:// URL, e.g. http://127.0.0.1:9090")}
-			}
 		}
 		cfg, err := config.Load(*path)
 		if err != nil {
@@ -238,41 +240,61 @@ func statusFlags(fs *flag.FlagSet) runFunc {
 func dlqFlags(fs *flag.FlagSet) runFunc {
 	path := fs.String("config", "", "path to the YAML config file (required)")
 	var f schema.DeadLetterFilter
-	fs.Func("id", "a dead letter's `UUID` (repeatable); default all", func(s string) error {
+	addID := func(s string) error {
 		u, err := uuid.Parse(s)
 		if err != nil {
 			return fmt.Errorf("not a UUID: %q", s)
 		}
 		f.IDs = append(f.IDs, u.String())
 		return nil
-	})
+	}
+	fs.Func("id", "a dead letter's `UUID` (repeatable); default all", addID)
 	fs.StringVar(&f.Aggregate, "aggregate", "", "only this aggregate_id")
 	fs.DurationVar(&f.OlderThan, "older-than", 0, "only dead letters whose last failure is older than this")
-	limit := fs.Int("limit", 100, "list at most this many")
+	limit := fs.Int("limit", 100, "list or show at most this many")
 	all := fs.Bool("all", false, "redrive or drop every dead letter (required without --id, --aggregate or --older-than)")
+	asJSON := fs.Bool("json", false, "print JSON: list and show an array of dead letters, redrive and drop the count")
 	return func(ctx context.Context, fs *flag.FlagSet, stdout, stderr io.Writer) error {
 		args := fs.Args()
-		if len(args) == 0 || !slices.Contains([]string{"list", "redrive", "drop"}, args[0]) {
-			return &app.UsageError{Err: errors.New("relay dlq: want list, redrive or drop (relay help dlq shows the flags)")}
+		if len(args) == 0 || !slices.Contains([]string{"list", "show", "redrive", "drop"}, args[0]) {
+			return &app.UsageError{Err: errors.New("relay dlq: want list, show, redrive or drop (relay help dlq shows the flags)")}
 		}
 		action := app.DLQAction(args[0])
-		if err := fs.Parse(args[1:]); err != nil {
+		rest := args[1:]
+		for action == app.DLQShow && len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
+			if err := addID(rest[0]); err != nil {
+				return &app.UsageError{Err: fmt.Errorf("relay dlq show: %w", err)}
+			}
+			rest = rest[1:]
+		}
+		if err := fs.Parse(rest); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				return err
 			}
 			return &app.UsageError{Err: fmt.Errorf("relay dlq %s: %w (relay help dlq lists its flags)", action, err)}
 		}
-		if *path == "" || fs.NArg() > 0 || *limit <= 0 {
-			return &app.UsageError{Err: fmt.Errorf("relay dlq %s: --config FILE is required, --limit must be positive, and no other arguments are taken", action)}
+		for _, id := range fs.Args() {
+			if action != app.DLQShow {
+				return &app.UsageError{Err: fmt.Errorf("relay dlq %s takes no arguments (ids go with --id), got %q", action, id)}
+			}
+			if err := addID(id); err != nil {
+				return &app.UsageError{Err: fmt.Errorf("relay dlq show: %w", err)}
+			}
 		}
-		if action != app.DLQList && f.Empty() && !*all {
+		if *path == "" || *limit <= 0 {
+			return &app.UsageError{Err: fmt.Errorf("relay dlq %s: --config FILE is required and --limit must be positive", action)}
+		}
+		switch {
+		case action == app.DLQShow && len(f.IDs) == 0:
+			return &app.UsageError{Err: errors.New("relay dlq show: give the ids of the dead letters to show: relay dlq show ID... --config FILE (relay dlq list names them)")}
+		case (action == app.DLQRedrive || action == app.DLQDrop) && f.Empty() && !*all:
 			return &app.UsageError{Err: fmt.Errorf("relay dlq %s: select dead letters with --id, --aggregate or --older-than, or give --all to %s every one", action, action)}
 		}
 		cfg, err := config.Load(*path)
 		if err != nil {
 			return err
 		}
-		return app.DLQ(ctx, cfg, action, f, app.DLQOptions{Limit: *limit, Progress: stderr}, stdout)
+		return app.DLQ(ctx, cfg, action, f, app.DLQOptions{Limit: *limit, JSON: *asJSON, Progress: stderr}, stdout)
 	}
 }
 

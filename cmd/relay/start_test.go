@@ -21,8 +21,9 @@ import (
 
 // TestStartDuringOutage starts `relay run` while its database or its
 // broker is down: the relay keeps running, not ready (/readyz 503 saying
-// what it waits for, relay_capture_ready or relay_sink_ready 0), retries,
-// and delivers everything once the server is back.
+// what it waits for, relay_capture_ready or relay_sink_ready 0; with the
+// database down, relay status shows it waiting, from its /status),
+// retries, and delivers everything once the server is back.
 func TestStartDuringOutage(t *testing.T) {
 	t.Parallel()
 	t.Run("postgres", func(t *testing.T) {
@@ -35,6 +36,11 @@ func TestStartDuringOutage(t *testing.T) {
 		}
 		relay := s.start()
 		waitStartRetries(t, relay, addr, "relay_capture_ready 0")
+		st, code, out := relayStatus(t, s.cfgPath)
+		if code != 1 || st.Database.Reachable || len(st.Relays) != 1 || st.Relays[0].Live == nil ||
+			!strings.Contains(st.Relays[0].Live.Starting, "not started yet, retrying") || st.Relays[0].Live.PID != relay.cmd.Process.Pid {
+			t.Errorf("relay status while the relay waits for Postgres: exit %d\n%s", code, out)
+		}
 		if err := pg.StartServer(context.Background()); err != nil {
 			t.Fatal(err)
 		}

@@ -117,10 +117,16 @@ func pgConfig(ctx context.Context, pg config.Postgres, maxConns int32) (*pgxpool
 // connect opens a pool to postgres.url and checks it answers. Errors name
 // the database by target, without its password.
 func connect(ctx context.Context, pg config.Postgres, maxConns int32) (*pgxpool.Pool, error) {
+	return connectAs(ctx, pg, maxConns, applicationName)
+}
+
+// connectAs is connect with the connections' application_name set to name.
+func connectAs(ctx context.Context, pg config.Postgres, maxConns int32, name string) (*pgxpool.Pool, error) {
 	pcfg, err := pgConfig(ctx, pg, maxConns)
 	if err != nil {
 		return nil, err
 	}
+	pcfg.ConnConfig.RuntimeParams["application_name"] = name
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to postgres %s: %w", target(&pcfg.ConnConfig.Config), redact.Error(err))

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
+	"github.com/outboxrelay/relay/internal/buildinfo"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/internal/rowtext"
 )
@@ -15,6 +17,23 @@ import (
 // liveStatus is what a running relay's GET /status answers: the state only
 // its process knows. relay status reads it.
 type liveStatus struct {
+	// Address is the HTTP address the relay advertises (see advertised);
+	// empty while it starts.
+	Address string `json:"address,omitempty"`
+	// Hostname is the relay host's name (a Kubernetes pod's name).
+	Hostname string `json:"hostname"`
+	// PID is the relay's process id.
+	PID int `json:"pid"`
+	// Version is the relay's version (see buildinfo).
+	Version string `json:"version"`
+	// Starting, when set, says why the relay has not started yet: it waits
+	// for Postgres or the broker.
+	Starting string `json:"starting,omitempty"`
+	// Peers are the HTTP addresses of the relays on the outbox (itself
+	// included) as the relay last read them from the database, at PeersAt;
+	// relay status asks them when it cannot reach the database.
+	Peers   []string   `json:"peers,omitempty"`
+	PeersAt *time.Time `json:"peers_read_at,omitempty"`
 	// Capturing is false while capture fails (Postgres unreachable).
 	Capturing bool `json:"capturing"`
 	// Ready is false while a destination is broken.
@@ -43,12 +62,23 @@ type liveDestination struct {
 	Error string    `json:"error"`
 }
 
+// newLiveStatus returns the liveStatus of a relay that does not capture
+// yet: its host, process and version.
+func newLiveStatus() liveStatus {
+	host, _ := os.Hostname()
+	return liveStatus{Hostname: host, PID: os.Getpid(), Version: buildinfo.Read().Version, Broken: []liveDestination{}}
+}
+
 // live returns the relay's liveStatus.
 func (r *Relay) live() liveStatus {
 	st := r.Stats()
-	s := liveStatus{Capturing: r.capturing(), Ready: st.SinkReady(), Broken: []liveDestination{},
-		Captured: st.Captured.Load(), Published: st.Published.Load(), DeadLettered: st.DeadLettered.Load(),
-		Retries: st.Retries.Load(), InFlight: st.InFlight.Load()}
+	s := newLiveStatus()
+	s.Address, s.Capturing, s.Ready = r.addr, r.capturing(), st.SinkReady()
+	s.Captured, s.Published, s.DeadLettered = st.Captured.Load(), st.Published.Load(), st.DeadLettered.Load()
+	s.Retries, s.InFlight = st.Retries.Load(), st.InFlight.Load()
+	if p := r.peers.load(); p != nil {
+		s.Peers, s.PeersAt = p.Addresses, &p.At
+	}
 	if err := r.dbFailures.failing(); err != nil {
 		s.DatabaseError = redact.String(err.Error())
 	}
@@ -68,9 +98,12 @@ func (r *Relay) live() liveStatus {
 }
 
 // serveLive answers GET /status with the relay's liveStatus as JSON.
-func (r *Relay) serveLive(w http.ResponseWriter, _ *http.Request) {
+func (r *Relay) serveLive(w http.ResponseWriter, _ *http.Request) { writeLive(w, r.live()) }
+
+// writeLive writes s as the JSON answer of GET /status.
+func writeLive(w http.ResponseWriter, s liveStatus) {
 	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(r.live())
+	json.NewEncoder(w).Encode(s)
 }
 
 // liveTimeout bounds relay status's request to a running relay.

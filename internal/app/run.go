@@ -36,6 +36,8 @@ type Relay struct {
 	dlq        *sampled     // rows in the dead-letter table
 	ln         net.Listener // http.listen, served by Run; nil with front or without http.listen
 	front      *front       // relay run's handler, serving from before Open; nil: Open listens itself
+	addr       string       // the HTTP address it advertises (see advertised); "" without http.listen
+	peers      peers        // the relays on the outbox, for GET /status
 	closers    []func()
 }
 
@@ -74,7 +76,8 @@ func (r *Relay) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	pool, err := connect(ctx, cfg.Postgres, int32(conns.pooled))
+	r.addr = advertised(ctx, cfg, r.bound())
+	pool, err := connectAs(ctx, cfg.Postgres, int32(conns.pooled), relayName(r.addr))
 	if err != nil {
 		return err
 	}
@@ -151,6 +154,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	g.Go(func() error { return r.pipeline.Run(ctx) })
 	g.Go(func() error { return r.backlog.watch(gctx, r.pool, backlogInterval) })
 	g.Go(func() error { return r.dlq.watch(gctx, r.pool, backlogInterval) })
+	if r.addr != "" { // only GET /status serves the peers
+		g.Go(func() error { return r.peers.watch(gctx, r.pool, layoutOf(r.cfg)) })
+	}
 	if r.cfg.Archive.Retention > 0 {
 		g.Go(func() error { return r.prune(gctx) })
 	}
@@ -223,6 +229,7 @@ func RunConfig(ctx context.Context, cfg *config.Config, log *slog.Logger) error 
 		return err
 	}
 	if ln != nil {
+		f.bound = ln.Addr()
 		sctx, stop := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- serve(sctx, ln, f) }()
@@ -298,6 +305,17 @@ func (r *Relay) pruneOnce(ctx context.Context, stmt string) (int64, error) {
 			return total, err
 		}
 	}
+}
+
+// bound returns the address the HTTP server listens on, nil without one.
+func (r *Relay) bound() net.Addr {
+	switch {
+	case r.ln != nil:
+		return r.ln.Addr()
+	case r.front != nil:
+		return r.front.bound
+	}
+	return nil
 }
 
 // listen opens http.listen, so a taken address fails before the relay runs.

@@ -21,6 +21,7 @@ import (
 	"github.com/outboxrelay/relay/fault"
 	"github.com/outboxrelay/relay/internal/pgerr"
 	"github.com/outboxrelay/relay/internal/redact"
+	"github.com/outboxrelay/relay/internal/rowtext"
 )
 
 // startRetryMax caps the wait between two attempts to start while Postgres
@@ -28,7 +29,8 @@ import (
 const startRetryMax = 5 * time.Second
 
 // front is relay run's HTTP handler: while the relay waits to start it
-// answers /healthz 200, /readyz 503 saying what it waits for, and /metrics
+// answers /healthz 200, /readyz 503 saying what it waits for, /status with
+// capturing false and what it waits for, and /metrics
 // with relay_capture_ready and relay_sink_ready at 0 and
 // relay_start_attempts_total; once the relay is open, the relay's own
 // handler. It is safe for concurrent use.
@@ -37,6 +39,7 @@ type front struct {
 	waiting  atomic.Pointer[string] // why the relay is not running yet
 	dbReady  atomic.Bool            // Postgres answered the last attempt
 	attempts atomic.Int64
+	bound    net.Addr // the listener's address, set before it serves
 }
 
 // newFront returns a front serving the waiting endpoints.
@@ -62,6 +65,14 @@ func newFront() *front {
 		http.Error(w, msg, http.StatusServiceUnavailable)
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
+		s := newLiveStatus()
+		s.Starting = "starting"
+		if p := f.waiting.Load(); p != nil {
+			s.Starting = "not started yet, retrying: " + rowtext.Error(*p)
+		}
+		writeLive(w, s)
+	})
 	f.set(mux)
 	return f
 }

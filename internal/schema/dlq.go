@@ -3,6 +3,7 @@ package schema
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -133,6 +134,58 @@ func (l Layout) ListDeadLetters(ctx context.Context, q Querier, f DeadLetterFilt
 		var d DeadLetter
 		err := r.Scan(&d.ID, &d.AggregateType, &d.AggregateID, &d.EventType, &d.Error, &d.ErrorClass, &d.Attempts, &d.LastFailed)
 		return d, err
+	})
+}
+
+// Column is one column of a row as PostgreSQL prints it.
+type Column struct {
+	// Name is the column's name and Type its type, as format_type names it.
+	Name, Type string
+	// Value is the column's text form (bytea as \x and hex digits, json and
+	// jsonb as JSON text), nil for NULL. It holds the bytes as stored:
+	// in a SQL_ASCII database they need not be UTF-8.
+	Value *string
+}
+
+// ShowDeadLetters returns every column of up to limit dead letters
+// matching f, in table order, oldest failure first.
+func (l Layout) ShowDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter, limit int) ([][]Column, error) {
+	rows, err := q.Query(ctx, `SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
+		WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, l.DeadLetter.Ident())
+	if err != nil {
+		return nil, fmt.Errorf("read the columns of %s: %w", l.DeadLetter, err)
+	}
+	cols, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Column, error) {
+		var c Column
+		return c, r.Scan(&c.Name, &c.Type)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the columns of %s: %w", l.DeadLetter, err)
+	}
+	list := make([]string, len(cols))
+	for i, c := range cols {
+		list[i] = Q(c.Name) + "::text"
+	}
+	cond, args := l.where(f)
+	rows, err = q.Query(ctx, fmt.Sprintf(`SELECT %s FROM %s WHERE %s ORDER BY last_failed_at, %s LIMIT %d`,
+		strings.Join(list, ", "), l.DeadLetter.Ident(), cond, Q(l.Cols.Seq), limit), args...)
+	if err != nil {
+		return nil, fmt.Errorf("read dead letters in %s: %w", l.DeadLetter, err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) ([]Column, error) {
+		values := make([]*string, len(cols))
+		dest := make([]any, len(cols))
+		for i := range values {
+			dest[i] = &values[i]
+		}
+		row := slices.Clone(cols)
+		if err := r.Scan(dest...); err != nil {
+			return nil, err
+		}
+		for i := range row {
+			row[i].Value = values[i]
+		}
+		return row, nil
 	})
 }
 

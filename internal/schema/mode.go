@@ -111,6 +111,9 @@ type RelaySession struct {
 	Client string
 	// Since is when the session connected.
 	Since time.Time
+	// Application is the session's application_name, which every role
+	// may see.
+	Application string
 	// Exclusive lists the objid of every exclusive advisory lock (of the
 	// two-int form) the session holds: wal capture's leader lock (objid 0)
 	// in wal mode, the partition leases in poll mode.
@@ -122,7 +125,7 @@ type RelaySession struct {
 // the client address of its own sessions only.
 func Relays(ctx context.Context, q Querier, l Layout) ([]RelaySession, error) {
 	rows, err := q.Query(ctx, `SELECT m.pid, coalesce(host(a.client_addr) || ':' || a.client_port, CASE WHEN a.client_port = -1 THEN 'local' END, ''),
-		  coalesce(a.backend_start, now()),
+		  coalesce(a.backend_start, now()), coalesce(a.application_name, ''),
 		  coalesce((SELECT array_agg(x.objid::bigint::int ORDER BY x.objid::bigint) FROM pg_locks x
 		    WHERE x.pid = m.pid AND x.locktype = 'advisory' AND x.granted AND x.mode = 'ExclusiveLock'
 		      AND x.objsubid = 2 AND x.database = m.database), '{}')
@@ -135,7 +138,7 @@ func Relays(ctx context.Context, q Querier, l Layout) ([]RelaySession, error) {
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RelaySession, error) {
 		var r RelaySession
-		err := row.Scan(&r.PID, &r.Client, &r.Since, &r.Exclusive)
+		err := row.Scan(&r.PID, &r.Client, &r.Since, &r.Application, &r.Exclusive)
 		return r, err
 	})
 	if err != nil {

@@ -114,6 +114,42 @@ func (l Layout) RunPrivileges(n RunNeeds) []Privilege {
 	return out
 }
 
+// DLQPrivileges lists the privileges `relay dlq redrive` (redrive) or
+// `relay dlq drop` needs, resequence being dead_letter.park_aggregate:
+// USAGE on the schemas and SELECT and DELETE on the dead-letter table for
+// both; for redrive SELECT and INSERT on the outbox, into which it puts
+// the dead letters back; with resequence SELECT, INSERT and DELETE on the
+// outbox, to re-insert the events their aggregates left parked, each
+// privilege listed once. `relay
+// run` never inserts into the outbox, so its role lacks INSERT unless it
+// is granted.
+func (l Layout) DLQPrivileges(redrive, resequence bool) []Privilege {
+	var out []Privilege
+	add := func(kind, obj, why string, privs ...string) {
+		for _, p := range privs {
+			out = append(out, Privilege{Kind: kind, Object: obj, Priv: p, Why: why})
+		}
+	}
+	schemas := []string{l.Outbox.Schema, l.DeadLetter.Schema}
+	slices.Sort(schemas)
+	for _, s := range slices.Compact(schemas) {
+		add("SCHEMA", Q(s), "relay dlq names its tables in it", "USAGE")
+	}
+	add("TABLE", l.DeadLetter.Ident(), "relay dlq reads the dead letters and deletes those it redrives or drops", "SELECT", "DELETE")
+	o := l.Outbox.Ident()
+	parked := "with dead_letter.park_aggregate, the events an aggregate left parked in the outbox are re-inserted after the others"
+	switch {
+	case redrive:
+		add("TABLE", o, "relay dlq redrive inserts the dead letters back into the outbox, with their original ids", "SELECT", "INSERT")
+	case resequence:
+		add("TABLE", o, parked, "SELECT", "INSERT")
+	}
+	if resequence {
+		add("TABLE", o, parked, "DELETE")
+	}
+	return out
+}
+
 // GrantSQL returns the GRANT statements giving role the privileges ps, one
 // per object, in the order the objects first appear; the replication
 // privilege (Kind ROLE) is an ALTER ROLE statement.
