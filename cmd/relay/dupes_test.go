@@ -84,7 +84,7 @@ func killDuringDrain(t *testing.T, opts stackOptions, kills int) {
 		s.produce(ctx, 4000, 400, 4)
 		relay := s.start()
 		waitFor(t, func() bool {
-			return readyz(addr) != 0 && scrapeCounter(t, addr, "relay_events_published_total") >= killAfter
+			return readyz(addr) != 0 && scrapeCounter(addr, "relay_events_published_total") >= killAfter
 		})
 		relay.kill()
 		left[i] = s.outboxRows()

@@ -19,10 +19,10 @@ func TestGCDefaults(t *testing.T) {
 	relay := s.start()
 	defer relay.stop(t, 15*time.Second)
 	waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
-	if v := scrapeCounter(t, addr, "go_gc_gomemlimit_bytes"); v != 64<<20 {
+	if v := scrapeCounter(addr, "go_gc_gomemlimit_bytes"); v != 64<<20 {
 		t.Errorf("go_gc_gomemlimit_bytes %v, want %d", v, 64<<20)
 	}
-	if v := scrapeCounter(t, addr, "go_gc_gogc_percent"); v != 200 {
+	if v := scrapeCounter(addr, "go_gc_gogc_percent"); v != 200 {
 		t.Errorf("go_gc_gogc_percent %v, want 200", v)
 	}
 }

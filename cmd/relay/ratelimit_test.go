@@ -59,15 +59,15 @@ func TestRateLimit(t *testing.T) {
 		return err == nil
 	})
 	var first float64
-	waitFor(t, func() bool { first = scrapeCounter(t, addr, age); return first > 0 })
+	waitFor(t, func() bool { first = scrapeCounter(addr, age); return first > 0 })
 	var second float64
-	waitFor(t, func() bool { second = scrapeCounter(t, addr, age); return second != first })
+	waitFor(t, func() bool { second = scrapeCounter(addr, age); return second != first })
 	left := s.outboxRows()
 	t.Logf("backlog age %.1fs, then %.1fs with %d rows left", first, second, left)
 	if second < first+3 || left == 0 {
 		t.Errorf("backlog age went from %.1fs to %.1fs with %d rows left: the limit did not hold the backlog back", first, second, left)
 	}
-	if waited := scrapeCounter(t, addr, "relay_rate_limit_wait_seconds_total"); waited <= 0 {
+	if waited := scrapeCounter(addr, "relay_rate_limit_wait_seconds_total"); waited <= 0 {
 		t.Errorf("relay_rate_limit_wait_seconds_total = %v, want > 0", waited)
 	}
 

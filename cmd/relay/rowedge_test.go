@@ -62,7 +62,7 @@ func TestOneRowNeverStopsTheRelay(t *testing.T) {
 	s.waitDrained(60 * time.Second)
 	for reason, want := range map[string]float64{"control": 3, "reserved": 2} {
 		name := fmt.Sprintf(`relay_row_headers_dropped_total{reason=%q,sink="nats"}`, reason)
-		if got := scrapeCounter(t, addr, name); got != want {
+		if got := scrapeCounter(addr, name); got != want {
 			t.Errorf("%s = %v, want %v", name, got, want)
 		}
 	}

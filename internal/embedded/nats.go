@@ -116,24 +116,6 @@ func (n *NATS) stop() {
 	n.srv = nil
 }
 
-// Reload changes the running server's options with configure and applies
-// them as a configuration reload does (nats-server --signal reload): for
-// example new users or passwords, after which clients whose credentials no
-// longer hold are disconnected. A later Start uses the changed options.
-func (n *NATS) Reload(configure func(*server.Options)) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	configure(&n.opts)
-	if n.srv == nil {
-		return nil
-	}
-	opts := n.opts
-	if err := n.srv.ReloadOptions(&opts); err != nil {
-		return fmt.Errorf("nats test server: reload: %w", err)
-	}
-	return nil
-}
-
 // Restart stops the server and starts a new one on the same port with the
 // same store directory, like a broker restart.
 func (n *NATS) Restart() error {

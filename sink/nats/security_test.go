@@ -5,7 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -333,12 +333,13 @@ func TestStreamDefaults(t *testing.T) {
 // refuses every reconnect, publishes fail as failures of the destination,
 // and once the server takes the password again the sink reconnects by
 // itself and publishes. (By default the NATS client gives up for good after
-// the second identical authentication error.)
+// the second identical authentication error.) The server runs as a process
+// of its own: the embedded server's configuration reload races internally.
 func TestCredentialsRotatedWhileRunning(t *testing.T) {
-	users := func(password string) func(*server.Options) {
-		return func(o *server.Options) { o.Users = []*server.User{{Username: "relay", Password: password}} }
+	users := func(password string) string {
+		return fmt.Sprintf("authorization { users = [ { user: relay, password: %q } ] }", password)
 	}
-	srv := securedServer(t, users("pw-1"))
+	srv := testenv.StartNATSProcess(t, users("pw-1"))
 	var logs testenv.SyncBuffer
 	cfg := Config{URL: srv.URL(), Subject: "outbox.{aggregate_type}", Stream: "OUTBOX", Auth: Auth{Username: "relay", Password: "pw-1"}}
 	s, err := New(context.Background(), cfg, Options{Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), AckTimeout: 2 * time.Second})
