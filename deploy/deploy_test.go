@@ -735,7 +735,7 @@ func TestAlerts(t *testing.T) {
 		}
 	}
 	if !alerts["RelayDestinationBroken"] {
-		t.Error("no RelayDestinationBroken alert: a destination failing for long must page someone")
+		t.Error("no RelayDestinationBroken alert: a destination failing for long must be reported")
 	}
 	for _, want := range []string{"relay_events_dead_lettered_total", "relay_oldest_unpublished_age_seconds", "relay_replication_slot_lag_bytes", "relay_sink_ready", "up", "relay_publish_retries_total", "relay_destination_broken_seconds"} {
 		if !used[want] {

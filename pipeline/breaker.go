@@ -143,8 +143,12 @@ func (e *engine) trip(d *destState, err error, probe bool, now time.Time) {
 // breaker when probe is set: an event sent before the breaker opened and
 // acknowledged after does not close it.
 func (e *engine) ok(d *destState, probe bool, now time.Time) {
+	first := d.lastOK.IsZero()
 	d.lastOK, d.streak = now, 0
 	d.gen++
+	if first && e.broken > 0 && e.chosen(d) {
+		e.publishStatus() // a row-chosen destination works: see publishStatus
+	}
 	if !d.open || !(probe || d.expired) {
 		return
 	}
@@ -263,11 +267,12 @@ func (e *engine) idleProbes(now time.Time) {
 		}
 	}
 	slices.SortFunc(idle, func(a, b *destState) int { return b.lastUsed.Compare(a.lastUsed) })
-	kept := 0
+	kept, forgot := 0, false
 	for _, d := range idle {
 		if !d.open && d.name != sink.Broker {
 			if kept++; kept > keptIdle {
 				delete(e.dests, d.name)
+				forgot = true
 				continue
 			}
 		}
@@ -279,6 +284,9 @@ func (e *engine) idleProbes(now time.Time) {
 			cancel()
 			e.probes <- probeResult{dest: name, err: err}
 		}(d.name)
+	}
+	if forgot && e.broken > 0 {
+		e.publishStatus()
 	}
 }
 
@@ -302,16 +310,33 @@ func (e *engine) probed(r probeResult, now time.Time) {
 	}
 }
 
-// publishStatus updates what Ready and Destinations report.
+// chosen reports whether row values chose d (see sink.RowRouted).
+func (e *engine) chosen(d *destState) bool { return e.rowChosen && d.name != sink.Broker }
+
+// publishStatus updates what Ready and Destinations report. Every broken
+// destination is reported, but a broken one that row values chose makes
+// the relay not ready only while no row-chosen destination it knows has
+// worked and is not broken: then the receiver or broker as a whole is the
+// likely fault, not one row's route. Broker and fixed destinations make it
+// not ready whenever they are broken.
 func (e *engine) publishStatus() {
-	e.p.stats.Ready.Store(e.broken == 0)
-	e.p.stats.Broken.Store(int64(e.broken))
 	var list []DestinationStatus
+	fixedBroken, chosenBroken, chosenWorking := 0, 0, 0
 	for _, d := range e.dests {
+		switch {
+		case d.open && e.chosen(d):
+			chosenBroken++
+		case d.open:
+			fixedBroken++
+		case e.chosen(d) && !d.lastOK.IsZero():
+			chosenWorking++
+		}
 		if d.open {
 			list = append(list, DestinationStatus{Name: d.name, Since: d.since, Err: errString(d.lastErr)})
 		}
 	}
+	e.p.stats.Ready.Store(fixedBroken == 0 && (chosenBroken == 0 || chosenWorking > 0))
+	e.p.stats.Broken.Store(int64(e.broken))
 	slices.SortFunc(list, func(a, b DestinationStatus) int {
 		return cmp.Or(a.Since.Compare(b.Since), cmp.Compare(a.Name, b.Name))
 	})

@@ -201,3 +201,73 @@ func TestIdleProbeReportsBrokenBroker(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// rowRoutedSink is a routedSink whose destinations row values choose, like
+// a sink with a destination template (sink.RowRouted).
+type rowRoutedSink struct{ *routedSink }
+
+func (rowRoutedSink) RowChosen() bool { return true }
+
+// A broken destination that row values chose (a templated webhook URL
+// answering 404 for one aggregate type) is reported and counted, but the
+// relay stays ready while the other destinations work; once every
+// destination in use is broken, it is not ready.
+func TestRowChosenDestinationKeepsReady(t *testing.T) {
+	bad := &window{typ: "a", err: fault.AsUnavailable(errors.New("404 Not Found"))}
+	bad.open.Store(true)
+	snk := rowRoutedSink{&routedSink{fakeSink: newFakeSink(bad.script(nil))}}
+	opts := testOptions()
+	opts.Retry = Retry{Initial: time.Millisecond, Max: 20 * time.Millisecond, MaxAttempts: 1}
+	evs := destEvents([]string{"a", "b"}, 100, 10)
+	r := start(t, newFakeSource(evs), snk, opts)
+	waitFor(t, "a broken, b's events through", 10*time.Second, func() bool {
+		l := r.p.Destinations()
+		return len(l) == 1 && l[0].Name == "dest-a" && snk.ackedCount("") >= 100
+	})
+	waitFor(t, "ready with a broken", 5*time.Second, func() bool { return r.p.Stats().SinkReady() })
+	if n := r.p.Stats().Broken.Load(); n != 1 {
+		t.Errorf("Broken = %d, want 1", n)
+	}
+	probed := bad.seen.Load()
+	waitFor(t, "a few probes of a", 10*time.Second, func() bool { return bad.seen.Load() >= probed+3 })
+	if !r.p.Stats().SinkReady() {
+		t.Errorf("not ready while a row-chosen destination is probed: %v", r.p.Destinations())
+	}
+	bad.open.Store(false)
+	waitFor(t, "the batch to complete", 10*time.Second, func() bool { return r.src.countCompleted() == 1 })
+	if err := r.stop(t, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// When the only row-chosen destination in use is broken, or the broker
+// probe fails, a sink with row-chosen destinations is not ready.
+func TestRowChosenAllBrokenNotReady(t *testing.T) {
+	bad := &window{typ: "a", err: fault.AsUnavailable(errors.New("connection refused"))}
+	bad.open.Store(true)
+	snk := rowRoutedSink{&routedSink{fakeSink: newFakeSink(bad.script(nil))}}
+	opts := testOptions()
+	opts.ProbeInterval = 20 * time.Millisecond
+	opts.Retry = Retry{Initial: time.Millisecond, Max: 20 * time.Millisecond, MaxAttempts: 1}
+	r := start(t, newFakeSource(destEvents([]string{"a"}, 20, 4)), snk, opts)
+	waitFor(t, "not ready with a broken", 5*time.Second, func() bool {
+		l := r.p.Destinations()
+		return !r.p.Stats().Ready.Load() && len(l) == 1 && l[0].Name == "dest-a"
+	})
+	down := error(fault.AsUnavailable(errors.New("connection refused")))
+	snk.probeErr.Store(&down)
+	bad.open.Store(false)
+	waitFor(t, "the broker reported broken", 5*time.Second, func() bool {
+		for _, d := range r.p.Destinations() {
+			if d.Name == sink.Broker {
+				return !r.p.Stats().Ready.Load()
+			}
+		}
+		return false
+	})
+	snk.probeErr.Store(nil)
+	waitFor(t, "ready", 10*time.Second, func() bool { return r.p.Stats().Ready.Load() })
+	if err := r.stop(t, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+}

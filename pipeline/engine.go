@@ -87,6 +87,7 @@ type engine struct {
 	keyBytes   int               // the held keys' bytes, see maxHeldKeyBytes
 	probeBytes int               // the probe candidates' copies' bytes, see maxProbeBytes
 	router     sink.Destinations // nil when the sink names no destinations
+	rowChosen  bool              // row values choose the destinations (sink.RowRouted), Broker aside
 	dests      map[string]*destState
 	broken     int // destinations whose breaker is open
 	probes     chan probeResult
@@ -109,6 +110,7 @@ func newEngine(p *Pipeline, ctx context.Context) *engine {
 		nextIdle: time.Now(),
 	}
 	e.router, _ = p.snk.(sink.Destinations)
+	e.rowChosen = e.router != nil && sink.RowChosen(p.snk)
 	e.holder = p.opts.Holder
 	if e.holder == nil {
 		e.holder, _ = p.src.(capture.Holder)
@@ -266,6 +268,7 @@ func (e *engine) dispatch() {
 		runs := make([]run, 0, min(size, len(e.ready)-e.readyAt))
 		batch := make([]*event.Event, 0, size)
 		bytes := 0
+		untracked := false // the call probes a row-chosen destination: not for StallAfter
 		for len(e.ready) > 0 && len(batch) < e.p.opts.BatchSize {
 			if len(batch) > 0 && bytes+e.ready[e.readyAt].items[0].ev.Size() > e.p.opts.MaxBatchBytes {
 				break // an event larger than MaxBatchBytes goes alone
@@ -275,6 +278,7 @@ func (e *engine) dispatch() {
 				e.hold(d, q)
 				continue
 			}
+			untracked = untracked || q.probe && e.chosen(q.items[0].dest)
 			n := e.runLength(q, e.p.opts.BatchSize-len(batch), e.p.opts.MaxBatchBytes-bytes)
 			q.sending = n
 			runs = append(runs, run{q: q, n: n})
@@ -289,7 +293,10 @@ func (e *engine) dispatch() {
 		e.inFlight++
 		go func() {
 			start := time.Now()
-			call := e.p.stats.publishing.begin(start)
+			var call uint64 // 0: not tracked, end ignores it
+			if !untracked {
+				call = e.p.stats.publishing.begin(start)
+			}
 			err := e.p.snk.Publish(e.ctx, batch)
 			e.p.stats.publishing.end(call)
 			e.p.opts.Metrics.publishDone(time.Since(start))

@@ -113,7 +113,7 @@ type Stats struct {
 	Retries      atomic.Int64 // failed publish attempts that will be retried
 	Archived     atomic.Int64 // events whose batch was archived
 	InFlight     atomic.Int64 // events captured and not yet settled
-	Ready        atomic.Bool  // false while a destination is broken (see Pipeline.Destinations)
+	Ready        atomic.Bool  // false while the broker, a fixed destination or every row-chosen one in use is broken (see sink.RowRouted)
 	Broken       atomic.Int64 // destinations whose breaker is open
 	// HeldAggregates counts the aggregates whose events are left in the
 	// outbox while their destination is broken (see held.go).

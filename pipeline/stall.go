@@ -9,7 +9,9 @@ import (
 // sink is reported not ready (Stats.SinkReady), whichever the sink: a
 // broker that neither acknowledges nor refuses for this long is treated as
 // unreachable for readiness, though the call goes on (a sink gives up after
-// its own timeout, e.g. Kafka's 15s).
+// its own timeout, e.g. Kafka's 15s). A call that carries the probe of a
+// broken destination row values chose (sink.RowRouted) is not counted: one
+// row's route does not make the relay not ready.
 const StallAfter = 5 * time.Second
 
 // publishing tracks the start of each Publish call in flight. It is safe
@@ -32,7 +34,7 @@ func (p *publishing) begin(now time.Time) uint64 {
 	return p.next
 }
 
-// end records that call id returned.
+// end records that call id returned; an id of 0 is no call.
 func (p *publishing) end(id uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -55,7 +57,8 @@ func (p *publishing) longest(now time.Time) time.Duration {
 // waiting for the broker, or 0 when none is.
 func (s *Stats) PublishWait() time.Duration { return s.publishing.longest(time.Now()) }
 
-// SinkReady reports whether the sink is ready: no destination is broken
-// and no Publish call has waited longer than StallAfter. It is the one rule
-// of readiness for every sink.
+// SinkReady reports whether the sink is ready: Ready holds (no broker or
+// fixed destination is broken, and the broken row-chosen destinations are
+// not all there is) and no Publish call has waited longer than StallAfter.
+// It is the one rule of readiness for every sink.
 func (s *Stats) SinkReady() bool { return s.Ready.Load() && s.PublishWait() <= StallAfter }

@@ -99,6 +99,24 @@ type Destinations interface {
 	Probe(ctx context.Context, dest string) error
 }
 
+// RowRouted is implemented by sinks implementing Destinations whose
+// destinations may be chosen by the values of rows: a destination template
+// with a placeholder. The pipeline does not let a broken destination that
+// rows chose make the relay not ready, unless every such destination in
+// use is broken and none has worked (see pipeline.Stats.Ready).
+type RowRouted interface {
+	// RowChosen reports whether row values choose the destinations
+	// DestinationOf returns. Broker is never row-chosen.
+	RowChosen() bool
+}
+
+// RowChosen reports whether s implements RowRouted and its RowChosen is
+// true; a sink wrapping another passes it on with it.
+func RowChosen(s any) bool {
+	r, ok := s.(RowRouted)
+	return ok && r.RowChosen()
+}
+
 // Broker is the destination name Probe takes for the broker as a whole
 // (the connection, the credentials, the cluster).
 const Broker = "(broker)"

@@ -171,16 +171,17 @@ func receiverRefuses(t *testing.T, mode string) {
 		mode, rc.refusals.Load(), window, during, events, wire)
 }
 
-// TestOneBrokenURLDoesNotStopOthers: with a URL per aggregate, the receiver
-// refuses the URLs of a few aggregates with 401. The other aggregates are
-// all delivered while those are held; readiness names the broken URLs; once
-// they are accepted, everything is delivered in order and nothing is
-// dead-lettered.
+// TestOneBrokenURLDoesNotStopOthers: with a URL per aggregate (a route the
+// rows choose), the receiver answers 404 to the URLs of a few aggregates.
+// The other aggregates are all delivered while those are held; the relay
+// stays ready (/readyz 200, relay_sink_ready 1) while /status and the
+// metrics name the broken URLs; once they are accepted, everything is
+// delivered in order and nothing is dead-lettered.
 func TestOneBrokenURLDoesNotStopOthers(t *testing.T) {
 	t.Parallel()
 	broken := map[string]bool{"order-0": true, "order-1": true, "order-2": true}
 	var status atomic.Int64
-	status.Store(http.StatusUnauthorized)
+	status.Store(http.StatusNotFound)
 	rc := startRefusingReceiver(t, func(agg string) (int, string) {
 		if broken[agg] {
 			return int(status.Load()), ""
@@ -197,9 +198,23 @@ func TestOneBrokenURLDoesNotStopOthers(t *testing.T) {
 	s.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE aggregate_id IN ('order-0', 'order-1', 'order-2')`).Scan(&held)
 	relay := s.start()
 	waitFor(t, func() bool { return len(rc.deliveries()) >= events-held })
-	code, body := readyzBody(addr)
-	if code != http.StatusServiceUnavailable || !strings.Contains(body, rc.URL+"/events/order-0") || strings.Contains(body, "order-3") {
-		t.Errorf("readyz %d %q, want 503 naming the broken URLs only", code, body)
+	waitFor(t, func() bool {
+		m := scrape(t, addr)
+		return strings.Contains(m, "\nrelay_destinations_broken 3\n") &&
+			strings.Contains(m, `relay_destination_broken_seconds{destination="`+rc.URL+`/events/order-0"}`)
+	})
+	probes := rc.refusals.Load()
+	for i := 0; i < 20 || rc.refusals.Load() < probes+3; i++ { // while the broken URLs are probed
+		if code, body := readyzBody(addr); code != http.StatusOK {
+			t.Fatalf("readyz %d %q while only row-chosen URLs are broken, want 200", code, body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if m := scrape(t, addr); !strings.Contains(m, "\nrelay_sink_ready 1\n") {
+		t.Errorf("metrics with three broken URLs:\n%s", relayLines(m))
+	}
+	if st := get(addr, "/status"); !strings.Contains(st, rc.URL+"/events/order-0") || strings.Contains(st, "order-3") {
+		t.Errorf("/status %s, want the broken URLs only", st)
 	}
 	status.Store(0)
 	s.waitDrained(60 * time.Second)

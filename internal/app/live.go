@@ -36,7 +36,7 @@ type liveStatus struct {
 	PeersAt *time.Time `json:"peers_read_at,omitempty"`
 	// Capturing is false while capture fails (Postgres unreachable).
 	Capturing bool `json:"capturing"`
-	// Ready is false while a destination is broken.
+	// Ready is false while the relay cannot publish (pipeline.Stats.SinkReady).
 	Ready bool `json:"ready"`
 	// DatabaseError is why the database refuses the relay, if it does.
 	DatabaseError string `json:"database_error,omitempty"`

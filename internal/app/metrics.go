@@ -78,7 +78,7 @@ func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backl
 	counter("publish_retries_total", "Failed publish attempts that were retried.", st.Retries.Load)
 	counter("events_archived_total", "Events archived after publishing.", st.Archived.Load)
 	gauge("events_in_flight", "Events captured and not yet settled.", func() float64 { return float64(st.InFlight.Load()) })
-	gauge("sink_ready", "1 when no destination is broken and no publish has waited over 5s for the broker.",
+	gauge("sink_ready", "1 when the broker and fixed destinations work, not every destination rows chose is broken, and no publish has waited over 5s for the broker.",
 		func() float64 { return boolFloat(st.SinkReady()) })
 	gauge("destinations_broken", "Destinations the relay holds events for because they fail (auth, ACL, missing topic/queue/stream/route, unreachable).",
 		func() float64 { return float64(st.Broken.Load()) })

@@ -51,6 +51,9 @@ func (b *brokerSink) MaxPerAggregate() int {
 	return 1
 }
 
+// RowChosen implements sink.RowRouted with the wrapped sink's answer.
+func (b *brokerSink) RowChosen() bool { return sink.RowChosen(b.routedSink) }
+
 // openSink connects the sink cfg.Sink.Type selects. window is the
 // pipeline's in-flight window, for sinks that buffer.
 func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window int) (*brokerSink, error) {

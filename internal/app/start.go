@@ -51,7 +51,7 @@ func newFront() *front {
 	}
 	gauge("capture_ready", "1 while capture works: Postgres answers and accepts the relay's statements.",
 		func() float64 { return boolFloat(f.dbReady.Load()) })
-	gauge("sink_ready", "1 when no destination is broken and no publish has waited over 5s for the broker.", func() float64 { return 0 })
+	gauge("sink_ready", "1 when the broker and fixed destinations work, not every destination rows chose is broken, and no publish has waited over 5s for the broker.", func() float64 { return 0 })
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Name: "start_attempts_total",
 		Help: "Attempts to start while Postgres or the broker could not be reached."},
 		func() float64 { return float64(f.attempts.Load()) }))

@@ -92,6 +92,9 @@ func (s *tracedSink) Publish(ctx context.Context, batch []*event.Event) error {
 	return err
 }
 
+// RowChosen passes the wrapped sink's sink.RowRouted answer on.
+func (s *tracedSink) RowChosen() bool { return sink.RowChosen(s.Routed) }
+
 // MaxPerAggregate passes the wrapped sink's sink.Ordered capability on to
 // the pipeline: its value, or 1 (one event of an aggregate per publish)
 // when it has none.

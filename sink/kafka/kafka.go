@@ -227,6 +227,7 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sink.kafka.topic: %w", err)
 	}
+	topic = topic.Limit(destname.MaxKafkaTopic)
 	s := &Sink{
 		cfg:    cfg,
 		opts:   opts,
@@ -418,13 +419,14 @@ func sanitize(r rune) rune {
 	return '_'
 }
 
-// topicOf renders e's topic: the template with sanitized values, with "."
-// and ".." (possible only from a template that is a bare placeholder)
-// replaced by underscores. The name may be longer than Kafka allows.
+// topicOf renders e's topic: the template with sanitized values, cut to
+// Kafka's limit when the template's literal text leaves room, with "." and
+// ".." (possible only from a template that is a bare placeholder) replaced
+// by underscores and the value's template.Hash.
 func (s *Sink) topicOf(e *event.Event) string {
 	name := s.topic.Render(e)
 	if name == "." || name == ".." {
-		name = strings.Repeat("_", len(name))
+		name = strings.Repeat("_", len(name)) + template.Hash(name)
 	}
 	return name
 }

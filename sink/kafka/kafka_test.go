@@ -23,6 +23,7 @@ import (
 
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
+	"github.com/outboxrelay/relay/internal/destname"
 	"github.com/outboxrelay/relay/sink"
 	"github.com/outboxrelay/relay/sink/kafka/kafkatest"
 	"github.com/outboxrelay/relay/sink/sinktest"
@@ -178,9 +179,10 @@ func TestPublishRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	topics := []string{"outbox.order", "outbox.bin_v1__", "outbox._", "outbox.order"}
+	binTopic, emptyTopic := "outbox.bin_v1__"+template.Hash("bin v1/ü"), "outbox."+template.Hash("")
+	topics := []string{"outbox.order", binTopic, emptyTopic, "outbox.order"}
 	byID := map[string]*kgo.Record{}
-	for _, r := range readTopics(t, c.ListenAddrs(), "outbox.order", "outbox.bin_v1__", "outbox._") {
+	for _, r := range readTopics(t, c.ListenAddrs(), "outbox.order", binTopic, emptyTopic) {
 		id, _ := header(r, "message_id")
 		byID[id] = r
 	}
@@ -248,19 +250,21 @@ func TestTopicOf(t *testing.T) {
 		tmpl, aggType, want string
 	}{
 		{"outbox.{aggregate_type}", "Order-1.v2_x", "outbox.Order-1.v2_x"},
-		{"outbox.{aggregate_type}", "a/b c:ü\x00", "outbox.a_b_c___"},
-		{"outbox.{aggregate_type}", "", "outbox._"},
-		{"{aggregate_type}", ".", "_"},
-		{"{aggregate_type}", "..", "__"},
+		{"outbox.{aggregate_type}", "a/b c:ü\x00", "outbox.a_b_c___" + template.Hash("a/b c:ü\x00")},
+		{"outbox.{aggregate_type}", "a/b c:ü\x01", "outbox.a_b_c___" + template.Hash("a/b c:ü\x01")},
+		{"outbox.{aggregate_type}", "", "outbox." + template.Hash("")},
+		{"{aggregate_type}", ".", "_" + template.Hash(".")},
+		{"{aggregate_type}", "..", "__" + template.Hash("..")},
 		{"{aggregate_type}", "...", "..."},
-		{"t-{aggregate_type}", strings.Repeat("x", 300), "t-" + strings.Repeat("x", 300)},
+		{"t-{aggregate_type}", strings.Repeat("x", 247), "t-" + strings.Repeat("x", 247)},
+		{"t-{aggregate_type}", strings.Repeat("x", 300), "t-" + strings.Repeat("x", 238) + template.Hash(strings.Repeat("x", 300))},
 		{"fixed", "anything", "fixed"},
 	} {
 		tmpl, err := template.Parse(c.tmpl, sanitize)
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.topic = tmpl
+		s.topic = tmpl.Limit(destname.MaxKafkaTopic)
 		if got := s.topicOf(&event.Event{AggregateType: c.aggType, EventType: "e", AggregateID: "1"}); got != c.want {
 			t.Errorf("%q with %q: %q, want %q", c.tmpl, c.aggType, got, c.want)
 		}

@@ -363,6 +363,10 @@ func createFix(err error) string {
 // DestinationOf returns the topic of e.
 func (s *Sink) DestinationOf(e *event.Event) string { return s.topicOf(e) }
 
+// RowChosen implements sink.RowRouted: true when the topic template has a
+// placeholder.
+func (s *Sink) RowChosen() bool { return !s.fixed }
+
 // Probe sends a metadata request: for sink.Broker, of no topic (a broker
 // answers and accepts the credentials); for a topic, of that topic, which
 // must exist and be visible to this principal. Its errors are classified
@@ -382,4 +386,7 @@ func (s *Sink) Probe(ctx context.Context, dest string) error {
 	return nil
 }
 
-var _ sink.Destinations = (*Sink)(nil)
+var (
+	_ sink.Destinations = (*Sink)(nil)
+	_ sink.RowRouted    = (*Sink)(nil)
+)

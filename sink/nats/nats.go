@@ -174,6 +174,7 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sink.nats.subject: %w", err)
 	}
+	subject = subject.Limit(destname.MaxNATSSubject)
 	pattern, err := subjectPattern(cfg.Subject)
 	if err != nil {
 		return nil, fmt.Errorf("sink.nats.subject: %w", err)

@@ -326,6 +326,10 @@ func tooLargeToStore(err error) bool {
 // DestinationOf returns the subject of e.
 func (s *Sink) DestinationOf(e *event.Event) string { return s.subject.Render(e) }
 
+// RowChosen implements sink.RowRouted: true when the subject template has a
+// placeholder.
+func (s *Sink) RowChosen() bool { return !s.subject.Fixed() }
+
 // Probe asks JetStream, without publishing: for sink.Broker, the account
 // information (the server answers and JetStream is enabled for this
 // account); for a subject, which stream covers it. Its errors are
@@ -343,4 +347,7 @@ func (s *Sink) Probe(ctx context.Context, dest string) error {
 	return nil
 }
 
-var _ sink.Destinations = (*Sink)(nil)
+var (
+	_ sink.Destinations = (*Sink)(nil)
+	_ sink.RowRouted    = (*Sink)(nil)
+)

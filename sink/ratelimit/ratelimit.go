@@ -81,6 +81,9 @@ func (s *Sink) wait(ctx context.Context, n int) error {
 	return nil
 }
 
+// RowChosen implements sink.RowRouted with the inner sink's answer.
+func (s *Sink) RowChosen() bool { return sink.RowChosen(s.Inner) }
+
 // MaxPerAggregate implements sink.Ordered with the inner sink's value, or
 // 1 when the inner sink does not implement it: Publish hands each batch to
 // the inner sink whole and in order.

@@ -201,6 +201,10 @@ func (s *Sink) DestinationOf(e *event.Event) string {
 	return s.tmpl.Render(e)
 }
 
+// RowChosen implements sink.RowRouted: true when sink.sqs.queue has a
+// placeholder.
+func (s *Sink) RowChosen() bool { return s.fixed.url == "" && !s.tmpl.Fixed() }
+
 // Probe checks without sending: for sink.Broker, that SQS answers and
 // accepts the credentials (GetQueueAttributes of the fixed queue, or
 // ListQueues for a template); for a queue name, that the queue exists and
@@ -232,4 +236,7 @@ func (s *Sink) Probe(ctx context.Context, dest string) error {
 	return nil
 }
 
-var _ sink.Destinations = (*Sink)(nil)
+var (
+	_ sink.Destinations = (*Sink)(nil)
+	_ sink.RowRouted    = (*Sink)(nil)
+)

@@ -189,6 +189,7 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 		if s.tmpl, err = template.Parse(cfg.Queue, sanitize); err != nil {
 			return nil, fmt.Errorf("sink.sqs.queue: %w", err)
 		}
+		s.tmpl = s.tmpl.Limit(destname.MaxSQSQueue)
 		s.fifo = fifo
 	default:
 		return nil, errors.New("sink.sqs: queue_url or queue is required")

@@ -2,6 +2,7 @@ package template
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,9 +19,9 @@ func TestTemplateRender(t *testing.T) {
 	}
 	e := &event.Event{AggregateType: "order.v2", EventType: "paid", AggregateID: "o-1"}
 	for _, tc := range []struct{ tmpl, want string }{
-		{"outbox.{aggregate_type}", "outbox.order_v2"},
+		{"outbox.{aggregate_type}", "outbox.order_v2" + Hash("order.v2")},
 		{"fixed", "fixed"},
-		{"{aggregate_type}", "order_v2"},
+		{"{aggregate_type}", "order_v2" + Hash("order.v2")},
 		{"a.{event_type}.{aggregate_id}.z", "a.paid.o-1.z"},
 		{"{aggregate_id}{aggregate_id}", "o-1o-1"},
 	} {
@@ -33,13 +34,66 @@ func TestTemplateRender(t *testing.T) {
 		}
 	}
 	tp, _ := Parse("x.{event_type}", nil)
-	if got := tp.Render(&event.Event{}); got != "x._" {
-		t.Errorf("empty value: got %q, want x._", got)
+	if got := tp.Render(&event.Event{}); got != "x."+Hash("") {
+		t.Errorf("empty value: got %q, want x.%s", got, Hash(""))
 	}
 	for _, bad := range []string{"x.{nope}", "x.{aggregate_type"} {
 		if _, err := Parse(bad, nil); err == nil {
 			t.Errorf("%s: no error", bad)
 		}
+	}
+}
+
+// TestTemplateDistinct renders values that the sanitizer maps to the same
+// text: each gets a different name, while a value the sanitizer keeps is
+// written as it is.
+func TestTemplateDistinct(t *testing.T) {
+	tp, err := Parse("outbox.{aggregate_type}", token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]string{}
+	for _, v := range []string{"order.*", "order.>", "order__", "a b", "a\tb", "a_b", "bad\xff", "bad\xfe", "bad\ufffd", "", "_"} {
+		name := tp.Render(&event.Event{AggregateType: v})
+		if prev, ok := seen[name]; ok {
+			t.Errorf("%q and %q both render %q", prev, v, name)
+		}
+		seen[name] = v
+	}
+	if got := tp.Render(&event.Event{AggregateType: "order_v2-ü"}); got != "outbox.order_v2-ü" {
+		t.Errorf("a clean value renders %q, want outbox.order_v2-ü", got)
+	}
+	if got, want := tp.Render(&event.Event{AggregateType: "order.*"}), "outbox.order__"+Hash("order.*"); got != want {
+		t.Errorf("order.* renders %q, want %q", got, want)
+	}
+}
+
+// TestTemplateLimit renders names longer than a template's limit: each
+// value over its share of the bytes is cut at a rune boundary and followed
+// by its hash, names within the limit are unchanged, and a template whose
+// literal text leaves no room keeps the long name.
+func TestTemplateLimit(t *testing.T) {
+	tp, err := Parse("{aggregate_type}-{event_type}.fifo", token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp = tp.Limit(80)
+	long := strings.Repeat("q", 100)
+	for _, tc := range []struct{ typ, evType, want string }{
+		{"orders", "paid", "orders-paid.fifo"},
+		{strings.Repeat("q", 73), "p", strings.Repeat("q", 73) + "-p.fifo"},
+		{long, "paid", strings.Repeat("q", 28) + Hash(long) + "-paid.fifo"},
+		{long, long + "x", strings.Repeat("q", 28) + Hash(long) + "-" + strings.Repeat("q", 28) + Hash(long+"x") + ".fifo"},
+		{strings.Repeat("é", 50), "p", strings.Repeat("é", 14) + Hash(strings.Repeat("é", 50)) + "-p.fifo"},
+	} {
+		got := tp.Render(&event.Event{AggregateType: tc.typ, EventType: tc.evType})
+		if got != tc.want || len(got) > 80 {
+			t.Errorf("(%.10q, %.10q): got %q (%d bytes), want %q", tc.typ, tc.evType, got, len(got), tc.want)
+		}
+	}
+	tight, _ := Parse(strings.Repeat("x", 75)+"{aggregate_type}", token)
+	if got := tight.Limit(80).Render(&event.Event{AggregateType: long}); got != strings.Repeat("x", 75)+long {
+		t.Errorf("no room: got %q, want the long name", got)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 
 	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/fault"
@@ -59,6 +60,12 @@ func (s *Sink) URL() string { return redact.String(s.url.raw) }
 
 // DestinationOf returns the URL e is POSTed to, credentials masked.
 func (s *Sink) DestinationOf(e *event.Event) string { return redact.String(s.target(e)) }
+
+// RowChosen implements sink.RowRouted: true when the URL template has a
+// placeholder.
+func (s *Sink) RowChosen() bool {
+	return slices.ContainsFunc(s.url.parts, func(p urlPart) bool { return p.placeholder })
+}
 
 // Probe checks the receiver while no events flow: for sink.Broker, with
 // sink.webhook.health_url set, it GETs that URL with the static headers and

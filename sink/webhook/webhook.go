@@ -122,6 +122,7 @@ type Sink struct {
 var (
 	_ sink.Sink         = (*Sink)(nil)
 	_ sink.Destinations = (*Sink)(nil)
+	_ sink.RowRouted    = (*Sink)(nil)
 )
 
 // New returns a sink that POSTs to URLs rendered from cfg.URL. It fails on a
@@ -325,13 +326,13 @@ func (t *urlTemplate) render(values map[string]string) string {
 	return b.String()
 }
 
-// escapeValue escapes a placeholder's value. An empty value renders as "_",
-// like template.Template does, and the path segments "." and ".." are escaped so
+// escapeValue escapes a placeholder's value. An empty value renders as
+// template.Hash(""), like template.Template does, and the path segments "." and ".." are escaped so
 // a server that cleans paths does not resolve them.
 func escapeValue(v string, query bool) string {
 	switch {
 	case v == "":
-		return "_"
+		return template.Hash("")
 	case query:
 		return url.QueryEscape(v)
 	case v == ".":
