@@ -18,7 +18,7 @@ import (
 //     before that commit, or before a batch holding one of the aggregate's
 //     left events was completed, may still carry its events. The park waits
 //     for those completions (wait): it lifts at the first batch whose
-//     capture began after all of them (see captured.gen), which holds only
+//     capture began after all of them (see captureMark.gen), which holds only
 //     events captured once the left ones were back in the outbox.
 //   - a broken destination, with a capture.Holder source (dest, see
 //     held.go): while it is set the aggregate is held in the source too.
