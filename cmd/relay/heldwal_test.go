@@ -95,6 +95,31 @@ func (rc *heldRoute) metric(t *testing.T, name string) float64 {
 	return -1
 }
 
+// writeBacklog commits, in one statement, steps events of type "gone" for
+// each of aggregates aggregates (order-1000 on), step by step, and records
+// them as written.
+func (s *stack) writeBacklog(ctx context.Context, aggregates, steps int) {
+	s.t.Helper()
+	rows, err := s.pool.Query(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+		SELECT gen_random_uuid(), 'order', 'order-' || a, 'gone', json_build_object('aggregate', 'order-' || a, 'step', k)
+		FROM generate_series(1, $2::int) k, generate_series(1000, 999 + $1::int) a ORDER BY k, a
+		RETURNING id::text, aggregate_id, (payload->>'step')::int`, aggregates, steps)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for rows.Next() {
+		var id, agg string
+		var step int
+		if err := rows.Scan(&id, &agg, &step); err != nil {
+			s.t.Fatal(err)
+		}
+		s.wire.Written(id, agg, step)
+	}
+	if rows.Err() != nil {
+		s.t.Fatal(rows.Err())
+	}
+}
+
 // heldAggregates returns aggregates 100 to 100+n-1 and the test of an
 // aggregate name being one of them.
 func heldAggregates(n int) ([]int, func(string) bool) {
@@ -178,26 +203,7 @@ func TestHeldBacklogLeavesOthers(t *testing.T) {
 			s, rc := heldStack(t, mode, "")
 			ctx := context.Background()
 			const aggregates, steps = 500, 30
-			if _, err := s.pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
-				SELECT gen_random_uuid(), 'order', 'order-' || a, 'gone', json_build_object('aggregate', 'order-' || a, 'step', k)
-				FROM generate_series(1, $2::int) k, generate_series(1000, 999 + $1::int) a ORDER BY k, a`, aggregates, steps); err != nil {
-				t.Fatal(err)
-			}
-			rows, err := s.pool.Query(ctx, `SELECT id::text, aggregate_id, (payload->>'step')::int FROM outbox`)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for rows.Next() {
-				var id, agg string
-				var step int
-				if err := rows.Scan(&id, &agg, &step); err != nil {
-					t.Fatal(err)
-				}
-				s.wire.Written(id, agg, step)
-			}
-			if rows.Err() != nil {
-				t.Fatal(rows.Err())
-			}
+			s.writeBacklog(ctx, aggregates, steps)
 			backlog := func(a string) bool { return strings.HasPrefix(a, "order-1") && len(a) == len("order-1000") }
 			relay := s.start()
 			start := time.Now()
@@ -374,24 +380,7 @@ func TestHeldBacklogRelease(t *testing.T) {
 			ctx := context.Background()
 			relay := s.start()
 			const aggregates, steps = 100, 50
-			rows, err := s.pool.Query(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
-				SELECT gen_random_uuid(), 'order', 'order-' || a, 'gone', json_build_object('aggregate', 'order-' || a, 'step', k)
-				FROM generate_series(1, $2::int) k, generate_series(1000, 999 + $1::int) a ORDER BY k, a
-				RETURNING id::text, aggregate_id, (payload->>'step')::int`, aggregates, steps)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for rows.Next() {
-				var id, agg string
-				var step int
-				if err := rows.Scan(&id, &agg, &step); err != nil {
-					t.Fatal(err)
-				}
-				s.wire.Written(id, agg, step)
-			}
-			if rows.Err() != nil {
-				t.Fatal(rows.Err())
-			}
+			s.writeBacklog(ctx, aggregates, steps)
 			waitFor(t, func() bool { return rc.metric(t, "relay_held_aggregates") == aggregates })
 			time.Sleep(10 * time.Second)
 			before := rc.metric(t, "relay_events_captured_total")
