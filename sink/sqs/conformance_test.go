@@ -84,10 +84,9 @@ func newHarness(t *testing.T, suffix string, attrs map[string]string) *harness {
 			return h.newSink(t, h.proxy.endpoint(), tmpl)
 		},
 		Received: h.receive,
-		// A receive whose answer a loaded machine loses (10 of 3,000
-		// messages missing after 60 s, at a load average of 24 or with both
-		// cores busy) leaves its ten messages invisible for the receive's
-		// VisibilityTimeout, 60 s: wait for them to come back.
+		// A receive whose answer a loaded machine loses leaves its ten
+		// messages in flight for receiveVisibility; receiveAll waits for
+		// them, and the suite must wait for receiveAll.
 		DeliveryTimeout: 2 * time.Minute,
 		Template:        func(scope, suffix string) string { return scope + "-" + suffix + h.suffix },
 		Sanitize:        sanitize,

@@ -2,6 +2,7 @@ package sqs
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -14,6 +15,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -96,19 +98,24 @@ func createQueue(t testing.TB, c *sqs.Client, name string, attrs map[string]stri
 	return aws.ToString(out.QueueUrl)
 }
 
-// receiveAll receives and deletes every message now visible in the queue
-// at url, in the order the queue hands them out. Each ReceiveMessage of the
-// emulator takes about 10ms, so several receivers work at once on a
-// standard queue; a FIFO queue gets one, as the emulator (unlike SQS) may
-// hand a group's next message to a concurrent receive before the previous
-// one is deleted.
+// receiveAll receives and deletes every message the queue at url holds,
+// in the order the queue hands them out, each SQS message once. Each
+// ReceiveMessage of the emulator takes about 10ms, so several receivers
+// work at once on a standard queue; a FIFO queue gets one, as the emulator
+// (unlike SQS) may hand a group's next message to a concurrent receive
+// before the previous one is deleted. A receiver stops after two empty
+// answers only once the emulator counts no message left, in flight or
+// delayed: a receive whose answer a loaded machine loses leaves its
+// messages in flight until receiveVisibility has passed, and they are
+// received then.
 func receiveAll(t testing.TB, c *sqs.Client, url string) []types.Message {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*receiveVisibility)
 	defer cancel()
 	var (
 		mu   sync.Mutex
 		out  []types.Message
+		seen = map[string]bool{}
 		fail error
 		wg   sync.WaitGroup
 	)
@@ -126,7 +133,7 @@ func receiveAll(t testing.TB, c *sqs.Client, url string) []types.Message {
 					MessageAttributeNames:       []string{"All"},
 					AttributeNames:              []types.QueueAttributeName{"All"}, //nolint:staticcheck // the emulator reads only the old field
 					MessageSystemAttributeNames: []types.MessageSystemAttributeName{"All"},
-					VisibilityTimeout:           60,
+					VisibilityTimeout:           int32(receiveVisibility / time.Second),
 				})
 				if err != nil {
 					mu.Lock()
@@ -135,14 +142,28 @@ func receiveAll(t testing.TB, c *sqs.Client, url string) []types.Message {
 					return
 				}
 				if len(res.Messages) == 0 {
-					if empty++; empty == 2 { // the emulator can answer empty once under load
+					if empty++; empty < 2 { // the emulator can answer empty once under load
+						continue
+					}
+					left, err := queueHolds(ctx, c, url)
+					if err != nil || left == 0 {
+						mu.Lock()
+						fail = cmp.Or(fail, err)
+						mu.Unlock()
 						return
 					}
+					empty = 0
+					time.Sleep(100 * time.Millisecond)
 					continue
 				}
 				empty = 0
 				mu.Lock()
-				out = append(out, res.Messages...)
+				for _, m := range res.Messages {
+					if id := aws.ToString(m.MessageId); !seen[id] {
+						seen[id] = true
+						out = append(out, m)
+					}
+				}
 				mu.Unlock()
 				entries := make([]types.DeleteMessageBatchRequestEntry, len(res.Messages))
 				for i, m := range res.Messages {
@@ -162,6 +183,33 @@ func receiveAll(t testing.TB, c *sqs.Client, url string) []types.Message {
 		t.Fatal(fail)
 	}
 	return out
+}
+
+// receiveVisibility is how long a message receiveAll received stays
+// invisible to other receives.
+const receiveVisibility = 20 * time.Second
+
+// queueHolds returns how many messages the emulator holds in the queue at
+// url: visible, in flight or delayed.
+func queueHolds(ctx context.Context, c *sqs.Client, url string) (int, error) {
+	names := []types.QueueAttributeName{
+		types.QueueAttributeNameApproximateNumberOfMessages,
+		types.QueueAttributeNameApproximateNumberOfMessagesNotVisible,
+		types.QueueAttributeNameApproximateNumberOfMessagesDelayed,
+	}
+	res, err := c.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(url), AttributeNames: names})
+	if err != nil {
+		return 0, fmt.Errorf("attributes of %s: %w", url, err)
+	}
+	n := 0
+	for _, name := range names {
+		v, err := strconv.Atoi(res.Attributes[string(name)])
+		if err != nil {
+			return 0, fmt.Errorf("attribute %s of %s: %w", name, url, err)
+		}
+		n += v
+	}
+	return n, nil
 }
 
 // attr returns the message attribute name of m (a String one, or the
