@@ -25,6 +25,7 @@ import (
 	"github.com/goccy/go-yaml"
 
 	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/internal/mdcheck"
 )
 
 // root is the repository root, where compose.yaml and the Dockerfile live;
@@ -67,6 +68,8 @@ var metrics = map[string]struct{ pending, histogram bool }{
 	"relay_destination_broken_seconds":              {},
 	"relay_held_max_age_seconds":                    {},
 	"relay_held_aggregates":                         {},
+	"relay_dead_letters":                            {},
+	"relay_capture_leader":                          {},
 }
 
 // knownMetric reports whether a series name in an expression is one of
@@ -407,7 +410,8 @@ func TestPrometheusConfig(t *testing.T) {
 		ScrapeConfigs []struct {
 			JobName       string `yaml:"job_name"`
 			StaticConfigs []struct {
-				Targets []string `yaml:"targets"`
+				Targets []string          `yaml:"targets"`
+				Labels  map[string]string `yaml:"labels"`
 			} `yaml:"static_configs"`
 		} `yaml:"scrape_configs"`
 	}
@@ -422,6 +426,9 @@ func TestPrometheusConfig(t *testing.T) {
 		for _, st := range sc.StaticConfigs {
 			if sc.JobName == "relay" && slices.Contains(st.Targets, "relay:"+httpPort) {
 				found = true
+				if st.Labels["namespace"] == "" || st.Labels["relay"] == "" {
+					t.Errorf("prometheus.yml: relay:%s has labels %v; the alerts and the dashboard tell relays apart by namespace and relay", httpPort, st.Labels)
+				}
 			}
 		}
 	}
@@ -619,8 +626,9 @@ var (
 	promDuration = regexp.MustCompile(`^([0-9]+(ms|[smhdwy]))+$`)
 	alertName    = regexp.MustCompile(`^[A-Z][A-Za-z0-9]*$`)
 	quoted       = regexp.MustCompile(`"(\\.|[^"\\])*"|'(\\.|[^'\\])*'|` + "`[^`]*`")
+	byClause     = regexp.MustCompile(`\b(?:by|on)\s*\(([^)]*)\)`)
 	metricName   = regexp.MustCompile(`\b(relay_[a-z0-9_]+|up)\b`)
-	runbook      = regexp.MustCompile(`/docs/operations\.md#([a-z0-9-]+)$`)
+	runbook      = regexp.MustCompile(`^https://github\.com/outboxrelay/relay/blob/main/docs/runbooks\.md#([a-z0-9-]+)$`)
 )
 
 // templateFuncs stands in for Prometheus' template functions, so
@@ -669,7 +677,10 @@ func TestAlerts(t *testing.T) {
 		t.Fatal("alerts.yaml: no groups")
 	}
 
-	anchors, haveOps := operationsAnchors(t)
+	anchors, err := mdcheck.Anchors(filepath.Join(root, "docs", "runbooks.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	groups, alerts, used := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, g := range rf.Groups {
 		if g.Name == "" || groups[g.Name] {
@@ -709,10 +720,21 @@ func TestAlerts(t *testing.T) {
 					t.Errorf("%s: no annotations.%s", id, key)
 				}
 			}
-			if m := runbook.FindStringSubmatch(r.Annotations["runbook_url"]); m == nil {
-				t.Errorf("%s: annotations.runbook_url %q should point to a docs/operations.md#section", id, r.Annotations["runbook_url"])
-			} else if haveOps && !anchors[m[1]] {
-				t.Errorf("%s: runbook_url section #%s is not a heading of docs/operations.md", id, m[1])
+			// Each alert has its own runbook section, the alert's name as
+			// its heading.
+			if m := runbook.FindStringSubmatch(r.Annotations["runbook_url"]); m == nil || m[1] != strings.ToLower(r.Alert) {
+				t.Errorf("%s: annotations.runbook_url %q should point to docs/runbooks.md#%s", id, r.Annotations["runbook_url"], strings.ToLower(r.Alert))
+			} else if !anchors[m[1]] {
+				t.Errorf("%s: docs/runbooks.md has no section #%s", id, m[1])
+			}
+
+			// Two relays must never merge: every aggregation keeps the
+			// relay's identity.
+			for _, m := range byClause.FindAllStringSubmatch(expr, -1) {
+				labels := strings.Split(strings.ReplaceAll(m[1], " ", ""), ",")
+				if !slices.Contains(labels, "namespace") || !slices.Contains(labels, "relay") {
+					t.Errorf("%s: %q drops namespace or relay, which identify a relay", id, m[0])
+				}
 			}
 
 			names := metricName.FindAllString(quoted.ReplaceAllString(expr, `""`), -1)
@@ -737,7 +759,7 @@ func TestAlerts(t *testing.T) {
 	if !alerts["RelayDestinationBroken"] {
 		t.Error("no RelayDestinationBroken alert: a destination failing for long must be reported")
 	}
-	for _, want := range []string{"relay_events_dead_lettered_total", "relay_oldest_unpublished_age_seconds", "relay_replication_slot_lag_bytes", "relay_sink_ready", "up", "relay_publish_retries_total", "relay_destination_broken_seconds"} {
+	for _, want := range []string{"relay_dead_letters", "relay_oldest_unpublished_age_seconds", "relay_replication_slot_lag_bytes", "relay_sink_ready", "up", "relay_publish_retries_total", "relay_destination_broken_seconds"} {
 		if !used[want] {
 			t.Errorf("no alert uses %s", want)
 		}
@@ -756,38 +778,10 @@ func checkTemplate(t *testing.T, id, text string) {
 		Labels, ExternalLabels map[string]string
 		ExternalURL            string
 		Value                  float64
-	}{Labels: map[string]string{"job": "relay", "instance": "relay:9090"}, Value: 1}
+	}{Labels: map[string]string{"job": "relay", "namespace": "orders", "relay": "relay", "instance": "relay:9090"}, Value: 1}
 	if err := tmpl.Execute(new(strings.Builder), data); err != nil {
 		t.Errorf("%s: %v", id, err)
 	}
-}
-
-var heading = regexp.MustCompile(`(?m)^#{1,6}\s+(.+?)\s*#*\s*$`)
-
-// operationsAnchors returns the GitHub anchors of docs/operations.md's
-// headings, and false while that file does not exist yet.
-func operationsAnchors(t *testing.T) (map[string]bool, bool) {
-	data, err := os.ReadFile(filepath.Join(root, "docs", "operations.md"))
-	if errors.Is(err, fs.ErrNotExist) {
-		t.Log("docs/operations.md does not exist yet: runbook sections not checked")
-		return nil, false
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	anchors := map[string]bool{}
-	for _, m := range heading.FindAllStringSubmatch(string(data), -1) {
-		var b strings.Builder
-		for _, r := range strings.ToLower(m[1]) {
-			switch {
-			case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '_':
-				b.WriteRune(r)
-			case r == ' ':
-				b.WriteRune('-')
-			}
-		}
-		anchors[b.String()] = true
-	}
-	return anchors, true
 }
 
 // TestAlertMetricsExist checks the metric list against the relay's source:

@@ -443,10 +443,27 @@ func checkSelectors(t *testing.T, r *rendered) {
 			r.service.Labels[m.Spec.JobLabel] != "relay" {
 			t.Errorf("ServiceMonitor %+v: want /metrics on the Service's http port as job relay", m.Spec)
 		}
+		checkIdentity(t, m, r.service.Name)
 	}
 	if r.rule != nil {
 		checkRules(t, r.rule)
 	}
+}
+
+// checkIdentity checks that the ServiceMonitor labels every target with
+// relay, the release's full name (the Service's name), which the alert rules
+// and the dashboard keep beside namespace to tell releases apart.
+func checkIdentity(t *testing.T, m *monitoringv1.ServiceMonitor, fullname string) {
+	t.Helper()
+	for _, e := range m.Spec.Endpoints {
+		for _, rc := range e.RelabelConfigs {
+			if rc.TargetLabel == "relay" && len(rc.SourceLabels) == 0 && rc.Replacement != nil && *rc.Replacement == fullname &&
+				(rc.Action == "" || rc.Action == "replace") {
+				return
+			}
+		}
+	}
+	t.Errorf("ServiceMonitor %+v: want a relabeling that sets the label relay to %s", m.Spec.Endpoints, fullname)
 }
 
 // checkRules compares the PrometheusRule's groups with deploy/alerts.yaml.

@@ -171,6 +171,14 @@ func (c *checker) target(from, t string) string {
 	return ""
 }
 
+// Anchors returns the anchors of the Markdown file at path, as links to it
+// may name them: its headings' as GitHub makes them, and those of <a name>
+// and <a id> tags.
+func Anchors(path string) (map[string]bool, error) {
+	c := checker{anchors: map[string]map[string]bool{}}
+	return c.anchorsOf(path)
+}
+
 // anchorsOf returns the anchors of the headings of the Markdown file at
 // path, as GitHub makes them, and those of <a name> and <a id> tags.
 func (c *checker) anchorsOf(path string) (map[string]bool, error) {
