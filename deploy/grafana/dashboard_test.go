@@ -1,6 +1,7 @@
 // Package grafana_test checks the Grafana dashboard relay.json against a
 // real Prometheus (Debian's prometheus package, which scripts/deps.sh
-// installs) scraping two running relays, one per capture mode.
+// installs) scraping two running relays, one per capture mode, as two
+// releases of the same name in two namespaces.
 package grafana_test
 
 import (
@@ -13,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -65,18 +67,38 @@ func loadDashboard(t *testing.T) dashboard {
 }
 
 // variables replaces the dashboard's variables as Grafana would for the
-// whole time range with every job selected.
-var variables = strings.NewReplacer(`$job`, `.*`, `$__rate_interval`, `30s`, `$__range`, `5m`)
+// whole time range with every namespace and relay selected.
+var variables = strings.NewReplacer(`$namespace`, `.*`, `$relay`, `.*`, `$__rate_interval`, `30s`, `$__range`, `5m`)
 
-// TestDashboard starts a wal relay and a poll relay that move events (one
-// of them too large for NATS, so it is dead-lettered), Prometheus scraping
-// both every second, and checks that every query of every panel returns
-// data: at least one series, whose value may be zero (a counter such as
+// identity is how Prometheus tells one relay from another: the labels the
+// chart's ServiceMonitor (relay) and Prometheus Operator (namespace) give
+// every target.
+type identity struct{ namespace, relay string }
+
+func (id identity) String() string { return id.namespace + "/" + id.relay }
+
+// broken and healthy are the two relays TestDashboard runs: releases of the
+// same name in two namespaces, as on a cluster with one relay per team.
+// broken dead-letters an event; healthy has nothing to report.
+var (
+	broken  = identity{"orders", "relay"}
+	healthy = identity{"billing", "relay"}
+)
+
+// TestDashboard starts a wal relay (broken) and a poll relay (healthy) that
+// move events (one of broken's too large for NATS, so it is
+// dead-lettered), and Prometheus scraping both every second with the rules
+// of deploy/alerts.yaml. It checks that every query of every panel returns
+// data, at least one series, whose value may be zero (a counter such as
 // relay_events_replay_skipped_total exists from the start and stays 0
 // until a restart replays events; a query naming a metric the relay does not
-// export returns no series and fails). It also checks the dashboard's
-// structure: unique panel ids, every query on the datasource variable, and
-// a query for each metric the dashboard must show.
+// export returns no series and fails), and one series per relay that
+// exports its metrics, each labelled with the relay's namespace and relay:
+// no panel merges the two. Then that RelayDeadLetters fires for broken and
+// no alert fires or is pending for healthy. It also checks the
+// dashboard's structure: unique panel ids, every query on the datasource
+// variable and the relay's identity, and a query for each metric the
+// dashboard must show.
 func TestDashboard(t *testing.T) {
 	d := loadDashboard(t)
 	checkStructure(t, d)
@@ -86,11 +108,13 @@ func TestDashboard(t *testing.T) {
 		failures = failures[:0]
 		for _, p := range d.Panels {
 			for _, tg := range p.Targets {
-				n, err := prom.query(variables.Replace(tg.Expr))
-				if err != nil || n == 0 {
-					failures = append(failures, fmt.Sprintf("panel %q query %s: %d series, %v\n  %s", p.Title, tg.RefID, n, err, tg.Expr))
+				if msg := prom.separates(tg.Expr); msg != "" {
+					failures = append(failures, fmt.Sprintf("panel %q query %s: %s\n  %s", p.Title, tg.RefID, msg, tg.Expr))
 				}
 			}
+		}
+		if msg := prom.alertsOnlyFor(broken, "RelayDeadLetters"); msg != "" {
+			failures = append(failures, msg)
 		}
 		if len(failures) == 0 || time.Now().After(deadline) {
 			break
@@ -101,6 +125,73 @@ func TestDashboard(t *testing.T) {
 	}
 }
 
+var seriesName = regexp.MustCompile(`\b(relay_[a-z0-9_]+|up)\{`)
+
+// separates runs a panel's query with every relay selected and returns
+// what is wrong with its answer, or "": it must hold a series for each
+// relay that exports every metric the query reads, and only series
+// labelled with a relay's namespace and relay.
+func (p *prometheus) separates(expr string) string {
+	want := map[identity]bool{broken: true, healthy: true}
+	for _, m := range seriesName.FindAllStringSubmatch(expr, -1) {
+		series, err := p.query(fmt.Sprintf(`group by (namespace, relay) (%s{job="relay"})`, m[1]))
+		if err != nil {
+			return err.Error()
+		}
+		exports := map[identity]bool{}
+		for _, s := range series {
+			exports[s.identity()] = true
+		}
+		for id := range want {
+			want[id] = want[id] && exports[id]
+		}
+	}
+	series, err := p.query(variables.Replace(expr))
+	if err != nil {
+		return err.Error()
+	}
+	if len(series) == 0 {
+		return "no series"
+	}
+	got := map[identity]bool{}
+	for _, s := range series {
+		id := s.identity()
+		if !want[id] {
+			return fmt.Sprintf("a series of %q, want one per relay of %v, each with its namespace and relay labels", id, want)
+		}
+		got[id] = true
+	}
+	for id, ok := range want {
+		if ok && !got[id] {
+			return fmt.Sprintf("no series of %s", id)
+		}
+	}
+	return ""
+}
+
+// alertsOnlyFor returns what is wrong with the alerts Prometheus holds, or
+// "": alert must fire for id, and no alert may fire or be pending for
+// another relay.
+func (p *prometheus) alertsOnlyFor(id identity, alert string) string {
+	series, err := p.query(`ALERTS`)
+	if err != nil {
+		return err.Error()
+	}
+	firing := false
+	for _, s := range series {
+		switch {
+		case s.identity() != id:
+			return fmt.Sprintf("alert %s is %s for %s, want alerts for %s alone", s["alertname"], s["alertstate"], s.identity(), id)
+		case s["alertname"] == alert && s["alertstate"] == "firing":
+			firing = true
+		}
+	}
+	if !firing {
+		return fmt.Sprintf("%s does not fire for %s; alerts: %v", alert, id, series)
+	}
+	return ""
+}
+
 func checkStructure(t *testing.T, d dashboard) {
 	if d.UID == "" || d.Title == "" {
 		t.Error("the dashboard needs a uid and a title")
@@ -109,8 +200,8 @@ func checkStructure(t *testing.T, d dashboard) {
 	for _, v := range d.Templating.List {
 		vars[v.Name] = true
 	}
-	if !vars["datasource"] || !vars["job"] {
-		t.Errorf("variables %v: want datasource and job", vars)
+	if !vars["datasource"] || !vars["namespace"] || !vars["relay"] {
+		t.Errorf("variables %v: want datasource, namespace and relay", vars)
 	}
 	ids := map[int]bool{}
 	queries := 0
@@ -127,8 +218,8 @@ func checkStructure(t *testing.T, d dashboard) {
 		}
 		for _, tg := range p.Targets {
 			queries++
-			if !strings.Contains(tg.Expr, `job=~"$job"`) {
-				t.Errorf("panel %q query %s does not select $job: %s", p.Title, tg.RefID, tg.Expr)
+			if strings.Count(tg.Expr, `{`) != strings.Count(tg.Expr, `namespace=~"$namespace", relay=~"$relay"}`) {
+				t.Errorf("panel %q query %s does not select $namespace and $relay in every selector: %s", p.Title, tg.RefID, tg.Expr)
 			}
 		}
 	}
@@ -163,12 +254,12 @@ func relayBin(t *testing.T) string {
 	return bin
 }
 
-// startRelays starts NATS, a wal relay and a poll relay, each on its own
-// database, and producers that keep writing to both until the test ends;
-// one event is larger than NATS accepts. The server's
-// max_slot_wal_keep_size is set, so the slot's limit is a series too. It
-// returns the relays' HTTP addresses.
-func startRelays(t *testing.T) []string {
+// startRelays starts NATS, a wal relay (broken) and a poll relay
+// (healthy), each on its own database, and producers that keep writing to
+// both until the test ends; broken has one event larger than NATS accepts.
+// The server's max_slot_wal_keep_size is set, so the slot's limit is a
+// series too. It returns the relays' HTTP addresses by identity.
+func startRelays(t *testing.T) map[identity]string {
 	bin := relayBin(t)
 	n, err := testenv.StartNATS(testenv.NATSOptions{MaxPayload: 64 << 10})
 	if err != nil {
@@ -177,8 +268,12 @@ func startRelays(t *testing.T) []string {
 	t.Cleanup(n.Shutdown)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	var addrs []string
+	addrs := map[identity]string{}
 	for _, mode := range []string{"wal", "poll"} {
+		id := healthy
+		if mode == "wal" {
+			id = broken
+		}
 		dsn := testenv.NewDB(t)
 		port, err := testenv.FreePort()
 		if err != nil {
@@ -237,12 +332,14 @@ http:
 				t.Logf("%s relay log:\n%s", mode, logs.String())
 			}
 		})
-		if _, err := pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+		if id == broken {
+			if _, err := pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
 			VALUES ($1, 'order', 'big', 'too.big', jsonb_build_object('blob', repeat('x', 100000)))`, uuid.NewString()); err != nil {
-			t.Fatal(err)
+				t.Fatal(err)
+			}
 		}
 		go produce(ctx, pool)
-		addrs = append(addrs, addr)
+		addrs[id] = addr
 	}
 	return addrs
 }
@@ -263,16 +360,23 @@ func produce(ctx context.Context, pool *pgxpool.Pool) {
 type prometheus struct{ url string }
 
 // startPrometheus starts Prometheus scraping targets every second as job
-// relay, with its data in a temporary directory, and stops it when the test
-// ends.
-func startPrometheus(t *testing.T, targets []string) *prometheus {
+// relay, each with its identity's labels, and evaluating deploy/alerts.yaml
+// every second, with its data in a temporary directory, and stops it when
+// the test ends.
+func startPrometheus(t *testing.T, targets map[identity]string) *prometheus {
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {
 		t.Fatalf("prometheus not found: run scripts/deps.sh (it installs Debian's prometheus package): %v", err)
 	}
 	dir := t.TempDir()
-	quoted, _ := json.Marshal(targets)
-	cfg := fmt.Sprintf("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: relay\n    static_configs:\n      - targets: %s\n", quoted)
+	rules, err := filepath.Abs(filepath.Join("..", "alerts.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := fmt.Sprintf("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [%q]\nscrape_configs:\n  - job_name: relay\n    static_configs:\n", rules)
+	for id, addr := range targets {
+		cfg += fmt.Sprintf("      - targets: [%q]\n        labels: {namespace: %q, relay: %q}\n", addr, id.namespace, id.relay)
+	}
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -309,25 +413,38 @@ func startPrometheus(t *testing.T, targets []string) *prometheus {
 	}
 }
 
-// query runs an instant query and returns how many series it returned.
-func (p *prometheus) query(expr string) (int, error) {
+// labels are one series' labels.
+type labels map[string]string
+
+// identity returns the relay a series belongs to.
+func (l labels) identity() identity { return identity{l["namespace"], l["relay"]} }
+
+// query runs an instant query and returns the labels of the series it
+// returned.
+func (p *prometheus) query(expr string) ([]labels, error) {
 	resp, err := http.Get(p.url + "/api/v1/query?query=" + url.QueryEscape(expr))
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	var r struct {
 		Status string `json:"status"`
 		Error  string `json:"error"`
 		Data   struct {
-			Result []json.RawMessage `json:"result"`
+			Result []struct {
+				Metric labels `json:"metric"`
+			} `json:"result"`
 		} `json:"data"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
-		return 0, err
+		return nil, err
 	}
 	if r.Status != "success" {
-		return 0, fmt.Errorf("%s", r.Error)
+		return nil, fmt.Errorf("%s", r.Error)
 	}
-	return len(r.Data.Result), nil
+	var out []labels
+	for _, s := range r.Data.Result {
+		out = append(out, s.Metric)
+	}
+	return out, nil
 }
