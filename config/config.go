@@ -145,11 +145,12 @@ type WAL struct {
 
 // Sink selects and configures the broker.
 type Sink struct {
-	// Type is kafka, nats, sqs or webhook. Required.
+	// Type is kafka, nats, sqs, pubsub or webhook. Required.
 	Type    string  `yaml:"type"`
 	NATS    NATS    `yaml:"nats"`
 	Kafka   Kafka   `yaml:"kafka"`
 	SQS     SQS     `yaml:"sqs"`
+	PubSub  PubSub  `yaml:"pubsub"`
 	Webhook Webhook `yaml:"webhook"`
 	// Envelope is none or cloudevents: CloudEvents 1.0, binary content
 	// mode for kafka, nats and webhook, structured for sqs (see
@@ -326,6 +327,27 @@ type SQS struct {
 	// RoleSessionName names the assumed role's session in CloudTrail. Only
 	// with RoleARN; default "outbox-relay".
 	RoleSessionName string `yaml:"role_session_name"`
+}
+
+// PubSub configures the Google Cloud Pub/Sub sink.
+type PubSub struct {
+	// ProjectID is the Google Cloud project of the topics. Required.
+	ProjectID string `yaml:"project_id"`
+	// Topic is the topic ID template, such as "outbox.{aggregate_type}".
+	// Required.
+	Topic string `yaml:"topic"`
+	// CredentialsFile is a credentials JSON file used instead of
+	// Application Default Credentials. Default empty: ADC (GKE workload
+	// identity, GOOGLE_APPLICATION_CREDENTIALS, the metadata server).
+	CredentialsFile string `yaml:"credentials_file"`
+	// Endpoint overrides the Pub/Sub endpoint, such as a regional one.
+	// PUBSUB_EMULATOR_HOST, when set, takes precedence.
+	Endpoint string `yaml:"endpoint"`
+	// PublishTimeout bounds one publish request. Default 30s.
+	PublishTimeout Duration `yaml:"publish_timeout"`
+	// BatchDelay is how long the client waits for more messages of an
+	// ordering key before it sends them. At most 100ms. Default 1ms.
+	BatchDelay Duration `yaml:"batch_delay"`
 }
 
 // Webhook configures the webhook sink. See docs/webhook.md.

@@ -188,7 +188,7 @@ func (l *loader) checkCapture(c Capture) {
 // checkSink checks the selected sink's settings; the others are ignored.
 func (l *loader) checkSink(s Sink) {
 	l.checkRateLimit(s.RateLimit)
-	if !l.choice("sink.type", s.Type, "kafka", "nats", "sqs", "webhook") {
+	if !l.choice("sink.type", s.Type, "kafka", "nats", "sqs", "pubsub", "webhook") {
 		return
 	}
 	switch s.Type {
@@ -198,6 +198,8 @@ func (l *loader) checkSink(s Sink) {
 		l.checkNATS(s.NATS)
 	case "sqs":
 		l.checkSQS(s.SQS)
+	case "pubsub":
+		l.checkPubSub(s)
 	case "webhook":
 		l.checkWebhook(s.Webhook)
 	}
@@ -447,6 +449,32 @@ func (l *loader) checkRateLimit(r RateLimit) {
 		l.invalid("sink.rate_limit.burst", "must be at least 0 (0: a tenth of events_per_second), got %d", r.Burst)
 	case r.Burst > 0 && r.EventsPerSecond == 0:
 		l.invalid("sink.rate_limit.burst", "has no effect without sink.rate_limit.events_per_second")
+	}
+}
+
+// checkPubSub checks the pubsub sink: a project, a topic template that
+// renders valid topic IDs, and no CloudEvents envelope (not supported yet).
+func (l *loader) checkPubSub(s Sink) {
+	p := s.PubSub
+	l.required("sink.pubsub.project_id", p.ProjectID, "the Google Cloud project of the topics")
+	if l.required("sink.pubsub.topic", p.Topic, "a topic ID template such as outbox.{aggregate_type}") {
+		if _, err := template.Parse(p.Topic, nil); err != nil {
+			l.invalid("sink.pubsub.topic", "%s", err)
+		} else if err := destname.PubSubTopicTemplate(p.Topic); err != nil {
+			l.invalid("sink.pubsub.topic", "%s", err)
+		}
+	}
+	if _, set := l.lines["sink.pubsub.credentials_file"]; set && p.CredentialsFile == "" {
+		l.required("sink.pubsub.credentials_file", "", "remove the key to use Application Default Credentials")
+	}
+	if p.PublishTimeout.D() < 0 {
+		l.invalid("sink.pubsub.publish_timeout", "must be positive, got %s", p.PublishTimeout.D())
+	}
+	if d := p.BatchDelay.D(); d < 0 || d > 100*time.Millisecond {
+		l.invalid("sink.pubsub.batch_delay", "must be between 0 and 100ms, got %s", d)
+	}
+	if s.Envelope == "cloudevents" {
+		l.invalid("sink.envelope", "cloudevents is not supported with sink.type pubsub")
 	}
 }
 

@@ -50,6 +50,7 @@ func TestMain(m *testing.M) {
 	for k, v := range map[string]string{"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_EC2_METADATA_DISABLED": "true"} {
 		os.Setenv(k, v)
 	}
+	startPubSubFake()
 	testenv.Main(m)
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/outboxrelay/relay/sink/envelope"
 	kafkasink "github.com/outboxrelay/relay/sink/kafka"
 	natssink "github.com/outboxrelay/relay/sink/nats"
+	pubsubsink "github.com/outboxrelay/relay/sink/pubsub"
 	sqssink "github.com/outboxrelay/relay/sink/sqs"
 	"github.com/outboxrelay/relay/sink/webhook"
 )
@@ -101,6 +102,8 @@ func openBroker(ctx context.Context, c config.Sink, log *slog.Logger, window int
 			prepare: func(context.Context) (string, error) {
 				return "sqs: the relay creates no queues; create " + s.Destination() + " if missing", nil
 			}}, nil
+	case "pubsub":
+		return openPubSub(ctx, c, log, env, drops)
 	case "webhook":
 		s, err := webhook.New(webhookConfig(c.Webhook), webhook.Options{Logger: log, Envelope: env, HeaderDrops: drops})
 		if err != nil {
@@ -110,6 +113,34 @@ func openBroker(ctx context.Context, c config.Sink, log *slog.Logger, window int
 			prepare: func(context.Context) (string, error) { return "webhook: nothing to create", nil }}, nil
 	}
 	return nil, &UsageError{Err: fmt.Errorf("sink.type %q is not supported", c.Type)}
+}
+
+// openPubSub connects the Pub/Sub sink of c.PubSub; prepare creates a
+// missing fixed topic.
+func openPubSub(ctx context.Context, c config.Sink, log *slog.Logger, env *envelope.CloudEvents, drops *sink.HeaderDrops) (*brokerSink, error) {
+	if env != nil {
+		return nil, &UsageError{Err: fmt.Errorf("sink.envelope: cloudevents is not supported with sink.type pubsub")}
+	}
+	p := c.PubSub
+	s, err := pubsubsink.New(ctx, pubsubsink.Config{ProjectID: p.ProjectID, Topic: p.Topic, CredentialsFile: p.CredentialsFile, Endpoint: p.Endpoint},
+		pubsubsink.Options{Logger: log, HeaderDrops: drops, PublishTimeout: p.PublishTimeout.D(), BatchDelay: p.BatchDelay.D()})
+	if err != nil {
+		return nil, &UsageError{Err: err}
+	}
+	return &brokerSink{routedSink: s, name: s.Destination(), check: s.Check,
+		prepare: func(ctx context.Context) (string, error) {
+			created, err := s.EnsureTopic(ctx)
+			switch t := s.FixedTopic(); {
+			case err != nil:
+				return "", err
+			case t == "":
+				return "pubsub: the topics of " + p.Topic + " cannot be known ahead; create them before events reach them", nil
+			case created:
+				return "pubsub: topic " + t + " created", nil
+			default:
+				return "pubsub: topic " + t + " exists", nil
+			}
+		}}, nil
 }
 
 // cloudEvents returns the envelope sink.envelope selects: nil for none.

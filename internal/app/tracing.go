@@ -64,6 +64,8 @@ func destinationTemplate(c config.Sink) string {
 			return c.SQS.Queue
 		}
 		return c.SQS.QueueURL
+	case "pubsub":
+		return c.PubSub.Topic
 	}
 	return redact.String(c.Webhook.URL)
 }

@@ -3,16 +3,19 @@ package testenv
 import (
 	"net"
 	"sync"
+	"time"
 )
 
 // Proxy forwards TCP connections from a loopback port to a target address,
 // and can cut or stall them, for fault-injection tests. Its methods are safe
 // for concurrent use.
 type Proxy struct {
-	ln     net.Listener
+	ln     net.Listener // guarded by mu after StartProxy
+	addr   *net.TCPAddr
 	target string
 
 	mu      sync.Mutex
+	down    bool // the listener is closed by Down
 	conns   map[net.Conn]struct{}
 	stalled bool
 	resume  chan struct{} // closed when a stall ends
@@ -25,17 +28,17 @@ func StartProxy(target string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, resume: make(chan struct{})}
+	p := &Proxy{ln: ln, addr: ln.Addr().(*net.TCPAddr), target: target, conns: map[net.Conn]struct{}{}, resume: make(chan struct{})}
 	close(p.resume)
-	p.wg.Go(p.accept)
+	p.wg.Go(func() { p.accept(ln) })
 	return p, nil
 }
 
 // Addr returns the proxy's host:port.
-func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+func (p *Proxy) Addr() string { return p.addr.String() }
 
 // Port returns the proxy's port.
-func (p *Proxy) Port() int { return p.ln.Addr().(*net.TCPAddr).Port }
+func (p *Proxy) Port() int { return p.addr.Port }
 
 // Cut closes every open connection; new ones are accepted as before.
 func (p *Proxy) Cut() {
@@ -67,18 +70,57 @@ func (p *Proxy) Resume() {
 	}
 }
 
+// Down stops listening and closes every connection, so that connecting
+// is refused, until Up.
+func (p *Proxy) Down() {
+	p.mu.Lock()
+	if p.down {
+		p.mu.Unlock()
+		return
+	}
+	p.down = true
+	ln := p.ln
+	p.mu.Unlock()
+	ln.Close()
+	p.Cut()
+}
+
+// Up listens again on the port Down closed, retrying for a few seconds
+// while the port is not yet free.
+func (p *Proxy) Up() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.down {
+		return nil
+	}
+	var ln net.Listener
+	var err error
+	for range 250 {
+		if ln, err = net.Listen("tcp", p.addr.String()); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		return err
+	}
+	p.ln, p.down = ln, false
+	p.wg.Go(func() { p.accept(ln) })
+	return nil
+}
+
 // Close stops listening, closes every connection and waits for the
 // forwarding goroutines.
 func (p *Proxy) Close() {
-	p.ln.Close()
+	p.Down()
 	p.Resume()
 	p.Cut()
 	p.wg.Wait()
 }
 
-func (p *Proxy) accept() {
+func (p *Proxy) accept(ln net.Listener) {
 	for {
-		c, err := p.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			return
 		}
