@@ -101,8 +101,8 @@ func (r *RabbitMQ) start(o RabbitMQOptions) error {
 	files := map[string]string{
 		"rabbitmq.conf": fmt.Sprintf("listeners.tcp.default = 127.0.0.1:%d\nloopback_users = none\nload_definitions = %s\n%s\n",
 			r.port, filepath.Join(r.dir, "definitions.json"), o.Conf),
-		"definitions.json": defs,
-		"enabled_plugins":  "[].\n",
+		"definitions.json":  defs,
+		"enabled_plugins":   "[].\n",
 		"rabbitmq-env.conf": "",
 	}
 	for name, text := range files {
