@@ -19,9 +19,9 @@ import (
 	"github.com/outboxrelay/relay/sink"
 )
 
-// errConfirmTimeout fails the events whose confirm did not come within
-// Options.ConfirmTimeout.
-var errConfirmTimeout = errors.New("no publisher confirm within the confirm timeout; the connection was dropped")
+// errConfirmTimeout fails the events whose confirm, or the operations
+// whose answer, did not come within Options.ConfirmTimeout.
+var errConfirmTimeout = errors.New("no answer from the broker within the confirm timeout; the connection was dropped")
 
 // Publish sends every event of batch, each to its exchange's channel,
 // without waiting in between, then waits for each confirm. It returns nil
@@ -224,8 +224,12 @@ func (c *conn) passive(ctx context.Context, exchange string) error {
 }
 
 // withChannel runs f on a channel opened for it and closed after, failing
-// when ctx ends first (the channel is then left to the connection).
+// when ctx ends first (the channel is then left to the connection). When
+// no answer comes within ConfirmTimeout the connection is dropped, as for
+// a confirm that never comes.
 func (c *conn) withChannel(ctx context.Context, f func(*amqp.Channel) error) error {
+	timer := time.NewTimer(c.s.opts.ConfirmTimeout)
+	defer timer.Stop()
 	done := make(chan error, 1)
 	go func() {
 		ch, err := c.ac.Channel()
@@ -246,6 +250,9 @@ func (c *conn) withChannel(ctx context.Context, f func(*amqp.Channel) error) err
 		return context.Cause(ctx)
 	case <-c.dead:
 		return c.err
+	case <-timer.C:
+		c.abort(errConfirmTimeout)
+		return errConfirmTimeout
 	}
 }
 

@@ -331,10 +331,15 @@ func (s *Sink) dial(ctx context.Context) (*conn, error) {
 			return c.raw, nil
 		},
 	}
-	if s.uri.Scheme == "amqps" && s.tls == nil {
-		cfg.TLSClientConfig = &tls.Config{ServerName: s.uri.Host}
+	url := s.cfg.URL
+	if s.tls != nil && s.uri.Scheme == "amqp" {
+		// sink.rabbitmq.tls on an amqp:// URL: the client encrypts only
+		// amqps:// connections. The port stays the URL's.
+		u := s.uri
+		u.Scheme = "amqps"
+		url = u.String()
 	}
-	ac, err := amqp.DialConfig(s.cfg.URL, cfg)
+	ac, err := amqp.DialConfig(url, cfg)
 	if err != nil {
 		// Refused credentials or virtual host, TLS and network failures
 		// alike are the broker's, to be fixed there while the relay waits.
