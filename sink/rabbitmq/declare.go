@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -35,18 +36,19 @@ func (s *Sink) Check(ctx context.Context) error {
 // Config.ExchangeType) and the quorum queue Config.Queue bound to it with
 // "#" if that is missing. It never changes an existing exchange, queue or
 // binding: each is first declared passively. It returns one line saying
-// what it did.
+// what it did. It connects first, also when there is nothing to declare,
+// so that relay run finds refused credentials at once.
 func (s *Sink) Declare(ctx context.Context) (string, error) {
+	c, err := s.connection(ctx)
+	if err != nil {
+		return "", err
+	}
 	if !s.cfg.Declare {
 		return "rabbitmq: sink.rabbitmq.declare is off; nothing declared", nil
 	}
 	exchange := s.cfg.Exchange
 	if !s.exchange.Fixed() || exchange == "" {
 		return "rabbitmq: the exchange template " + exchange + " names no single exchange; nothing declared", nil
-	}
-	c, err := s.connection(ctx)
-	if err != nil {
-		return "", err
 	}
 	kind := s.cfg.ExchangeType
 	if kind == "" {
@@ -108,4 +110,16 @@ func summary(parts ...string) string {
 func isCode(err error, code int) bool {
 	var ae *amqp.Error
 	return errors.As(err, &ae) && ae.Code == code
+}
+
+// CredentialsRefused reports whether err says the broker refused the
+// sink's user or password (403 ACCESS_REFUSED while connecting) or access
+// to the virtual host.
+func CredentialsRefused(err error) bool {
+	var ae *amqp.Error
+	if errors.Is(err, amqp.ErrCredentials) || errors.Is(err, amqp.ErrVhost) {
+		return true
+	}
+	return errors.As(err, &ae) && ae.Code == amqp.AccessRefused && strings.Contains(ae.Reason, "refused using authentication mechanism") ||
+		errors.As(err, &ae) && ae.Code == amqp.NotAllowed && strings.Contains(ae.Reason, "vhost")
 }

@@ -160,11 +160,11 @@ func New(cfg Config, opts Options) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sink.rabbitmq.url: %w", redact.Error(err))
 	}
-	if err := checkExchangeTemplate(cfg.Exchange); err != nil {
-		return nil, fmt.Errorf("sink.rabbitmq.exchange: %w", err)
-	}
 	exchange, err := template.Parse(cfg.Exchange, sanitizeExchange)
 	if err != nil {
+		return nil, fmt.Errorf("sink.rabbitmq.exchange: %w", err)
+	}
+	if err := checkExchangeTemplate(cfg.Exchange); err != nil {
 		return nil, fmt.Errorf("sink.rabbitmq.exchange: %w", err)
 	}
 	key, err := template.Parse(cfg.RoutingKey, sanitizeKey)

@@ -102,13 +102,21 @@ func TestClassification(t *testing.T) {
 	t.Run("bad_password", func(t *testing.T) {
 		s := newTestSink(t, fmt.Sprintf("amqp://guest:wrong@%s/", node.Addr()), Config{Exchange: "cls", RoutingKey: "k"}, Options{})
 		want(t, publish(t, s, ok), "unavailable")
-		if err := s.Check(ctxFor(t, 10*time.Second)); err == nil || strings.Contains(err.Error(), "wrong") {
-			t.Errorf("Check: %v, want an error without the password", err)
+		err := s.Check(ctxFor(t, 10*time.Second))
+		if err == nil || strings.Contains(err.Error(), "wrong") || !CredentialsRefused(err) {
+			t.Errorf("Check: %v, want refused credentials without the password", err)
 		}
 	})
 	t.Run("no_vhost", func(t *testing.T) {
 		s := newTestSink(t, guestURL(node.Addr())+"missing-vhost", Config{Exchange: "cls", RoutingKey: "k"}, Options{})
 		want(t, publish(t, s, ok), "unavailable")
+		if _, err := s.Declare(ctxFor(t, 10*time.Second)); !CredentialsRefused(err) {
+			t.Errorf("Declare: %v, want refused access to the virtual host", err)
+		}
+		down := newTestSink(t, "amqp://guest:guest@127.0.0.1:1/", Config{Exchange: "cls", RoutingKey: "k"}, Options{})
+		if _, err := down.Declare(ctxFor(t, 10*time.Second)); err == nil || CredentialsRefused(err) || fault.ClassOf(err) != fault.Unavailable {
+			t.Errorf("Declare with the broker down: %v, want unavailable, not refused credentials", err)
+		}
 	})
 	t.Run("nack", func(t *testing.T) {
 		s := newTestSink(t, url, Config{Exchange: "cls-full", RoutingKey: "k"}, Options{})
@@ -202,14 +210,18 @@ func TestDeclare(t *testing.T) {
 		t.Errorf("queue decl is not a durable quorum queue: %v", err)
 	}
 	// An existing fanout exchange stays as it is.
-	if err := ad.do(func(ch *amqp.Channel) error { return ch.ExchangeDeclare("decl-fanout", "fanout", true, false, false, false, nil) }); err != nil {
+	if err := ad.do(func(ch *amqp.Channel) error {
+		return ch.ExchangeDeclare("decl-fanout", "fanout", true, false, false, false, nil)
+	}); err != nil {
 		t.Fatal(err)
 	}
 	s2 := newTestSink(t, url, Config{Exchange: "decl-fanout", RoutingKey: "k", Declare: true, Queue: "decl-fanout-q"}, Options{})
 	if _, err := s2.Declare(ctxFor(t, 20*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if err := ad.do(func(ch *amqp.Channel) error { return ch.ExchangeDeclarePassive("decl-fanout", "fanout", true, false, false, false, nil) }); err != nil {
+	if err := ad.do(func(ch *amqp.Channel) error {
+		return ch.ExchangeDeclarePassive("decl-fanout", "fanout", true, false, false, false, nil)
+	}); err != nil {
 		t.Errorf("exchange decl-fanout changed: %v", err)
 	}
 }
