@@ -145,13 +145,14 @@ type WAL struct {
 
 // Sink selects and configures the broker.
 type Sink struct {
-	// Type is kafka, nats, sqs, pubsub or webhook. Required.
-	Type    string  `yaml:"type"`
-	NATS    NATS    `yaml:"nats"`
-	Kafka   Kafka   `yaml:"kafka"`
-	SQS     SQS     `yaml:"sqs"`
-	PubSub  PubSub  `yaml:"pubsub"`
-	Webhook Webhook `yaml:"webhook"`
+	// Type is kafka, nats, pubsub, rabbitmq, sqs or webhook. Required.
+	Type     string   `yaml:"type"`
+	NATS     NATS     `yaml:"nats"`
+	Kafka    Kafka    `yaml:"kafka"`
+	PubSub   PubSub   `yaml:"pubsub"`
+	RabbitMQ RabbitMQ `yaml:"rabbitmq"`
+	SQS      SQS      `yaml:"sqs"`
+	Webhook  Webhook  `yaml:"webhook"`
 	// Envelope is none or cloudevents: CloudEvents 1.0, binary content
 	// mode for kafka, nats and webhook, structured for sqs (see
 	// docs/configuration.md, CloudEvents). Default none (also when empty):
@@ -298,6 +299,38 @@ type KafkaSASL struct {
 	// read again for every connection so that whatever refreshes it (a
 	// sidecar, a projected service account token) is followed.
 	TokenFile string `yaml:"token_file"`
+}
+
+// RabbitMQ configures the RabbitMQ sink. See sink/rabbitmq.
+type RabbitMQ struct {
+	// URL is the broker's amqp:// or amqps:// URL with the user, password
+	// and virtual host, such as amqp://relay:${RABBITMQ_PASSWORD}@127.0.0.1:5672/.
+	// Required. Use ${VAR} for the password; it is never logged.
+	URL string `yaml:"url"`
+	// Exchange is the exchange name template; "" publishes to the
+	// default exchange, whose routing keys name queues. Default outbox.
+	Exchange string `yaml:"exchange"`
+	// RoutingKey is the routing key template. Default
+	// {aggregate_type}.{event_type}.
+	RoutingKey string `yaml:"routing_key"`
+	// TLS configures encryption; an amqps:// URL turns it on with the
+	// system's roots.
+	TLS TLS `yaml:"tls"`
+	// MaxMessageBytes is the largest payload the relay sends; a larger
+	// event is dead-lettered without being sent. Set it to the broker's
+	// max_message_size. 0 means 16777216 (RabbitMQ 4's default).
+	MaxMessageBytes int `yaml:"max_message_bytes"`
+	// Declare makes relay init create the exchange when it is missing and
+	// a quorum queue bound to it with "#" when that is missing, for a
+	// quick start; existing ones are never changed. Requires an exchange
+	// without placeholders. Default false.
+	Declare bool `yaml:"declare"`
+	// ExchangeType is the type of the exchange relay init creates: topic,
+	// direct, fanout or headers. Default topic.
+	ExchangeType string `yaml:"exchange_type"`
+	// Queue names the quorum queue relay init creates. Default: the
+	// exchange's name.
+	Queue string `yaml:"queue"`
 }
 
 // SQS configures the SQS sink.

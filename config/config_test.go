@@ -44,7 +44,8 @@ func TestLoadFull(t *testing.T) {
 		Sink: Sink{Type: "nats",
 			NATS: NATS{URL: "nats://nats-1:4222,nats://nats-2:4222",
 				Subject: "orders.{aggregate_type}.{event_type}", Stream: "ORDERS"},
-			Kafka: Kafka{Brokers: []string{"kafka-1:9092", "kafka-2:9092"}, Topic: "orders.{aggregate_type}"},
+			Kafka:    Kafka{Brokers: []string{"kafka-1:9092", "kafka-2:9092"}, Topic: "orders.{aggregate_type}"},
+			RabbitMQ: RabbitMQ{Exchange: "outbox", RoutingKey: "{aggregate_type}.{event_type}"},
 			SQS: SQS{Region: "eu-west-1", Endpoint: "http://127.0.0.1:9324",
 				QueueURL: "https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo",
 				Queue:    "orders-{aggregate_type}"},
@@ -74,9 +75,10 @@ func TestDefaults(t *testing.T) {
 			Poll: Poll{Interval: Duration(200 * time.Millisecond), BatchSize: 500, Partitions: 16},
 			WAL:  WAL{Slot: "outbox_relay", Publication: "outbox_relay"}},
 		Sink: Sink{Type: "nats",
-			NATS:    NATS{URL: "nats://127.0.0.1:4222", Subject: "outbox.{aggregate_type}", Stream: "OUTBOX"},
-			Kafka:   Kafka{Topic: "outbox.{aggregate_type}"},
-			Webhook: Webhook{Timeout: Duration(5 * time.Second)}},
+			NATS:     NATS{URL: "nats://127.0.0.1:4222", Subject: "outbox.{aggregate_type}", Stream: "OUTBOX"},
+			Kafka:    Kafka{Topic: "outbox.{aggregate_type}"},
+			RabbitMQ: RabbitMQ{Exchange: "outbox", RoutingKey: "{aggregate_type}.{event_type}"},
+			Webhook:  Webhook{Timeout: Duration(5 * time.Second)}},
 		Archive:         Archive{Mode: "delete", Table: "public.outbox_archive"},
 		Retry:           Retry{Initial: Duration(100 * time.Millisecond), Max: Duration(30 * time.Second), MaxAttempts: 10},
 		DeadLetter:      DeadLetter{Table: "public.outbox_dead_letter"},
@@ -230,8 +232,8 @@ func TestErrors(t *testing.T) {
 		{"postgres.url empty", strings.Replace(minimal, "postgres://app@localhost/app", "${UNSET:-}", 1), 2, "postgres.url", "must not be empty"},
 		{"capture.mode missing", "postgres:\n  url: x\nsink:\n  type: nats\n", 0, "capture.mode", "required (wal or poll)"},
 		{"capture.mode wrong", strings.Replace(minimal, "mode: poll", "mode: wall", 1), 6, "capture.mode", `must be wal or poll, got "wall"`},
-		{"sink.type missing", "postgres:\n  url: x\ncapture:\n  mode: wal\n", 0, "sink.type", "required (kafka, nats, sqs, pubsub or webhook)"},
-		{"sink.type wrong", sinkCase("rabbitmq", ""), 6, "sink.type", `must be kafka, nats, sqs, pubsub or webhook, got "rabbitmq"`},
+		{"sink.type missing", "postgres:\n  url: x\ncapture:\n  mode: wal\n", 0, "sink.type", "required (kafka, nats, pubsub, rabbitmq, sqs or webhook)"},
+		{"sink.type wrong", sinkCase("mqtt", ""), 6, "sink.type", `must be kafka, nats, pubsub, rabbitmq, sqs or webhook, got "mqtt"`},
 		{"kafka brokers missing", sinkCase("kafka", ""), 5, "sink.kafka.brokers", "required (a list of host:port)"},
 		{"kafka brokers empty", sinkCase("kafka", "  kafka:\n    brokers: []\n"), 8, "sink.kafka.brokers", "must not be empty (a list of host:port)"},
 		{"kafka broker empty", sinkCase("kafka", "  kafka:\n    brokers:\n      - k:9092\n      - \"\"\n"), 10, "sink.kafka.brokers[1]", "must not be empty"},
@@ -329,7 +331,7 @@ func TestErrorsAreJoined(t *testing.T) {
 	want := "config.yaml:2: postgres.uri: unknown key (expected one of url, password, password_file, fatal_after, max_conns, aws_iam_auth)\n" +
 		`config.yaml:6: capture.poll.interval: invalid duration "soon" (use Go durations like 250ms or 10s)` + "\n" +
 		"config.yaml:1: postgres.url: required\n" +
-		"config.yaml: sink.type: required (kafka, nats, sqs, pubsub or webhook)"
+		"config.yaml: sink.type: required (kafka, nats, pubsub, rabbitmq, sqs or webhook)"
 	if err == nil || err.Error() != want {
 		t.Errorf("decode errors: got\n%v\nwant\n%s", err, want)
 	}
@@ -350,7 +352,7 @@ func TestErrorsAreJoined(t *testing.T) {
 	_, err = parse("config.yaml", []byte(yaml), env(nil))
 	want = "config.yaml: postgres.url: required\n" +
 		`config.yaml:2: capture.mode: must be wal or poll, got "both"` + "\n" +
-		"config.yaml: sink.type: required (kafka, nats, sqs, pubsub or webhook)\n" +
+		"config.yaml: sink.type: required (kafka, nats, pubsub, rabbitmq, sqs or webhook)\n" +
 		`config.yaml:4: log.level: must be debug, info, warn or error, got "loud"`
 	if err == nil || err.Error() != want {
 		t.Errorf("validation errors: got\n%v\nwant\n%s", err, want)

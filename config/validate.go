@@ -12,10 +12,13 @@ import (
 	"strings"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	whsig "github.com/outboxrelay/relay/helpers/webhook"
 	"github.com/outboxrelay/relay/internal/destname"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/sink/envelope"
+	rabbitmqsink "github.com/outboxrelay/relay/sink/rabbitmq"
 	"github.com/outboxrelay/relay/sink/template"
 	"github.com/outboxrelay/relay/sink/webhook"
 )
@@ -63,6 +66,8 @@ func setDefaults(c *Config) {
 	orDefault(&c.Sink.NATS.Subject, "outbox.{aggregate_type}")
 	orDefault(&c.Sink.NATS.Stream, "OUTBOX")
 	orDefault(&c.Sink.Kafka.Topic, "outbox.{aggregate_type}")
+	orDefault(&c.Sink.RabbitMQ.Exchange, "outbox")
+	orDefault(&c.Sink.RabbitMQ.RoutingKey, "{aggregate_type}.{event_type}")
 	orDefault(&c.Sink.Webhook.Timeout, Duration(5*time.Second))
 	orDefault(&c.Archive.Mode, "delete")
 	orDefault(&c.Archive.Table, "public.outbox_archive")
@@ -188,7 +193,7 @@ func (l *loader) checkCapture(c Capture) {
 // checkSink checks the selected sink's settings; the others are ignored.
 func (l *loader) checkSink(s Sink) {
 	l.checkRateLimit(s.RateLimit)
-	if !l.choice("sink.type", s.Type, "kafka", "nats", "sqs", "pubsub", "webhook") {
+	if !l.choice("sink.type", s.Type, "kafka", "nats", "pubsub", "rabbitmq", "sqs", "webhook") {
 		return
 	}
 	switch s.Type {
@@ -196,6 +201,8 @@ func (l *loader) checkSink(s Sink) {
 		l.checkKafka(s.Kafka)
 	case "nats":
 		l.checkNATS(s.NATS)
+	case "rabbitmq":
+		l.checkRabbitMQ(s.RabbitMQ)
 	case "sqs":
 		l.checkSQS(s.SQS)
 	case "pubsub":
@@ -475,6 +482,34 @@ func (l *loader) checkPubSub(s Sink) {
 	}
 	if s.Envelope == "cloudevents" {
 		l.invalid("sink.envelope", "cloudevents is not supported with sink.type pubsub")
+	}
+}
+
+// checkRabbitMQ checks the rabbitmq sink: an amqp(s) URL, templates that
+// render valid names, TLS, and what declare needs.
+func (l *loader) checkRabbitMQ(r RabbitMQ) {
+	if l.required("sink.rabbitmq.url", r.URL, "such as amqp://relay:${RABBITMQ_PASSWORD}@127.0.0.1:5672/") {
+		if _, err := amqp.ParseURI(r.URL); err != nil {
+			l.invalid("sink.rabbitmq.url", "%s", redact.String(err.Error()))
+		}
+	}
+	if _, err := rabbitmqsink.New(rabbitmqsink.Config{URL: "amqp://127.0.0.1/", Exchange: r.Exchange, RoutingKey: r.RoutingKey}, rabbitmqsink.Options{}); err != nil {
+		key := "sink.rabbitmq.routing_key"
+		if strings.HasPrefix(err.Error(), "sink.rabbitmq.exchange") {
+			key = "sink.rabbitmq.exchange"
+		}
+		_, msg, _ := strings.Cut(err.Error(), ": ")
+		l.invalid(key, "%s", msg)
+	}
+	l.checkTLS("sink.rabbitmq.tls", r.TLS)
+	if r.MaxMessageBytes < 0 {
+		l.invalid("sink.rabbitmq.max_message_bytes", "must be at least 0 (0: 16777216), got %d", r.MaxMessageBytes)
+	}
+	if r.ExchangeType != "" {
+		l.choice("sink.rabbitmq.exchange_type", r.ExchangeType, "topic", "direct", "fanout", "headers")
+	}
+	if r.Declare && (r.Exchange == "" || strings.Contains(r.Exchange, "{")) {
+		l.invalid("sink.rabbitmq.declare", "needs sink.rabbitmq.exchange to name one exchange, without placeholders")
 	}
 }
 

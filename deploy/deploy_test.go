@@ -213,7 +213,7 @@ func configMount(t *testing.T, name string, s composeService) string {
 // service it starts ("" for the webhook, whose receiver compose does not
 // run). The profile's relay services are relay-<profile> and
 // relay-init-<profile>.
-var sinkProfiles = map[string]string{"nats": "nats", "kafka": "kafka", "sqs": "sqs", "webhook": ""}
+var sinkProfiles = map[string]string{"nats": "nats", "kafka": "kafka", "rabbitmq": "rabbitmq", "sqs": "sqs", "webhook": ""}
 
 // relayServices returns the names of the long-running relay services.
 func relayServices() []string {
@@ -228,7 +228,7 @@ func TestCompose(t *testing.T) {
 	c := loadCompose(t)
 	docker := loadDockerfile(t)
 
-	for _, name := range []string{"postgres", "kafka", "nats", "sqs"} {
+	for _, name := range []string{"postgres", "kafka", "nats", "rabbitmq", "sqs"} {
 		if _, ok := c.Services[name]; !ok {
 			t.Errorf("compose.yaml: service %q is missing", name)
 		}
@@ -563,6 +563,8 @@ func TestExamples(t *testing.T) {
 				for _, b := range cfg.Sink.Kafka.Brokers {
 					checkHost("sink.kafka.brokers", b)
 				}
+			case "rabbitmq":
+				checkHost("sink.rabbitmq.url", cfg.Sink.RabbitMQ.URL)
 			case "sqs":
 				checkHost("sink.sqs.endpoint", cfg.Sink.SQS.Endpoint)
 				if cfg.Sink.SQS.QueueURL != "" {
@@ -573,7 +575,7 @@ func TestExamples(t *testing.T) {
 			}
 		})
 	}
-	for _, s := range []string{"kafka", "nats", "sqs", "webhook"} {
+	for _, s := range []string{"kafka", "nats", "rabbitmq", "sqs", "webhook"} {
 		if !sinks[s] {
 			t.Errorf("no example for the %s sink", s)
 		}

@@ -77,6 +77,24 @@ else
   fi
 fi
 
+# RabbitMQ (Debian package rabbitmq-server): sink/rabbitmq's and cmd/relay's
+# tests start their own nodes on free ports (internal/testenv.StartRabbitMQ).
+# The package's own node and the epmd it starts are not needed, so they are
+# stopped and disabled.
+if [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then
+  echo "deps: rabbitmq-server present"
+else
+  apt_install rabbitmq-server
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet rabbitmq-server 2>/dev/null; then
+    $SUDO systemctl stop rabbitmq-server || true
+    $SUDO systemctl disable rabbitmq-server || true
+  fi
+  if [ -x /etc/init.d/rabbitmq-server ]; then
+    $SUDO /etc/init.d/rabbitmq-server stop >/dev/null 2>&1 || true
+  fi
+  $SUDO epmd -kill >/dev/null 2>&1 || true
+fi
+
 # The SQS emulator (npm package local-aws-sqs) for sink/sqs's tests, installed
 # into the cache internal/testenv runs it from (internal/embedded.CacheDir; keep the
 # version in step with testenv.SQSEmulatorVersion). Needs Node.js and npm.

@@ -55,6 +55,16 @@ var (
 	// SQSRules: SQS reserves message attribute names starting with AWS.
 	// or Amazon.
 	SQSRules = HeaderRules{Prefixes: []string{"AWS.", "Amazon."}}
+	// RabbitMQRules: RabbitMQ routes a message to the extra routing keys
+	// of its CC and BCC headers (sender-selected distribution, BCC removed
+	// on delivery), and the broker and its plugins act on or set the
+	// others: dead-lettering history, delayed and deduplicated messages,
+	// stream filters, federation and shovels, AMQP 1.0 annotations.
+	RabbitMQRules = HeaderRules{
+		Names: []string{"CC", "BCC", "x-death", "x-delay", "x-deduplication-header", "x-stream-filter-value",
+			"x-received-from", "x-match", "x-routing-key"},
+		Prefixes: []string{"x-first-death-", "x-last-death-", "x-opt-"},
+	}
 	// HTTPRules: the headers that frame the request or concern one
 	// connection (hop-by-hop), which the HTTP client or a proxy acts on.
 	HTTPRules = HeaderRules{

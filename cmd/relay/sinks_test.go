@@ -17,7 +17,7 @@ import (
 	"github.com/outboxrelay/relay/sink/kafka/kafkatest"
 )
 
-// TestEverySink runs relay run end to end against Kafka, SQS (FIFO),
+// TestEverySink runs relay run end to end against Kafka, RabbitMQ, SQS (FIFO),
 // Pub/Sub (pstest) and a webhook receiver, with a kill -9 in the middle: no loss, message_id on
 // every copy, per-aggregate order of first deliveries, outbox archived.
 // NATS has the other end-to-end tests.
@@ -28,6 +28,7 @@ func TestEverySink(t *testing.T) {
 		start func(t *testing.T) (sinkYAML string, collect func() []verify.Delivery)
 	}{
 		{"kafka", startKafka},
+		{"rabbitmq", startRabbitMQ},
 		{"sqs", startSQS},
 		{"pubsub", startPubSub},
 		{"webhook", startWebhook},

@@ -14,6 +14,7 @@ import (
 	kafkasink "github.com/outboxrelay/relay/sink/kafka"
 	natssink "github.com/outboxrelay/relay/sink/nats"
 	pubsubsink "github.com/outboxrelay/relay/sink/pubsub"
+	rabbitmqsink "github.com/outboxrelay/relay/sink/rabbitmq"
 	sqssink "github.com/outboxrelay/relay/sink/sqs"
 	"github.com/outboxrelay/relay/sink/webhook"
 )
@@ -104,6 +105,12 @@ func openBroker(ctx context.Context, c config.Sink, log *slog.Logger, window int
 			}}, nil
 	case "pubsub":
 		return openPubSub(ctx, c, log, env, drops)
+	case "rabbitmq":
+		s, err := rabbitmqsink.New(rabbitmqConfig(c.RabbitMQ), rabbitmqsink.Options{Logger: log, Envelope: env, HeaderDrops: drops})
+		if err != nil {
+			return nil, err
+		}
+		return &brokerSink{routedSink: s, name: s.Destination(), check: s.Check, prepare: s.Declare}, nil
 	case "webhook":
 		s, err := webhook.New(webhookConfig(c.Webhook), webhook.Options{Logger: log, Envelope: env, HeaderDrops: drops})
 		if err != nil {
@@ -204,6 +211,12 @@ func transactionalID(cfg *config.Config) string {
 func sqsConfig(c config.SQS) sqssink.Config {
 	return sqssink.Config{Region: c.Region, Endpoint: c.Endpoint, QueueURL: c.QueueURL, Queue: c.Queue, MaxBatchBytes: c.MaxBatchBytes,
 		RoleARN: c.RoleARN, ExternalID: c.ExternalID, RoleSessionName: c.RoleSessionName}
+}
+
+// rabbitmqConfig maps sink.rabbitmq to the RabbitMQ sink's settings.
+func rabbitmqConfig(c config.RabbitMQ) rabbitmqsink.Config {
+	return rabbitmqsink.Config{URL: c.URL, Exchange: c.Exchange, RoutingKey: c.RoutingKey, TLS: tlsconf.Files(c.TLS),
+		MaxMessageBytes: c.MaxMessageBytes, Declare: c.Declare, ExchangeType: c.ExchangeType, Queue: c.Queue}
 }
 
 // webhookConfig maps sink.webhook to the webhook sink's settings.

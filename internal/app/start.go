@@ -22,6 +22,7 @@ import (
 	"github.com/outboxrelay/relay/internal/pgerr"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/internal/rowtext"
+	rabbitmqsink "github.com/outboxrelay/relay/sink/rabbitmq"
 )
 
 // startRetryMax caps the wait between two attempts to start while Postgres
@@ -152,6 +153,9 @@ func unreachable(err error) bool {
 func credentialsRefused(err error) bool {
 	if pe := pgerr.Of(err); pe != nil {
 		return strings.HasPrefix(pe.Code, "28")
+	}
+	if rabbitmqsink.CredentialsRefused(err) {
+		return true
 	}
 	for _, target := range []error{nats.ErrAuthorization, nats.ErrAuthExpired, nats.ErrAuthRevoked, nats.ErrAccountAuthExpired,
 		kerr.SaslAuthenticationFailed, kerr.IllegalSaslState, kerr.UnsupportedSaslMechanism} {

@@ -59,6 +59,8 @@ func destinationTemplate(c config.Sink) string {
 		return c.NATS.Subject
 	case "kafka":
 		return c.Kafka.Topic
+	case "rabbitmq":
+		return c.RabbitMQ.Exchange + " " + c.RabbitMQ.RoutingKey
 	case "sqs":
 		if c.SQS.Queue != "" {
 			return c.SQS.Queue

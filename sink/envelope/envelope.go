@@ -154,6 +154,9 @@ var (
 	// NATS: ce- headers with percent-encoded values, datacontenttype
 	// included as ce-datacontenttype.
 	NATS = newBinding("ce-", true, true)
+	// AMQP: cloudEvents: application properties with the values as they
+	// are; the content_type property is the datacontenttype.
+	AMQP = newBinding("cloudEvents:", false, false)
 )
 
 // ReservedPrefix returns the prefix of the header names the envelope c

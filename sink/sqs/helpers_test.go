@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -347,91 +346,4 @@ func decodeBatch(t *testing.T, body []byte) batchRequest {
 		t.Fatalf("decode SendMessageBatch request: %v", err)
 	}
 	return b
-}
-
-// switchProxy forwards TCP connections from a fixed loopback port to a
-// target and can go down (connections cut, new ones refused) and up again
-// on the same port: an SQS outage without losing the emulator's data.
-type switchProxy struct {
-	target string
-	addr   string
-
-	mu    sync.Mutex
-	ln    net.Listener // nil while down
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
-}
-
-func newSwitchProxy(t *testing.T, target string) *switchProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &switchProxy{target: target, addr: ln.Addr().String(), conns: map[net.Conn]struct{}{}}
-	p.serve(ln)
-	t.Cleanup(func() {
-		p.down()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *switchProxy) endpoint() string { return "http://" + p.addr }
-
-func (p *switchProxy) serve(ln net.Listener) {
-	p.ln = ln
-	p.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", p.target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns[c], p.conns[up] = struct{}{}, struct{}{}
-			p.mu.Unlock()
-			p.wg.Go(func() { io.Copy(up, c); up.Close(); c.Close() })
-			p.wg.Go(func() { io.Copy(c, up); up.Close(); c.Close() })
-		}
-	})
-}
-
-// down stops listening and cuts every connection.
-func (p *switchProxy) down() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	for c := range p.conns {
-		c.Close()
-		delete(p.conns, c)
-	}
-}
-
-// up listens on the same port again.
-func (p *switchProxy) up(t *testing.T) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln != nil {
-		return
-	}
-	var ln net.Listener
-	var err error
-	for range 100 {
-		if ln, err = net.Listen("tcp", p.addr); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatalf("proxy up on %s: %v", p.addr, err)
-	}
-	p.serve(ln)
 }
