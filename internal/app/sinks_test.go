@@ -23,17 +23,18 @@ func TestSinkConfigsMapEveryKey(t *testing.T) {
 	fill(t, reflect.ValueOf(&s).Elem())
 	s.NATS.Storage = "memory"
 	for name, got := range map[string]any{
-		"nats":    natsConfig(s.NATS),
-		"kafka":   kafkaConfig(s.Kafka, "outbox-relay.x"),
-		"sqs":     sqsConfig(s.SQS),
-		"webhook": webhookConfig(s.Webhook),
+		"nats":     natsConfig(s.NATS),
+		"kafka":    kafkaConfig(s.Kafka, "outbox-relay.x"),
+		"rabbitmq": rabbitmqConfig(s.RabbitMQ),
+		"sqs":      sqsConfig(s.SQS),
+		"webhook":  webhookConfig(s.Webhook),
 	} {
 		checkSet(t, name, reflect.ValueOf(got))
 	}
 	if got := webhookConfig(s.Webhook).Timeout; got != s.Webhook.Timeout.D() {
 		t.Errorf("webhook timeout = %s, want %s", got, s.Webhook.Timeout.D())
 	}
-	if n, c := reflect.TypeFor[config.Sink]().NumField(), 9; n != c { // the sinks, type, envelope, cloudevents, rate_limit and held_max_age (a pipeline option)
+	if n, c := reflect.TypeFor[config.Sink]().NumField(), 11; n != c { // the sinks (pubsub's keys are mapped in openPubSub), type, envelope, cloudevents, rate_limit and held_max_age (a pipeline option)
 		t.Errorf("config.Sink has %d fields, this test maps %d: add the new sink", n, c)
 	}
 }
