@@ -188,17 +188,9 @@ func (f *Format) setsHeader(name string) bool {
 // the envelope when there are envelope placements.
 func (f *Format) value(e *event.Event) []byte {
 	if !f.envelope {
-		if e.Payload == nil {
-			return nil // a NULL payload: the router's value is null too
-		}
 		return f.payload(nil, e)
 	}
-	b := append(make([]byte, 0, len(e.Payload)+64), `{"payload":`...)
-	if e.Payload == nil {
-		b = append(b, "null"...)
-	} else {
-		b = f.payload(b, e)
-	}
+	b := f.payload(append(make([]byte, 0, len(e.Payload)+64), `{"payload":`...), e)
 	for _, p := range f.opts.Placements {
 		if p.Envelope {
 			b = append(quote(append(b, ','), p.Name), ':')
