@@ -1,6 +1,8 @@
 package config
 
 import (
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/outboxrelay/relay/sink"
@@ -98,7 +100,7 @@ func (l *loader) checkFormat(c *Config) {
 		l.invalid("sink.debezium.additional_placement", "%s", err)
 		return
 	}
-	l.checkPlacedHeaders(p)
+	l.checkPlacedHeaders(p, c.Sink)
 	if _, err := Format(c); err != nil {
 		key := "sink.debezium.additional_placement"
 		if s.Debezium.ValueConverter == "string" {
@@ -108,14 +110,34 @@ func (l *loader) checkFormat(c *Config) {
 	}
 }
 
-// checkPlacedHeaders refuses a header placement named like a header the
-// relay sets itself, which every sink would drop.
-func (l *loader) checkPlacedHeaders(p []debezium.Placement) {
+// controlRules are the header rules of the sinks whose broker acts on
+// some header names (sink.HeaderRules).
+var controlRules = map[string]sink.HeaderRules{"nats": sink.NATSRules, "sqs": sink.SQSRules, "webhook": sink.HTTPRules}
+
+// checkPlacedHeaders refuses a header placement that the sink would not
+// forward (named like a header the relay sets itself, or one its broker
+// acts on) and, on the webhook, a static header that would override the id
+// header or a placed one.
+func (l *loader) checkPlacedHeaders(p []debezium.Placement, s Sink) {
+	names := []string{"id"}
 	for _, pl := range p {
-		for _, name := range sink.RelayHeaders {
-			if !pl.Envelope && strings.EqualFold(pl.Name, name) {
-				l.invalid("sink.debezium.additional_placement", "header %q is one the relay sets itself (message_id, event_type, aggregate_type, aggregate_id, content_type and the sinks' own); choose another alias", pl.Name)
-			}
+		if pl.Envelope {
+			continue
+		}
+		names = append(names, pl.Name)
+		switch {
+		case slices.ContainsFunc(sink.RelayHeaders, func(n string) bool { return strings.EqualFold(n, pl.Name) }):
+			l.invalid("sink.debezium.additional_placement", "header %q is one the relay sets itself (message_id, event_type, aggregate_type, aggregate_id, content_type and the sinks' own); choose another alias", pl.Name)
+		case controlRules[s.Type].Control(pl.Name):
+			l.invalid("sink.debezium.additional_placement", "header %q is one the %s sink does not forward, since its broker acts on it; choose another alias", pl.Name, s.Type)
+		}
+	}
+	if s.Type != "webhook" {
+		return
+	}
+	for _, name := range slices.Sorted(maps.Keys(s.Webhook.Headers)) {
+		if slices.ContainsFunc(names, func(n string) bool { return strings.EqualFold(n, name) }) {
+			l.invalid("sink.webhook.headers."+name, "would override the %s header sink.format debezium sets; remove it", name)
 		}
 	}
 }

@@ -71,11 +71,17 @@ func TestDebeziumErrors(t *testing.T) {
 		{"partition", dbz + "    additional_placement: [\"aggregate_type:partition\"]\n", 9, "sink.debezium.additional_placement", "\"aggregate_type:partition\": the partition placement is not supported"},
 		{"reserved header", dbz + "    additional_placement: [\"event_type:header\"]\n", 9, "sink.debezium.additional_placement", `header "event_type" is one the relay sets itself`},
 		{"expand with string values", dbz + "    expand_json_payload: true\n    value_converter: string\n", 10, "sink.debezium.value_converter", "expanding the JSON payload and envelope placements need the json value converter"},
+		{"nats control header", dbz + "    additional_placement: [\"event_type:header:Nats-Rollup\"]\n", 9, "sink.debezium.additional_placement", `header "Nats-Rollup" is one the nats sink does not forward`},
+		{"webhook static id", dbz + "  webhook:\n    url: http://h/\n    headers:\n      ID: x\n", 12, "sink.webhook.headers.ID", "would override the ID header sink.format debezium sets"},
 		{"twice one alias", dbz + "    additional_placement: [\"id:header:x,event_type:header:x\"]\n", 9, "sink.debezium.additional_placement", `two header placements are named "x"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := parse("config.yaml", []byte(sinkCase("nats", tt.section)), env(nil))
+			typ := "nats"
+			if strings.Contains(tt.section, "webhook:") {
+				typ = "webhook"
+			}
+			_, err := parse("config.yaml", []byte(sinkCase(typ, tt.section)), env(nil))
 			if err == nil {
 				t.Fatal("no error")
 			}
