@@ -74,6 +74,7 @@ func TestExpand(t *testing.T) {
 		{`{"m": [null, null]}`, ""},
 		{`{"m": [{"x": 1}, {"x": "s"}]}`, ""},
 		{`{"m": 1`, ""},
+		{`{"m": 12345678901234567890}`, ""},
 	} {
 		got, ok := expand([]byte(tc.in))
 		if tc.want == "" && ok || tc.want != "" && string(got) != tc.want {

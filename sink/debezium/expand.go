@@ -18,7 +18,8 @@ import (
 //   - object members whose value is null are left out;
 //   - the elements of an array must all have one JSON type (nulls
 //     aside), and numbers one Java type (int, long or double), or the
-//     payload stays a string; an array of objects has the union of their
+//     payload stays a string, as it does with an integer too large for a
+//     long; an array of objects has the union of their
 //     members, null in the elements that lack one;
 //   - a top-level array becomes the empty object {}, since only an
 //     object's members make the schema.
@@ -56,7 +57,8 @@ const (
 	kindBool
 	kindInt    // a number that is a Java int
 	kindLong   // a number that is a Java long and not an int
-	kindDouble // any other number: a fraction, an exponent, or too large
+	kindDouble // a number with a fraction or an exponent
+	kindBig    // an integer too large for a long, which the router cannot expand
 	kindArray
 	kindObject
 )
@@ -135,17 +137,21 @@ func member(d *json.Decoder, n *node) error {
 }
 
 // number returns the node of a JSON number's text, typed as Jackson types
-// it: int or long for an integer that fits, double otherwise.
+// it: int or long for an integer that fits, a big integer for one that
+// does not, double otherwise.
 func number(text string) *node {
 	n := &node{kind: kindDouble, text: text}
 	if strings.ContainsAny(text, ".eE") {
 		return n
 	}
-	if i, err := strconv.ParseInt(text, 10, 64); err == nil {
+	i, err := strconv.ParseInt(text, 10, 64)
+	switch {
+	case err != nil:
+		n.kind = kindBig
+	case i >= math.MinInt32 && i <= math.MaxInt32:
+		n.kind, n.text = kindInt, strconv.FormatInt(i, 10)
+	default:
 		n.kind, n.text = kindLong, strconv.FormatInt(i, 10)
-		if i >= math.MinInt32 && i <= math.MaxInt32 {
-			n.kind = kindInt
-		}
 	}
 	return n
 }
@@ -167,6 +173,10 @@ func schemaOf(n *node) (*schema, error) {
 	switch n.kind {
 	case kindNull:
 		return nil, nil
+	case kindBig:
+		// Debezium gives it a double's schema and a BigDecimal value,
+		// which the schema refuses.
+		return nil, errNoSchema
 	case kindArray:
 		elem, err := elemSchema(n.items)
 		return &schema{kind: kindArray, elem: elem}, err
@@ -241,7 +251,7 @@ func elemSchema(items []*node) (*schema, error) {
 
 // jsonType folds the number kinds into one, as JSON types go.
 func jsonType(kind int) int {
-	if kind == kindLong || kind == kindDouble {
+	if kind == kindLong || kind == kindDouble || kind == kindBig {
 		return kindInt
 	}
 	return kind
