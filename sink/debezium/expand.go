@@ -11,18 +11,17 @@ import (
 
 // expand returns payload as the router's table.expand.json.payload
 // publishes it through the JsonConverter, and false when the router keeps
-// it a string. The router expands a payload that starts with '{' or '['
-// and parses as JSON (the first value; what follows is ignored), infers a
-// Kafka Connect schema from it and writes the document back by that
-// schema. So, as in Debezium:
-//   - object members whose value is null are left out;
+// it a string. The router (Debezium 2.x, JsonSchemaData) expands a payload
+// that starts with '{' or '[' and parses as JSON (the first value; what
+// follows is ignored), infers a Kafka Connect schema from it and writes
+// the document back by that schema. So, as in Debezium:
+//   - object members whose value is null or an empty array are left out;
 //   - the elements of an array must all have one JSON type (nulls
 //     aside), and numbers one Java type (int, long or double), or the
 //     payload stays a string, as it does with an integer too large for a
-//     long; an array of objects has the union of their
-//     members, null in the elements that lack one;
-//   - a top-level array becomes the empty object {}, since only an
-//     object's members make the schema.
+//     long and with a top-level array (not a struct);
+//   - an array of objects has the members of all of them, each with the
+//     schema of its first appearance, null in the elements that lack one.
 //
 // Numbers keep their text, where Jackson would print a double its own
 // way (1e2 as 100.0): the same number to every JSON reader.
@@ -37,7 +36,7 @@ func expand(payload []byte) ([]byte, bool) {
 		return nil, false
 	}
 	if doc.kind != kindObject {
-		return []byte("{}"), true
+		return nil, false
 	}
 	s, err := schemaOf(doc)
 	if err != nil {
@@ -178,30 +177,34 @@ func schemaOf(n *node) (*schema, error) {
 		// which the schema refuses.
 		return nil, errNoSchema
 	case kindArray:
+		if len(n.items) == 0 {
+			return nil, nil
+		}
 		elem, err := elemSchema(n.items)
 		return &schema{kind: kindArray, elem: elem}, err
 	case kindObject:
 		s := &schema{kind: kindObject}
-		return s, s.add(n)
+		for i, name := range n.names {
+			f, err := schemaOf(n.vals[i])
+			if err != nil {
+				return nil, err
+			}
+			if f != nil {
+				s.names, s.fields = append(s.names, name), append(s.fields, f)
+			}
+		}
+		return s, nil
 	}
 	return &schema{kind: n.kind}, nil
 }
 
-// add adds the members of object n that s lacks to s's fields.
-func (s *schema) add(n *node) error {
-	for i, name := range n.names {
-		if s.field(name) != nil {
-			continue
-		}
-		f, err := schemaOf(n.vals[i])
-		if err != nil {
-			return err
-		}
-		if f != nil {
-			s.names, s.fields = append(s.names, name), append(s.fields, f)
+// merge adds the fields of o that s lacks to s.
+func (s *schema) merge(o *schema) {
+	for i, name := range o.names {
+		if s.field(name) == nil {
+			s.names, s.fields = append(s.names, name), append(s.fields, o.fields[i])
 		}
 	}
-	return nil
 }
 
 // field returns the schema of s's field name, or nil.
@@ -214,21 +217,19 @@ func (s *schema) field(name string) *schema {
 	return nil
 }
 
-// elemSchema infers the element schema of an array: a string for an empty
-// one, else the first non-null element's, all objects' members together
-// for objects. Elements of another JSON type fail, and so do all-null
-// elements.
+// elemSchema infers the element schema of a non-empty array: the first
+// non-null element's, or, for objects, the merge of every object
+// element's. Elements of another JSON type or Java number type fail, and
+// so do all-null elements and a first element without a schema (an empty
+// array).
 func elemSchema(items []*node) (*schema, error) {
-	if len(items) == 0 {
-		return &schema{kind: kindString}, nil
-	}
 	var first *node
 	for _, it := range items {
 		switch {
 		case it.kind == kindNull:
 		case first == nil:
 			first = it
-		case jsonType(it.kind) != jsonType(first.kind):
+		case it.kind != first.kind:
 			return nil, errNoSchema
 		}
 	}
@@ -236,25 +237,24 @@ func elemSchema(items []*node) (*schema, error) {
 		return nil, errNoSchema
 	}
 	if first.kind != kindObject {
-		return schemaOf(first)
+		s, err := schemaOf(first)
+		if s == nil && err == nil {
+			err = errNoSchema
+		}
+		return s, err
 	}
 	s := &schema{kind: kindObject}
 	for _, it := range items {
-		if it.kind == kindObject {
-			if err := s.add(it); err != nil {
-				return nil, err
-			}
+		if it.kind != kindObject {
+			continue
 		}
+		o, err := schemaOf(it)
+		if err != nil {
+			return nil, err
+		}
+		s.merge(o)
 	}
 	return s, nil
-}
-
-// jsonType folds the number kinds into one, as JSON types go.
-func jsonType(kind int) int {
-	if kind == kindLong || kind == kindDouble || kind == kindBig {
-		return kindInt
-	}
-	return kind
 }
 
 // write appends n written by schema s, failing where the Connect value
