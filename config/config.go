@@ -159,6 +159,11 @@ type Sink struct {
 	// the payload as it is, with the contract's headers only.
 	Envelope    string      `yaml:"envelope"`
 	CloudEvents CloudEvents `yaml:"cloudevents"`
+	// Format is native or debezium: the message shape of Debezium's
+	// outbox event router (see Debezium). Default native (also when
+	// empty): the payload as it is, with the contract's headers.
+	Format   string   `yaml:"format"`
+	Debezium Debezium `yaml:"debezium"`
 	// RateLimit caps how fast the relay publishes. Default unlimited.
 	RateLimit RateLimit `yaml:"rate_limit"`
 	// HeldMaxAge is how long a destination may stay broken before the
@@ -193,7 +198,8 @@ type RateLimit struct {
 type NATS struct {
 	// URL of the NATS server(s), comma separated. Default nats://127.0.0.1:4222.
 	URL string `yaml:"url"`
-	// Subject is the subject template. Default outbox.{aggregate_type}.
+	// Subject is the subject template. Default outbox.{aggregate_type}, or
+	// DebeziumDestination with sink.format debezium.
 	Subject string `yaml:"subject"`
 	// Stream is the JetStream stream, created if missing. Default OUTBOX.
 	Stream string `yaml:"stream"`
@@ -237,7 +243,8 @@ type Kafka struct {
 	Brokers []string `yaml:"brokers"`
 	// Topic is the topic template. A character Kafka does not allow in a
 	// topic name (other than a-z A-Z 0-9 . _ -) in a replaced value becomes
-	// '_'. Default outbox.{aggregate_type}.
+	// '_'. Default outbox.{aggregate_type}, or DebeziumDestination with
+	// sink.format debezium.
 	Topic string `yaml:"topic"`
 	// ClientID is the client.id the relay sends to the brokers, which shows
 	// in their logs and quotas. Empty means outbox-relay, applied by the

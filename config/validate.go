@@ -63,10 +63,13 @@ func setDefaults(c *Config) {
 	orDefault(&c.Capture.WAL.Slot, "outbox_relay")
 	orDefault(&c.Capture.WAL.Publication, "outbox_relay")
 	orDefault(&c.Sink.NATS.URL, "nats://127.0.0.1:4222")
-	orDefault(&c.Sink.NATS.Subject, "outbox.{aggregate_type}")
+	orDefault(&c.Sink.NATS.Subject, defaultDestination(c.Sink))
 	orDefault(&c.Sink.NATS.Stream, "OUTBOX")
-	orDefault(&c.Sink.Kafka.Topic, "outbox.{aggregate_type}")
+	orDefault(&c.Sink.Kafka.Topic, defaultDestination(c.Sink))
 	orDefault(&c.Sink.RabbitMQ.Exchange, "outbox")
+	if c.Sink.Format == "debezium" {
+		orDefault(&c.Sink.RabbitMQ.RoutingKey, DebeziumDestination)
+	}
 	orDefault(&c.Sink.RabbitMQ.RoutingKey, "{aggregate_type}.{event_type}")
 	orDefault(&c.Sink.Webhook.Timeout, Duration(5*time.Second))
 	orDefault(&c.Archive.Mode, "delete")
@@ -105,6 +108,7 @@ func (l *loader) validate(c *Config) {
 	l.checkOrderBy(c.Outbox)
 	l.checkCapture(c.Capture)
 	l.checkSink(c.Sink)
+	l.checkFormat(c)
 	l.choice("archive.mode", c.Archive.Mode, "delete", "mark", "move")
 	l.table("archive.table", c.Archive.Table)
 	l.checkRetry(c.Retry)

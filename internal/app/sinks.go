@@ -7,9 +7,11 @@ import (
 	"strings"
 
 	"github.com/outboxrelay/relay/config"
+	"github.com/outboxrelay/relay/event"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/internal/tlsconf"
 	"github.com/outboxrelay/relay/sink"
+	"github.com/outboxrelay/relay/sink/debezium"
 	"github.com/outboxrelay/relay/sink/envelope"
 	kafkasink "github.com/outboxrelay/relay/sink/kafka"
 	natssink "github.com/outboxrelay/relay/sink/nats"
@@ -41,6 +43,18 @@ type brokerSink struct {
 	// runBreaks counts the Kafka sink's broken runs (kafka.Sink.RunBreaks);
 	// nil for the other sinks.
 	runBreaks func() int64
+	// format shapes every event before the sink publishes it
+	// (sink.format); nil for native.
+	format *debezium.Format
+}
+
+// Publish publishes batch with the wrapped sink, each event shaped by
+// sink.format first unless it is native.
+func (b *brokerSink) Publish(ctx context.Context, batch []*event.Event) error {
+	if b.format != nil {
+		batch = b.format.Batch(batch)
+	}
+	return b.routedSink.Publish(ctx, batch)
 }
 
 // MaxPerAggregate implements sink.Ordered for the pipeline: the wrapped
@@ -63,12 +77,16 @@ func openSink(ctx context.Context, cfg *config.Config, log *slog.Logger, window 
 	if err != nil {
 		return nil, err
 	}
+	format, err := config.Format(cfg)
+	if err != nil {
+		return nil, &UsageError{Err: fmt.Errorf("sink.debezium: %w", err)}
+	}
 	drops := sink.NewHeaderDrops(log)
 	snk, err := openBroker(ctx, cfg.Sink, log, window, env, drops, transactionalID(cfg))
 	if err != nil {
 		return nil, err
 	}
-	snk.drops = drops
+	snk.drops, snk.format = drops, format
 	return snk, nil
 }
 

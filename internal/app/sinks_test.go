@@ -34,8 +34,50 @@ func TestSinkConfigsMapEveryKey(t *testing.T) {
 	if got := webhookConfig(s.Webhook).Timeout; got != s.Webhook.Timeout.D() {
 		t.Errorf("webhook timeout = %s, want %s", got, s.Webhook.Timeout.D())
 	}
-	if n, c := reflect.TypeFor[config.Sink]().NumField(), 11; n != c { // the sinks (pubsub's keys are mapped in openPubSub), type, envelope, cloudevents, rate_limit and held_max_age (a pipeline option)
+	if n, c := reflect.TypeFor[config.Sink]().NumField(), 13; n != c { // the sinks (pubsub's keys are mapped in openPubSub), type, envelope, cloudevents, rate_limit, held_max_age (a pipeline option), format and debezium (TestFormatShapesPublish)
 		t.Errorf("config.Sink has %d fields, this test maps %d: add the new sink", n, c)
+	}
+}
+
+// seenSink records the batches published to it.
+type seenSink struct {
+	routedSink // nil: only Publish is called
+	batches    [][]*event.Event
+}
+
+func (s *seenSink) Publish(_ context.Context, batch []*event.Event) error {
+	s.batches = append(s.batches, batch)
+	return nil
+}
+
+// TestFormatShapesPublish checks that sink.format debezium reaches the
+// sink: brokerSink hands it each event shaped (key, id header, value) and
+// leaves the pipeline's events as they were; native hands them on as they
+// are.
+func TestFormatShapesPublish(t *testing.T) {
+	cfg := &config.Config{Sink: config.Sink{Format: "debezium",
+		Debezium: config.Debezium{AdditionalPlacement: []string{"event_type:header:eventType"}}}}
+	f, err := config.Format(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &event.Event{ID: "e1", AggregateType: "order", AggregateID: "1", EventType: "created",
+		Payload: []byte(`{"a": 1}`), ContentType: event.ContentTypeJSON}
+	inner := &seenSink{}
+	b := &brokerSink{routedSink: inner, format: f}
+	if err := b.Publish(context.Background(), []*event.Event{e}); err != nil {
+		t.Fatal(err)
+	}
+	got := inner.batches[0][0]
+	if got.Key() != `"1"` || got.Headers["id"] != "e1" || got.Headers["eventType"] != "created" || string(got.Payload) != `"{\"a\": 1}"` {
+		t.Errorf("shaped: key %s headers %v value %s", got.Key(), got.Headers, got.Payload)
+	}
+	if e.Headers != nil || string(e.Payload) != `{"a": 1}` || e.Key() != "1" {
+		t.Errorf("the pipeline's event changed: %+v", e)
+	}
+	b.format = nil
+	if err := b.Publish(context.Background(), []*event.Event{e}); err != nil || inner.batches[1][0] != e {
+		t.Errorf("native: %v, %+v", err, inner.batches[1][0])
 	}
 }
 

@@ -93,6 +93,12 @@ func InspectSource(ctx context.Context, q Querier, l Layout) (Info, error) {
 	return info, nil
 }
 
+// addable holds, by index in Columns.List, the definitions of the
+// contract columns an application's inserts need not name (headers,
+// created_at, seq), which a table made for another relay, such as
+// Debezium's outbox table, may lack; empty for the others.
+var addable = [...]string{5: "jsonb", 6: "timestamptz NOT NULL DEFAULT now()", 7: "bigint GENERATED ALWAYS AS IDENTITY"}
+
 // Inspect checks that the outbox table exists with every mapped column and a
 // supported payload type.
 func Inspect(ctx context.Context, q Querier, l Layout) (Info, error) {
@@ -119,9 +125,16 @@ func Inspect(ctx context.Context, q Querier, l Layout) (Info, error) {
 	if err := rows.Err(); err != nil {
 		return Info{}, fmt.Errorf("inspect outbox table %s: %w", l.Outbox, err)
 	}
-	for _, c := range l.Cols.List() {
+	for i, c := range l.Cols.List() {
+		def := ""
+		if i < len(addable) {
+			def = addable[i]
+		}
 		if _, ok := info.Types[c]; !ok && c == l.Cols.OrderBy {
 			return Info{}, fmt.Errorf("outbox table %s has no column %q, which outbox.order_by names", l.Outbox, c)
+		} else if !ok && def != "" {
+			return Info{}, fmt.Errorf("outbox table %s has no column %q: add it (ALTER TABLE %s ADD COLUMN %s %s; inserts need not name it), or map it with outbox.columns",
+				l.Outbox, c, l.Outbox.Ident(), Q(c), def)
 		} else if !ok {
 			return Info{}, fmt.Errorf("outbox table %s has no column %q (map it with outbox.columns)", l.Outbox, c)
 		}
