@@ -55,6 +55,9 @@ var (
 	// SQSRules: SQS reserves message attribute names starting with AWS.
 	// or Amazon.
 	SQSRules = HeaderRules{Prefixes: []string{"AWS.", "Amazon."}}
+	// RedisRules: a stream entry's payload field holds the body, and row
+	// headers are fields beside it, so a row header cannot be named so.
+	RedisRules = HeaderRules{Names: []string{"payload"}}
 	// HTTPRules: the headers that frame the request or concern one
 	// connection (hop-by-hop), which the HTTP client or a proxy acts on.
 	HTTPRules = HeaderRules{
