@@ -41,6 +41,7 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	streams := make([]string, len(batch))
 	cmds := make([]*goredis.StringCmd, len(batch))
 	limit := s.bulkLimit(ctx)
+	large := false // a field some server may refuse as too long
 	pipe := s.client.Pipeline()
 	for i, e := range batch {
 		streams[i] = s.stream.Render(e)
@@ -54,25 +55,31 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 			}
 		}
 		values := s.fields(e)
-		if name, n := largest(values); n > limit {
+		name, n := largest(values)
+		if n > limit {
 			errs[i] = fault.AsPermanent(fmt.Errorf("field %s is %d bytes, over the server's proto-max-bulk-len of %d", name, n, limit))
 			continue
 		}
+		large = large || n > minMaxBulk
 		cmds[i] = pipe.XAdd(ctx, &goredis.XAddArgs{Stream: streams[i], MaxLen: s.cfg.MaxLen, Approx: s.cfg.MaxLen > 0, ID: "*", Values: values})
 	}
 	if pipe.Len() > 0 {
-		if err := s.exec(ctx, pipe); err != nil {
-			for i, c := range cmds {
-				if c != nil {
-					errs[i] = err
-				}
+		ran, err := s.exec(ctx, pipe)
+		for i, c := range cmds {
+			switch {
+			case c == nil:
+			case !ran:
+				errs[i] = err
+			default:
+				errs[i] = s.result(ctx, c, err)
 			}
-		} else {
-			for i, c := range cmds {
-				if c != nil && c.Err() != nil {
-					errs[i] = s.classify(ctx, c.Err())
-				}
-			}
+		}
+		var rerr goredis.Error
+		if ran && large && err != nil && !errors.As(err, &rerr) {
+			// Redis closes the connection of a client that sends a field
+			// over proto-max-bulk-len, often before replying: read the
+			// limit again to tell the event's fault from the server's.
+			s.maxBulk.Store(0)
 		}
 	}
 	failed := false
@@ -88,42 +95,59 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	return nil
 }
 
-// exec runs pipe. It returns nil when the pipeline ran, each command then
-// holding its own result, or a classified error for every command when the
-// sink is closed or ctx ended first. go-redis ends a blocked read only at a
+// result returns the error of an XADD of a pipeline that ran with Exec
+// error err: nil when it returned an entry id, else its own error reply,
+// else err (a connection that failed before the command ran leaves it
+// without either).
+func (s *Sink) result(ctx context.Context, c *goredis.StringCmd, err error) error {
+	switch {
+	case c.Err() != nil:
+		return s.classify(ctx, c.Err())
+	case c.Val() != "":
+		return nil
+	case err != nil:
+		return s.classify(ctx, err)
+	}
+	return fault.AsUnavailable(errors.New("redis returned no entry id"))
+}
+
+// exec runs pipe. It returns ran and Exec's error (the first failed
+// command's, or the connection's) when the pipeline ran, or a classified
+// error when the sink is closed or ctx ended first; the commands are then
+// not to be read. go-redis ends a blocked read only at a
 // deadline, so when ctx can be cancelled the pipeline runs in a goroutine
 // that exec leaves behind if ctx ends first; that goroutine ends at the
 // connection's read timeout (Options.Timeout) or when Close closes the
 // connections, and Close waits for it.
-func (s *Sink) exec(ctx context.Context, pipe goredis.Pipeliner) error {
+func (s *Sink) exec(ctx context.Context, pipe goredis.Pipeliner) (ran bool, err error) {
 	if ctx.Done() == nil {
 		if s.closed.Load() {
-			return fault.AsUnavailable(errClosed)
+			return false, fault.AsUnavailable(errClosed)
 		}
-		pipe.Exec(ctx)
-		return nil
+		_, err := pipe.Exec(ctx)
+		return true, err
 	}
 	if err := ctx.Err(); err != nil {
-		return fault.AsUnavailable(err)
+		return false, fault.AsUnavailable(err)
 	}
 	s.mu.Lock()
 	if s.closed.Load() {
 		s.mu.Unlock()
-		return fault.AsUnavailable(errClosed)
+		return false, fault.AsUnavailable(errClosed)
 	}
 	s.abandoned.Add(1)
 	s.mu.Unlock()
-	done := make(chan struct{})
+	done := make(chan error, 1)
 	go func() {
 		defer s.abandoned.Done()
-		defer close(done)
-		pipe.Exec(ctx)
+		_, err := pipe.Exec(ctx)
+		done <- err
 	}()
 	select {
-	case <-done:
-		return nil
+	case err := <-done:
+		return true, err
 	case <-ctx.Done():
-		return fault.AsUnavailable(fmt.Errorf("no reply from redis before the context ended: %w", context.Cause(ctx)))
+		return false, fault.AsUnavailable(fmt.Errorf("no reply from redis before the context ended: %w", context.Cause(ctx)))
 	}
 }
 

@@ -16,6 +16,7 @@
 package redis
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -104,9 +105,23 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
+func init() { goredis.SetLogger(libLog{}) }
+
+// libLog passes go-redis's own log lines (pool and connection events) to
+// slog.Default at debug level, with credentials hidden.
+type libLog struct{}
+
+// Printf logs one line of go-redis.
+func (libLog) Printf(ctx context.Context, format string, v ...any) {
+	slog.Default().DebugContext(ctx, "redis client", slog.String("detail", redact.String(fmt.Sprintf(format, v...))))
+}
+
 // defaultMaxBulk is Redis's default proto-max-bulk-len, the largest
 // argument of a command it reads, assumed when CONFIG GET is not allowed.
 const defaultMaxBulk = 512 << 20
+
+// minMaxBulk is the least proto-max-bulk-len Redis can be set to.
+const minMaxBulk = 1 << 20
 
 // Sink appends events to Redis Streams. It implements sink.Sink and
 // sink.Destinations; its methods are safe for concurrent use.
@@ -123,8 +138,8 @@ type Sink struct {
 	// maxBulk is the server's proto-max-bulk-len, 0 until read.
 	maxBulk atomic.Int64
 
-	mu        sync.Mutex  // orders abandoned.Add before Close's Wait
-	closed    atomic.Bool // set by Close, under mu
+	mu        sync.Mutex     // orders abandoned.Add before Close's Wait
+	closed    atomic.Bool    // set by Close, under mu
 	abandoned sync.WaitGroup // pipelines a cancelled Publish left running
 }
 
