@@ -13,6 +13,7 @@ import (
 	"github.com/outboxrelay/relay/sink/envelope"
 	kafkasink "github.com/outboxrelay/relay/sink/kafka"
 	natssink "github.com/outboxrelay/relay/sink/nats"
+	redissink "github.com/outboxrelay/relay/sink/redis"
 	sqssink "github.com/outboxrelay/relay/sink/sqs"
 	"github.com/outboxrelay/relay/sink/webhook"
 )
@@ -101,6 +102,15 @@ func openBroker(ctx context.Context, c config.Sink, log *slog.Logger, window int
 			prepare: func(context.Context) (string, error) {
 				return "sqs: the relay creates no queues; create " + s.Destination() + " if missing", nil
 			}}, nil
+	case "redis":
+		s, err := redissink.New(redisConfig(c.Redis), redissink.Options{Logger: log, Envelope: env, HeaderDrops: drops})
+		if err != nil {
+			return nil, &UsageError{Err: err}
+		}
+		return &brokerSink{routedSink: s, name: s.Destination(), check: s.Check,
+			prepare: func(context.Context) (string, error) {
+				return "redis: nothing to create; XADD creates each stream on its first entry", nil
+			}}, nil
 	case "webhook":
 		s, err := webhook.New(webhookConfig(c.Webhook), webhook.Options{Logger: log, Envelope: env, HeaderDrops: drops})
 		if err != nil {
@@ -173,6 +183,16 @@ func transactionalID(cfg *config.Config) string {
 func sqsConfig(c config.SQS) sqssink.Config {
 	return sqssink.Config{Region: c.Region, Endpoint: c.Endpoint, QueueURL: c.QueueURL, Queue: c.Queue, MaxBatchBytes: c.MaxBatchBytes,
 		RoleARN: c.RoleARN, ExternalID: c.ExternalID, RoleSessionName: c.RoleSessionName}
+}
+
+// redisConfig maps sink.redis to the Redis sink's settings.
+func redisConfig(c config.Redis) redissink.Config {
+	return redissink.Config{
+		URL: c.URL, Stream: c.Stream, Username: c.Username, Password: c.Password, TLS: tlsconf.Files(c.TLS),
+		ClusterAddrs: c.ClusterAddrs, MaxLen: int64(c.MaxLen),
+		Sentinel: redissink.Sentinel{Master: c.Sentinel.Master, Addrs: c.Sentinel.Addrs,
+			Username: c.Sentinel.Username, Password: c.Sentinel.Password},
+	}
 }
 
 // webhookConfig maps sink.webhook to the webhook sink's settings.

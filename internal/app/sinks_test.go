@@ -26,6 +26,7 @@ func TestSinkConfigsMapEveryKey(t *testing.T) {
 		"nats":    natsConfig(s.NATS),
 		"kafka":   kafkaConfig(s.Kafka, "outbox-relay.x"),
 		"sqs":     sqsConfig(s.SQS),
+		"redis":   redisConfig(s.Redis),
 		"webhook": webhookConfig(s.Webhook),
 	} {
 		checkSet(t, name, reflect.ValueOf(got))
@@ -33,7 +34,7 @@ func TestSinkConfigsMapEveryKey(t *testing.T) {
 	if got := webhookConfig(s.Webhook).Timeout; got != s.Webhook.Timeout.D() {
 		t.Errorf("webhook timeout = %s, want %s", got, s.Webhook.Timeout.D())
 	}
-	if n, c := reflect.TypeFor[config.Sink]().NumField(), 9; n != c { // the sinks, type, envelope, cloudevents, rate_limit and held_max_age (a pipeline option)
+	if n, c := reflect.TypeFor[config.Sink]().NumField(), 10; n != c { // the sinks, type, envelope, cloudevents, rate_limit and held_max_age (a pipeline option)
 		t.Errorf("config.Sink has %d fields, this test maps %d: add the new sink", n, c)
 	}
 }
