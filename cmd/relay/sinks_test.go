@@ -17,8 +17,8 @@ import (
 	"github.com/outboxrelay/relay/sink/kafka/kafkatest"
 )
 
-// TestEverySink runs relay run end to end against Kafka, SQS (FIFO) and a
-// webhook receiver, with a kill -9 in the middle: no loss, message_id on
+// TestEverySink runs relay run end to end against Kafka, SQS (FIFO), Redis
+// Streams and a webhook receiver, with a kill -9 in the middle: no loss, message_id on
 // every copy, per-aggregate order of first deliveries, outbox archived.
 // NATS has the other end-to-end tests.
 func TestEverySink(t *testing.T) {
@@ -29,6 +29,7 @@ func TestEverySink(t *testing.T) {
 	}{
 		{"kafka", startKafka},
 		{"sqs", startSQS},
+		{"redis", startRedisSink},
 		{"webhook", startWebhook},
 	} {
 		for _, mode := range []string{"poll", "wal"} {
