@@ -2,7 +2,10 @@ package redis
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"log/slog"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -155,4 +158,16 @@ func newClient(t *testing.T, url string) *goredis.Client {
 	}
 	o.Protocol = 2 // XRANGE replies as plain arrays
 	return goredis.NewClient(o)
+}
+
+// tlsFor returns a client TLS configuration trusting the PEM file ca.
+func tlsFor(t *testing.T, ca string) *tls.Config {
+	t.Helper()
+	pem, err := os.ReadFile(ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	return &tls.Config{RootCAs: pool}
 }
