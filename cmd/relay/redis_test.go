@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,4 +88,31 @@ func TestRedisOutage(t *testing.T) {
 	if dead != 0 {
 		t.Fatalf("%d events dead-lettered during a Redis outage", dead)
 	}
+}
+
+// TestRedisStart checks how relay run starts against Redis: refused
+// credentials end it with exit status 1 without printing the password; a
+// server that is down makes it wait, not ready, and it publishes once the
+// server is up.
+func TestRedisStart(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t, testenv.RedisOptions{Args: []string{"--requirepass", "right-pw"}})
+	dsn := testenv.NewDB(t)
+	cfg := writeConfig(t, fmt.Sprintf("postgres:\n  url: %s\ncapture:\n  mode: poll\nsink:\n  type: redis\n  redis:\n    url: redis://:wr0ng-pw@%s/0\n", dsn, srv.Addr()))
+	out, code := runRelay(t, "run", "--config", cfg)
+	if code != 1 || !strings.Contains(out, "WRONGPASS") || strings.Contains(out, "wr0ng") {
+		t.Errorf("wrong password: exit %d, want 1 with WRONGPASS:\n%s", code, out)
+	}
+
+	down, sinkYAML, collect := startRedis(t)
+	s := newStack(t, stackOptions{Sink: sinkYAML, Collect: collect}) // relay init needs the server
+	addr := s.withHTTP()
+	down.Stop()
+	relay := s.start()
+	s.writeSome(20)
+	waitStartRetries(t, relay, addr, "relay_sink_ready 0")
+	if err := down.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s.finish(relay, addr)
 }

@@ -108,8 +108,8 @@ func openBroker(ctx context.Context, c config.Sink, log *slog.Logger, window int
 			return nil, &UsageError{Err: err}
 		}
 		return &brokerSink{routedSink: s, name: s.Destination(), check: s.Check,
-			prepare: func(context.Context) (string, error) {
-				return "redis: nothing to create; XADD creates each stream on its first entry", nil
+			prepare: func(ctx context.Context) (string, error) {
+				return "redis: nothing to create; XADD creates each stream on its first entry", s.Ping(ctx)
 			}}, nil
 	case "webhook":
 		s, err := webhook.New(webhookConfig(c.Webhook), webhook.Options{Logger: log, Envelope: env, HeaderDrops: drops})

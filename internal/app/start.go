@@ -22,6 +22,7 @@ import (
 	"github.com/outboxrelay/relay/internal/pgerr"
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/internal/rowtext"
+	redissink "github.com/outboxrelay/relay/sink/redis"
 )
 
 // startRetryMax caps the wait between two attempts to start while Postgres
@@ -154,7 +155,7 @@ func credentialsRefused(err error) bool {
 		return strings.HasPrefix(pe.Code, "28")
 	}
 	for _, target := range []error{nats.ErrAuthorization, nats.ErrAuthExpired, nats.ErrAuthRevoked, nats.ErrAccountAuthExpired,
-		kerr.SaslAuthenticationFailed, kerr.IllegalSaslState, kerr.UnsupportedSaslMechanism} {
+		kerr.SaslAuthenticationFailed, kerr.IllegalSaslState, kerr.UnsupportedSaslMechanism, redissink.ErrCredentialsRefused} {
 		if errors.Is(err, target) {
 			return true
 		}

@@ -46,6 +46,26 @@ func (s *Sink) Probe(ctx context.Context, dest string) error {
 	return nil
 }
 
+// ErrCredentialsRefused marks an error of Ping saying that Redis refused
+// the sink's credentials (WRONGPASS, or NOAUTH: a password is required).
+var ErrCredentialsRefused = errors.New("redis refused the credentials")
+
+// Ping checks that Redis answers and accepts the credentials, for the
+// relay's start: it returns an error wrapping ErrCredentialsRefused when it
+// does not accept them, and an error classified like Publish's otherwise.
+func (s *Sink) Ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	err := s.client.Ping(ctx).Err()
+	switch {
+	case err == nil:
+		return nil
+	case goredis.HasErrorPrefix(err, "WRONGPASS"), goredis.HasErrorPrefix(err, "NOAUTH"):
+		return fmt.Errorf("%s: %w: %w", s.where, ErrCredentialsRefused, err)
+	}
+	return fmt.Errorf("%s: PING: %w", s.where, s.classify(ctx, err))
+}
+
 // wrongType is the error of a stream key holding another type.
 func wrongType(stream, typ string) error {
 	return fmt.Errorf("redis key %s holds a %s, not a stream (WRONGTYPE): rename or delete it, or change sink.redis.stream", stream, typ)
