@@ -3,7 +3,9 @@ package testenv
 import (
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,11 +30,18 @@ type RedisOptions struct {
 	// TLSCert and TLSKey, when set, make the server speak TLS only on its
 	// port, with TLSCert as the CA too; clients need no certificate.
 	TLSCert, TLSKey string
+	// Cluster starts the server in cluster mode (a node of its own; the
+	// test assigns it slots with CLUSTER ADDSLOTSRANGE).
+	Cluster bool
+	// SentinelOf, when set, starts a Sentinel instead of a server,
+	// monitoring the master at this host:port under the name "mymaster"
+	// with a quorum of 1.
+	SentinelOf string
 	// Args are more redis-server arguments, such as "--maxmemory", "1mb".
 	Args []string
 }
 
-// Redis is a redis-server process (/usr/bin/redis-server) listening on
+// Redis is a redis-server process (or a Sentinel) (/usr/bin/redis-server) listening on
 // 127.0.0.1 and a free port, with its files in a temporary directory. It
 // keeps its port across Stop and Start. Its methods are safe for
 // concurrent use.
@@ -86,8 +95,17 @@ func (r *Redis) Log() string {
 	return r.log.String()
 }
 
-// args returns the command line of the server.
-func (r *Redis) args() []string {
+// args returns the command line of the server. A Sentinel's configuration
+// file, which it rewrites, is written first.
+func (r *Redis) args() ([]string, error) {
+	if m := r.opts.SentinelOf; m != "" {
+		host, port, _ := strings.Cut(m, ":")
+		conf := filepath.Join(r.dir, "sentinel.conf")
+		if err := os.WriteFile(conf, []byte("sentinel monitor mymaster "+host+" "+port+" 1\n"), 0o600); err != nil {
+			return nil, err
+		}
+		return []string{conf, "--sentinel", "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--dir", r.dir, "--logfile", ""}, nil
+	}
 	a := []string{"--bind", "127.0.0.1", "--dir", r.dir, "--save", "", "--daemonize", "no",
 		"--protected-mode", "no", "--logfile", "", "--loglevel", "notice"}
 	if r.opts.Persist {
@@ -101,7 +119,10 @@ func (r *Redis) args() []string {
 	} else {
 		a = append(a, "--port", strconv.Itoa(r.port))
 	}
-	return append(a, r.opts.Args...)
+	if r.opts.Cluster {
+		a = append(a, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(r.dir, "nodes.conf"))
+	}
+	return append(a, r.opts.Args...), nil
 }
 
 // Start starts a stopped server again on its port and waits until it
@@ -113,8 +134,16 @@ func (r *Redis) Start() error {
 	if r.cmd != nil {
 		return nil
 	}
+	args, err := r.args()
+	if err != nil {
+		return err
+	}
+	ready := "Ready to accept connections"
+	if r.opts.SentinelOf != "" {
+		ready = "+monitor master"
+	}
 	log := &SyncBuffer{}
-	cmd := exec.Command(RedisServerBin, r.args()...)
+	cmd := exec.Command(RedisServerBin, args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -123,7 +152,7 @@ func (r *Redis) Start() error {
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
 	r.cmd, r.done, r.log = cmd, done, log
-	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(log.String(), "Ready to accept connections"); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(log.String(), ready); time.Sleep(10 * time.Millisecond) {
 		select {
 		case <-done:
 			r.cmd = nil
