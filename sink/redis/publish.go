@@ -248,7 +248,7 @@ var unavailableCodes = map[string]bool{
 }
 
 // unavailableMessages are ERR replies that are the destination's fault.
-var unavailableMessages = []string{"max number of clients reached", "unknown command", "command not allowed",
+var unavailableMessages = []string{"max number of clients reached", "unknown command",
 	"DB index is out of range", "SELECT is not allowed in cluster mode"}
 
 // classify marks an XADD's error with its fault.Class. Any error that is
