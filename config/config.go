@@ -145,12 +145,14 @@ type WAL struct {
 
 // Sink selects and configures the broker.
 type Sink struct {
-	// Type is kafka, nats, pubsub, rabbitmq, sqs or webhook. Required.
+	// Type is kafka, nats, pubsub, rabbitmq, redis, sqs or webhook.
+	// Required.
 	Type     string   `yaml:"type"`
 	NATS     NATS     `yaml:"nats"`
 	Kafka    Kafka    `yaml:"kafka"`
 	PubSub   PubSub   `yaml:"pubsub"`
 	RabbitMQ RabbitMQ `yaml:"rabbitmq"`
+	Redis    Redis    `yaml:"redis"`
 	SQS      SQS      `yaml:"sqs"`
 	Webhook  Webhook  `yaml:"webhook"`
 	// Envelope is none or cloudevents: CloudEvents 1.0, binary content
@@ -388,6 +390,47 @@ type PubSub struct {
 	// BatchDelay is how long the client waits for more messages of an
 	// ordering key before it sends them. At most 100ms. Default 1ms.
 	BatchDelay Duration `yaml:"batch_delay"`
+}
+
+// Redis configures the Redis Streams sink. See sink/redis.
+type Redis struct {
+	// URL is redis://[user:password@]host:port/db, or rediss:// for TLS.
+	// Default redis://127.0.0.1:6379/0. With ClusterAddrs its host is one
+	// more seed node; with Sentinel only its scheme, credentials and
+	// database count.
+	URL string `yaml:"url"`
+	// Stream is the stream name template. A character other than a-z A-Z
+	// 0-9 . _ - : in a replaced value becomes '_'. Default
+	// outbox.{aggregate_type}.
+	Stream string `yaml:"stream"`
+	// Username and Password replace those of the URL: an ACL user, or the
+	// requirepass password alone. Use ${VAR}; they are never logged.
+	Username string `yaml:"username"`
+	Password string `yaml:"password"`
+	// TLS configures encryption; rediss:// turns it on with the system's
+	// roots.
+	TLS TLS `yaml:"tls"`
+	// ClusterAddrs, when set, are host:port seed nodes of a Redis Cluster
+	// besides the URL's host. Default empty: not a cluster.
+	ClusterAddrs []string `yaml:"cluster_addrs"`
+	// Sentinel, when its master is set, finds the master through Redis
+	// Sentinel. Not with ClusterAddrs.
+	Sentinel RedisSentinel `yaml:"sentinel"`
+	// MaxLen, when positive, trims every stream to about that many entries
+	// on each XADD (MAXLEN ~). Default 0: no trimming.
+	MaxLen int `yaml:"max_len"`
+}
+
+// RedisSentinel names a master monitored by Redis Sentinel.
+type RedisSentinel struct {
+	// Master is the master's name. Required with Addrs.
+	Master string `yaml:"master"`
+	// Addrs are the Sentinels' host:port addresses. Required with Master.
+	Addrs []string `yaml:"addrs"`
+	// Username and Password authenticate to the Sentinels when they
+	// require it; never logged.
+	Username string `yaml:"username"`
+	Password string `yaml:"password"`
 }
 
 // Webhook configures the webhook sink. See docs/webhook.md.

@@ -49,6 +49,7 @@ func TestLoadFull(t *testing.T) {
 			SQS: SQS{Region: "eu-west-1", Endpoint: "http://127.0.0.1:9324",
 				QueueURL: "https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo",
 				Queue:    "orders-{aggregate_type}"},
+			Redis: Redis{URL: "redis://127.0.0.1:6379/0", Stream: "outbox.{aggregate_type}"},
 			Webhook: Webhook{URL: "https://hooks.example.com/{aggregate_type}/{aggregate_id}",
 				Timeout: Duration(2 * time.Second)}},
 		Archive:         Archive{Mode: "move", Table: "events.outbox_archive"},
@@ -78,6 +79,7 @@ func TestDefaults(t *testing.T) {
 			NATS:     NATS{URL: "nats://127.0.0.1:4222", Subject: "outbox.{aggregate_type}", Stream: "OUTBOX"},
 			Kafka:    Kafka{Topic: "outbox.{aggregate_type}"},
 			RabbitMQ: RabbitMQ{Exchange: "outbox", RoutingKey: "{aggregate_type}.{event_type}"},
+			Redis:    Redis{URL: "redis://127.0.0.1:6379/0", Stream: "outbox.{aggregate_type}"},
 			Webhook:  Webhook{Timeout: Duration(5 * time.Second)}},
 		Archive:         Archive{Mode: "delete", Table: "public.outbox_archive"},
 		Retry:           Retry{Initial: Duration(100 * time.Millisecond), Max: Duration(30 * time.Second), MaxAttempts: 10},
@@ -232,8 +234,8 @@ func TestErrors(t *testing.T) {
 		{"postgres.url empty", strings.Replace(minimal, "postgres://app@localhost/app", "${UNSET:-}", 1), 2, "postgres.url", "must not be empty"},
 		{"capture.mode missing", "postgres:\n  url: x\nsink:\n  type: nats\n", 0, "capture.mode", "required (wal or poll)"},
 		{"capture.mode wrong", strings.Replace(minimal, "mode: poll", "mode: wall", 1), 6, "capture.mode", `must be wal or poll, got "wall"`},
-		{"sink.type missing", "postgres:\n  url: x\ncapture:\n  mode: wal\n", 0, "sink.type", "required (kafka, nats, pubsub, rabbitmq, sqs or webhook)"},
-		{"sink.type wrong", sinkCase("mqtt", ""), 6, "sink.type", `must be kafka, nats, pubsub, rabbitmq, sqs or webhook, got "mqtt"`},
+		{"sink.type missing", "postgres:\n  url: x\ncapture:\n  mode: wal\n", 0, "sink.type", "required (kafka, nats, pubsub, rabbitmq, redis, sqs or webhook)"},
+		{"sink.type wrong", sinkCase("mqtt", ""), 6, "sink.type", `must be kafka, nats, pubsub, rabbitmq, redis, sqs or webhook, got "mqtt"`},
 		{"kafka brokers missing", sinkCase("kafka", ""), 5, "sink.kafka.brokers", "required (a list of host:port)"},
 		{"kafka brokers empty", sinkCase("kafka", "  kafka:\n    brokers: []\n"), 8, "sink.kafka.brokers", "must not be empty (a list of host:port)"},
 		{"kafka broker empty", sinkCase("kafka", "  kafka:\n    brokers:\n      - k:9092\n      - \"\"\n"), 10, "sink.kafka.brokers[1]", "must not be empty"},
@@ -331,7 +333,7 @@ func TestErrorsAreJoined(t *testing.T) {
 	want := "config.yaml:2: postgres.uri: unknown key (expected one of url, password, password_file, fatal_after, max_conns, aws_iam_auth)\n" +
 		`config.yaml:6: capture.poll.interval: invalid duration "soon" (use Go durations like 250ms or 10s)` + "\n" +
 		"config.yaml:1: postgres.url: required\n" +
-		"config.yaml: sink.type: required (kafka, nats, pubsub, rabbitmq, sqs or webhook)"
+		"config.yaml: sink.type: required (kafka, nats, pubsub, rabbitmq, redis, sqs or webhook)"
 	if err == nil || err.Error() != want {
 		t.Errorf("decode errors: got\n%v\nwant\n%s", err, want)
 	}
@@ -352,7 +354,7 @@ func TestErrorsAreJoined(t *testing.T) {
 	_, err = parse("config.yaml", []byte(yaml), env(nil))
 	want = "config.yaml: postgres.url: required\n" +
 		`config.yaml:2: capture.mode: must be wal or poll, got "both"` + "\n" +
-		"config.yaml: sink.type: required (kafka, nats, pubsub, rabbitmq, sqs or webhook)\n" +
+		"config.yaml: sink.type: required (kafka, nats, pubsub, rabbitmq, redis, sqs or webhook)\n" +
 		`config.yaml:4: log.level: must be debug, info, warn or error, got "loud"`
 	if err == nil || err.Error() != want {
 		t.Errorf("validation errors: got\n%v\nwant\n%s", err, want)

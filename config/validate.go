@@ -71,6 +71,8 @@ func setDefaults(c *Config) {
 		orDefault(&c.Sink.RabbitMQ.RoutingKey, DebeziumDestination)
 	}
 	orDefault(&c.Sink.RabbitMQ.RoutingKey, "{aggregate_type}.{event_type}")
+	orDefault(&c.Sink.Redis.URL, "redis://127.0.0.1:6379/0")
+	orDefault(&c.Sink.Redis.Stream, defaultDestination(c.Sink))
 	orDefault(&c.Sink.Webhook.Timeout, Duration(5*time.Second))
 	orDefault(&c.Archive.Mode, "delete")
 	orDefault(&c.Archive.Table, "public.outbox_archive")
@@ -197,7 +199,7 @@ func (l *loader) checkCapture(c Capture) {
 // checkSink checks the selected sink's settings; the others are ignored.
 func (l *loader) checkSink(s Sink) {
 	l.checkRateLimit(s.RateLimit)
-	if !l.choice("sink.type", s.Type, "kafka", "nats", "pubsub", "rabbitmq", "sqs", "webhook") {
+	if !l.choice("sink.type", s.Type, "kafka", "nats", "pubsub", "rabbitmq", "redis", "sqs", "webhook") {
 		return
 	}
 	switch s.Type {
@@ -211,6 +213,8 @@ func (l *loader) checkSink(s Sink) {
 		l.checkSQS(s.SQS)
 	case "pubsub":
 		l.checkPubSub(s)
+	case "redis":
+		l.checkRedis(s.Redis)
 	case "webhook":
 		l.checkWebhook(s.Webhook)
 	}
@@ -446,6 +450,50 @@ func (l *loader) checkNATS(n NATS) {
 		l.invalid("sink.nats.duplicate_window", "must be at most sink.nats.max_age (%s), got %s", n.MaxAge.D(), n.DuplicateWindow.D())
 	} else if n.MaxAge > 0 && n.DuplicateWindow == 0 && n.MaxAge.D() < 2*time.Minute {
 		l.invalid("sink.nats.max_age", "is shorter than the default duplicate window (2m): set sink.nats.duplicate_window to at most %s", n.MaxAge.D())
+	}
+}
+
+// checkRedis checks the redis sink: a redis, rediss or unix URL (its
+// database 0 with a cluster), the stream template, credentials set when
+// their keys are present, TLS, and either cluster seed nodes or a Sentinel
+// master with its addresses. Messages never repeat a password.
+func (l *loader) checkRedis(r Redis) {
+	u, err := url.Parse(r.URL)
+	switch {
+	case err != nil || u.Scheme != "redis" && u.Scheme != "rediss" && u.Scheme != "unix":
+		l.invalid("sink.redis.url", "must be a redis://, rediss:// or unix:// URL such as redis://127.0.0.1:6379/0, got %q", redact.String(r.URL))
+	case u.Scheme != "unix" && u.Host == "":
+		l.invalid("sink.redis.url", "has no host, got %q", redact.String(r.URL))
+	case len(r.ClusterAddrs) > 0 && strings.Trim(u.Path, "/") != "" && strings.Trim(u.Path, "/") != "0":
+		l.invalid("sink.redis.url", "a Redis Cluster has database 0 only, got %q", strings.Trim(u.Path, "/"))
+	}
+	l.template("sink.redis.stream", r.Stream)
+	for _, c := range []struct{ key, value string }{
+		{"sink.redis.username", r.Username}, {"sink.redis.password", r.Password},
+		{"sink.redis.sentinel.username", r.Sentinel.Username}, {"sink.redis.sentinel.password", r.Sentinel.Password},
+	} {
+		if _, set := l.lines[c.key]; set {
+			// An unset ${VAR} must not silently connect without credentials.
+			l.required(c.key, c.value, "remove the key to connect without it")
+		}
+	}
+	l.checkTLS("sink.redis.tls", r.TLS)
+	for i, a := range r.ClusterAddrs {
+		l.hostPort(fmt.Sprintf("sink.redis.cluster_addrs[%d]", i), a)
+	}
+	for i, a := range r.Sentinel.Addrs {
+		l.hostPort(fmt.Sprintf("sink.redis.sentinel.addrs[%d]", i), a)
+	}
+	switch s := r.Sentinel; {
+	case s.Master != "" && len(r.ClusterAddrs) > 0:
+		l.invalid("sink.redis.sentinel", "set either sink.redis.cluster_addrs or sink.redis.sentinel, not both")
+	case s.Master != "" && len(s.Addrs) == 0:
+		l.required("sink.redis.sentinel.addrs", "", "the Sentinels' host:port addresses")
+	case s.Master == "" && (len(s.Addrs) > 0 || s.Username != "" || s.Password != ""):
+		l.required("sink.redis.sentinel.master", "", "the master's name in the Sentinel configuration")
+	}
+	if r.MaxLen < 0 {
+		l.invalid("sink.redis.max_len", "must be at least 0 (0: no trimming), got %d", r.MaxLen)
 	}
 }
 

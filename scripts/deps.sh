@@ -95,6 +95,22 @@ else
   $SUDO epmd -kill >/dev/null 2>&1 || true
 fi
 
+# Redis (Debian package redis-server): sink/redis's and cmd/relay's tests
+# start their own redis-server (internal/testenv.StartRedis) on free ports.
+# The package's own service is not needed, so it is stopped and disabled.
+if [ -x /usr/bin/redis-server ]; then
+  echo "deps: redis-server present"
+else
+  apt_install redis-server
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet redis-server 2>/dev/null; then
+    $SUDO systemctl stop redis-server || true
+    $SUDO systemctl disable redis-server || true
+  fi
+  if [ -x /etc/init.d/redis-server ]; then
+    $SUDO /etc/init.d/redis-server stop >/dev/null 2>&1 || true
+  fi
+fi
+
 # The SQS emulator (npm package local-aws-sqs) for sink/sqs's tests, installed
 # into the cache internal/testenv runs it from (internal/embedded.CacheDir; keep the
 # version in step with testenv.SQSEmulatorVersion). Needs Node.js and npm.

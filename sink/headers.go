@@ -65,6 +65,9 @@ var (
 			"x-received-from", "x-match", "x-routing-key"},
 		Prefixes: []string{"x-first-death-", "x-last-death-", "x-opt-"},
 	}
+	// RedisRules: a stream entry's payload field holds the body, and row
+	// headers are fields beside it, so a row header cannot be named so.
+	RedisRules = HeaderRules{Names: []string{"payload"}}
 	// HTTPRules: the headers that frame the request or concern one
 	// connection (hop-by-hop), which the HTTP client or a proxy acts on.
 	HTTPRules = HeaderRules{

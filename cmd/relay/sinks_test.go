@@ -18,7 +18,7 @@ import (
 )
 
 // TestEverySink runs relay run end to end against Kafka, RabbitMQ, SQS (FIFO),
-// Pub/Sub (pstest) and a webhook receiver, with a kill -9 in the middle: no loss, message_id on
+// Pub/Sub (pstest), Redis Streams and a webhook receiver, with a kill -9 in the middle: no loss, message_id on
 // every copy, per-aggregate order of first deliveries, outbox archived.
 // NATS has the other end-to-end tests.
 func TestEverySink(t *testing.T) {
@@ -31,6 +31,7 @@ func TestEverySink(t *testing.T) {
 		{"rabbitmq", startRabbitMQ},
 		{"sqs", startSQS},
 		{"pubsub", startPubSub},
+		{"redis", startRedisSink},
 		{"webhook", startWebhook},
 	} {
 		for _, mode := range []string{"poll", "wal"} {

@@ -17,6 +17,7 @@ import (
 	"github.com/outboxrelay/relay/sink"
 	kafkasink "github.com/outboxrelay/relay/sink/kafka"
 	natssink "github.com/outboxrelay/relay/sink/nats"
+	redissink "github.com/outboxrelay/relay/sink/redis"
 	"github.com/outboxrelay/relay/sink/sinktest"
 	sqssink "github.com/outboxrelay/relay/sink/sqs"
 	"github.com/outboxrelay/relay/sink/webhook"
@@ -28,12 +29,12 @@ const hotEvents = 5000
 
 // BenchmarkHotAggregate publishes events of a single aggregate through the
 // pipeline into each sink's broker (kfake, embedded NATS JetStream, the SQS
-// emulator with a FIFO queue, an httptest receiver) and reports events/s:
+// emulator with a FIFO queue, a redis-server, an httptest receiver) and reports events/s:
 // what one hot aggregate gets from each sink, without the database.
 //
 //	go test ./cmd/relaybench -run '^$' -bench HotAggregate -benchtime 3x
 func BenchmarkHotAggregate(b *testing.B) {
-	for _, name := range []string{"kafka", "nats", "sqs", "webhook"} {
+	for _, name := range []string{"kafka", "nats", "redis", "sqs", "webhook"} {
 		b.Run(name, func(b *testing.B) {
 			snk := hotSink(b, name)
 			opts := pipeline.Options{Logger: slog.New(slog.DiscardHandler)}
@@ -94,6 +95,9 @@ func hotSink(b *testing.B, name string) sink.Sink {
 		b.Setenv("AWS_ACCESS_KEY_ID", "test")
 		b.Setenv("AWS_SECRET_ACCESS_KEY", "test")
 		snk, err = sqssink.New(ctx, sqssink.Config{Region: "us-east-1", Endpoint: srv.Endpoint(), QueueURL: url}, sqssink.Options{Logger: quiet})
+	case "redis":
+		srv := testenv.StartRedis(b, testenv.RedisOptions{})
+		snk, err = redissink.New(redissink.Config{URL: srv.URL(), Stream: "outbox.{aggregate_type}"}, redissink.Options{Logger: quiet})
 	case "webhook":
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
 		b.Cleanup(srv.Close)

@@ -17,6 +17,7 @@ import (
 	natssink "github.com/outboxrelay/relay/sink/nats"
 	pubsubsink "github.com/outboxrelay/relay/sink/pubsub"
 	rabbitmqsink "github.com/outboxrelay/relay/sink/rabbitmq"
+	redissink "github.com/outboxrelay/relay/sink/redis"
 	sqssink "github.com/outboxrelay/relay/sink/sqs"
 	"github.com/outboxrelay/relay/sink/webhook"
 )
@@ -129,6 +130,15 @@ func openBroker(ctx context.Context, c config.Sink, log *slog.Logger, window int
 			return nil, err
 		}
 		return &brokerSink{routedSink: s, name: s.Destination(), check: s.Check, prepare: s.Declare}, nil
+	case "redis":
+		s, err := redissink.New(redisConfig(c.Redis), redissink.Options{Logger: log, Envelope: env, HeaderDrops: drops})
+		if err != nil {
+			return nil, &UsageError{Err: err}
+		}
+		return &brokerSink{routedSink: s, name: s.Destination(), check: s.Check,
+			prepare: func(ctx context.Context) (string, error) {
+				return "redis: nothing to create; XADD creates each stream on its first entry", s.Ping(ctx)
+			}}, nil
 	case "webhook":
 		s, err := webhook.New(webhookConfig(c.Webhook), webhook.Options{Logger: log, Envelope: env, HeaderDrops: drops})
 		if err != nil {
@@ -235,6 +245,16 @@ func sqsConfig(c config.SQS) sqssink.Config {
 func rabbitmqConfig(c config.RabbitMQ) rabbitmqsink.Config {
 	return rabbitmqsink.Config{URL: c.URL, Exchange: c.Exchange, RoutingKey: c.RoutingKey, TLS: tlsconf.Files(c.TLS),
 		MaxMessageBytes: c.MaxMessageBytes, Declare: c.Declare, ExchangeType: c.ExchangeType, Queue: c.Queue}
+}
+
+// redisConfig maps sink.redis to the Redis sink's settings.
+func redisConfig(c config.Redis) redissink.Config {
+	return redissink.Config{
+		URL: c.URL, Stream: c.Stream, Username: c.Username, Password: c.Password, TLS: tlsconf.Files(c.TLS),
+		ClusterAddrs: c.ClusterAddrs, MaxLen: int64(c.MaxLen),
+		Sentinel: redissink.Sentinel{Master: c.Sentinel.Master, Addrs: c.Sentinel.Addrs,
+			Username: c.Sentinel.Username, Password: c.Sentinel.Password},
+	}
 }
 
 // webhookConfig maps sink.webhook to the webhook sink's settings.

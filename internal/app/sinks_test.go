@@ -26,6 +26,7 @@ func TestSinkConfigsMapEveryKey(t *testing.T) {
 		"nats":     natsConfig(s.NATS),
 		"kafka":    kafkaConfig(s.Kafka, "outbox-relay.x"),
 		"rabbitmq": rabbitmqConfig(s.RabbitMQ),
+		"redis":    redisConfig(s.Redis),
 		"sqs":      sqsConfig(s.SQS),
 		"webhook":  webhookConfig(s.Webhook),
 	} {
@@ -34,7 +35,7 @@ func TestSinkConfigsMapEveryKey(t *testing.T) {
 	if got := webhookConfig(s.Webhook).Timeout; got != s.Webhook.Timeout.D() {
 		t.Errorf("webhook timeout = %s, want %s", got, s.Webhook.Timeout.D())
 	}
-	if n, c := reflect.TypeFor[config.Sink]().NumField(), 13; n != c { // the sinks (pubsub's keys are mapped in openPubSub), type, envelope, cloudevents, rate_limit, held_max_age (a pipeline option), format and debezium (TestFormatShapesPublish)
+	if n, c := reflect.TypeFor[config.Sink]().NumField(), 14; n != c { // the sinks (pubsub's keys are mapped in openPubSub), type, envelope, cloudevents, rate_limit, held_max_age (a pipeline option), format and debezium (TestFormatShapesPublish)
 		t.Errorf("config.Sink has %d fields, this test maps %d: add the new sink", n, c)
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/outboxrelay/relay/internal/redact"
 	"github.com/outboxrelay/relay/internal/rowtext"
 	rabbitmqsink "github.com/outboxrelay/relay/sink/rabbitmq"
+	redissink "github.com/outboxrelay/relay/sink/redis"
 )
 
 // startRetryMax caps the wait between two attempts to start while Postgres
@@ -158,7 +159,7 @@ func credentialsRefused(err error) bool {
 		return true
 	}
 	for _, target := range []error{nats.ErrAuthorization, nats.ErrAuthExpired, nats.ErrAuthRevoked, nats.ErrAccountAuthExpired,
-		kerr.SaslAuthenticationFailed, kerr.IllegalSaslState, kerr.UnsupportedSaslMechanism} {
+		kerr.SaslAuthenticationFailed, kerr.IllegalSaslState, kerr.UnsupportedSaslMechanism, redissink.ErrCredentialsRefused} {
 		if errors.Is(err, target) {
 			return true
 		}

@@ -34,7 +34,7 @@ const (
 )
 
 // systems maps sink.type to messaging.system.
-var systems = map[string]string{"kafka": "kafka", "nats": "nats", "pubsub": "gcp_pubsub", "rabbitmq": "rabbitmq", "sqs": "aws_sqs", "webhook": "webhook"}
+var systems = map[string]string{"kafka": "kafka", "nats": "nats", "pubsub": "gcp_pubsub", "rabbitmq": "rabbitmq", "redis": "redis", "sqs": "aws_sqs", "webhook": "webhook"}
 
 // Sink returns next with a span per event publish. sinkType is sink.type;
 // template is the configured destination template (without credentials),
