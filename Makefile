@@ -22,7 +22,7 @@ test: deps
 	status=0; race=$$(mktemp); nested=$$(mktemp); \
 	$(GO) test -count=1 -timeout 15m -race $(RACE_PKGS) >$$race 2>&1 & race_pid=$$!; \
 	( s=0; (cd helpers && $(GO) test -count=1 -timeout 5m ./...) || s=1; \
-	  (cd deploy/helm && $(GO) test -mod=mod -count=1 -timeout 5m ./...) || s=1; exit $$s ) >$$nested 2>&1 & nested_pid=$$!; \
+	  (cd deploy/helm && $(GO) test -mod=mod -count=1 -timeout 10m ./...) || s=1; exit $$s ) >$$nested 2>&1 & nested_pid=$$!; \
 	$(GO) test -count=1 -timeout 25m -parallel 4 $$($(GO) list ./... | grep -v -E '/relay/(pipeline|capture|sink)(/|$$)') || status=1; \
 	wait $$race_pid || status=1; cat $$race; \
 	wait $$nested_pid || status=1; cat $$nested; \
