@@ -254,3 +254,21 @@ func write(t *testing.T, path, text string) {
 		t.Fatal(err)
 	}
 }
+
+// TestNoFixedUser checks that neither the relay's pods nor the init Job's
+// fix a uid, gid or fsGroup, by default and in examples/openshift.yaml:
+// OpenShift's restricted SCC refuses one outside the namespace's range and
+// assigns its own; runAsNonRoot checks the image's numeric user.
+func TestNoFixedUser(t *testing.T) {
+	t.Parallel()
+	for _, values := range []string{"", filepath.Join(chart, "examples", "openshift.yaml")} {
+		r := render(t, values, "init.enabled=true", "init.postgres.url=postgres://owner@db:5432/app")
+		for _, pod := range []corev1.PodSpec{r.deployment.Spec.Template.Spec, r.job.Spec.Template.Spec} {
+			psc, sc := pod.SecurityContext, pod.Containers[0].SecurityContext
+			if psc.RunAsUser != nil || psc.RunAsGroup != nil || psc.FSGroup != nil || sc.RunAsUser != nil || sc.RunAsGroup != nil {
+				t.Errorf("%q: %s: security contexts %+v %+v fix a uid or gid", values, pod.Containers[0].Name, psc, sc)
+			}
+			checkSecurity(t, pod, pod.Containers[0])
+		}
+	}
+}
