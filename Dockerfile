@@ -3,8 +3,11 @@
 # The relay's container image: a static binary on a distroless base, running
 # as a non-root user. Build and run:
 #
-#   docker build -t outboxrelay/relay --build-arg VERSION=v0.2.0 --build-arg COMMIT=$(git rev-parse HEAD) .
+#   docker build -t outboxrelay/relay --build-arg VERSION=v0.1.0 --build-arg COMMIT=$(git rev-parse HEAD) .
 #   docker run --rm -v "$PWD/relay.yaml:/etc/relay/relay.yaml:ro" -p 127.0.0.1:9090:9090 outboxrelay/relay
+#
+# The release image, for linux/amd64 and linux/arm64, tagged with the Helm
+# chart's appVersion and pushed: make image (docs/operations.md, "The image").
 #
 # compose.yaml builds this image and runs it against Postgres and the brokers.
 # deploy/deploy_test.go checks this file's shape (docker cannot run in CI).
@@ -32,20 +35,24 @@ ARG TARGETARCH
 ARG VERSION=dev
 ARG COMMIT=unknown
 # CGO_ENABLED=0: a fully static binary that needs no libc in the final image.
+# The same build as the Makefile's BUILD_FLAGS (make binaries builds it
+# without Docker; deploy/helm's TestImageBuild keeps the two equal).
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} \
-    go build -trimpath -buildvcs=false -o /out/relay \
-      -ldflags="-s -w -X github.com/outboxrelay/relay/internal/buildinfo.version=${VERSION} -X github.com/outboxrelay/relay/internal/buildinfo.commit=${COMMIT}" \
-      ./cmd/relay
+    go build -trimpath -buildvcs=false -ldflags="-s -w -X github.com/outboxrelay/relay/internal/buildinfo.version=${VERSION} -X github.com/outboxrelay/relay/internal/buildinfo.commit=${COMMIT}" \
+      -o /out/relay ./cmd/relay
 
 # ---- final stage -----------------------------------------------------------
 # distroless/static has CA certificates (for TLS to brokers, SQS and webhooks)
 # and tzdata, and nothing else: no shell, no package manager. The :nonroot tag
-# runs as uid/gid 65532.
+# runs as uid/gid 65532, its user nonroot; USER names it by number, so that
+# Kubernetes can check runAsNonRoot against the image without a runAsUser
+# (which OpenShift's restricted SCC would refuse), and a platform that picks
+# its own uid (OpenShift) may: /relay is world-readable and executable.
 FROM gcr.io/distroless/static:nonroot
 COPY --from=builder /out/relay /relay
-USER nonroot:nonroot
+USER 65532:65532
 
 # The Go runtime's monitor thread otherwise polls every 20 µs after each
 # wake of an idle relay, which on a relay that wakes hundreds of times a

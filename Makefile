@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: test deps demo build vet bench fuzz docs
+.PHONY: test deps demo build vet bench fuzz docs image binaries
 
 # RACE_PKGS are the packages with concurrency of their own (the pipeline,
 # the capture sources, the sinks): test runs them under the race detector.
@@ -22,7 +22,7 @@ test: deps
 	status=0; race=$$(mktemp); nested=$$(mktemp); \
 	$(GO) test -count=1 -timeout 15m -race $(RACE_PKGS) >$$race 2>&1 & race_pid=$$!; \
 	( s=0; (cd helpers && $(GO) test -count=1 -timeout 5m ./...) || s=1; \
-	  (cd deploy/helm && $(GO) test -mod=mod -count=1 -timeout 5m ./...) || s=1; exit $$s ) >$$nested 2>&1 & nested_pid=$$!; \
+	  (cd deploy/helm && $(GO) test -mod=mod -count=1 -timeout 10m ./...) || s=1; exit $$s ) >$$nested 2>&1 & nested_pid=$$!; \
 	$(GO) test -count=1 -timeout 25m -parallel 4 $$($(GO) list ./... | grep -v -E '/relay/(pipeline|capture|sink)(/|$$)') || status=1; \
 	wait $$race_pid || status=1; cat $$race; \
 	wait $$nested_pid || status=1; cat $$nested; \
@@ -62,6 +62,33 @@ bench: deps
 build:
 	$(GO) build ./...
 	$(GO) build -o bin/ ./cmd/...
+
+# The release image (docs/operations.md, "The image"): IMAGE:VERSION for
+# every platform of PLATFORMS, built from the Dockerfile by docker buildx,
+# which cross-compiles (no emulation), and pushed. VERSION defaults to the
+# Helm chart's appVersion, the tag its image.tag defaults to; the release
+# commit is tagged VERSION. make image IMAGE=registry.example.com/relay
+# pushes to another registry (docker login first).
+IMAGE ?= outboxrelay/relay
+VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' deploy/helm/relay/Chart.yaml)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+PLATFORMS ?= linux/amd64,linux/arm64
+# The build the Dockerfile's builder stage runs for each platform
+# (deploy/helm's TestImageBuild compares the two).
+BUILD_FLAGS = -trimpath -buildvcs=false -ldflags="-s -w -X github.com/outboxrelay/relay/internal/buildinfo.version=$(VERSION) -X github.com/outboxrelay/relay/internal/buildinfo.commit=$(COMMIT)"
+BINDIR ?= bin
+
+image:
+	docker buildx build --platform $(PLATFORMS) --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) \
+		-t $(IMAGE):$(VERSION) --push .
+
+# binaries builds the image's binary for every platform of PLATFORMS
+# without Docker, as BINDIR/OS-ARCH/relay.
+binaries:
+	@set -e; for p in $$(echo $(PLATFORMS) | tr , ' '); do \
+		os=$${p%/*}; arch=$${p#*/}; echo "binaries: $$os/$$arch"; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build $(BUILD_FLAGS) -o $(BINDIR)/$$os-$$arch/relay ./cmd/relay; \
+	done
 
 # docs checks every Markdown file of the repository as a renderer reads it:
 # no code fence left open, no relative link to a missing file or heading

@@ -19,6 +19,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -94,6 +95,7 @@ type rendered struct {
 	job        *batchv1.Job
 	initConfig *corev1.ConfigMap
 	initSecret *corev1.Secret
+	policy     *networkingv1.NetworkPolicy
 }
 
 // render runs helm template with the values file (none for "") and
@@ -101,7 +103,14 @@ type rendered struct {
 // fields, unknown kinds and duplicates.
 func render(t *testing.T, values string, set ...string) *rendered {
 	t.Helper()
-	args := []string{"template", "orders", chart, "--namespace", "outbox"}
+	return renderChart(t, chart, "orders", values, set...)
+}
+
+// renderChart is render of the chart (a directory or a package) dir as
+// release name.
+func renderChart(t *testing.T, dir, name, values string, set ...string) *rendered {
+	t.Helper()
+	args := []string{"template", name, dir, "--namespace", "outbox"}
 	if values != "" {
 		args = append(args, "--values", values)
 	}
@@ -145,6 +154,8 @@ func render(t *testing.T, values string, set ...string) *rendered {
 			target = once(t, &r.monitor)
 		case "monitoring.coreos.com/v1 PrometheusRule":
 			target = once(t, &r.rule)
+		case "networking.k8s.io/v1 NetworkPolicy":
+			target = once(t, &r.policy)
 		default:
 			t.Fatalf("%s: unexpected object %s %s", values, head.APIVersion, head.Kind)
 		}
@@ -251,17 +262,36 @@ func checkPod(t *testing.T, r *rendered) {
 	if lim, ok := c.Resources.Limits[corev1.ResourceMemory]; ok && lim.Cmp(c.Resources.Requests[corev1.ResourceMemory]) < 0 {
 		t.Errorf("memory limit %v below the request", lim.String())
 	}
-	if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].MountPath != "/etc/relay" || !c.VolumeMounts[0].ReadOnly ||
-		len(pod.Volumes) != 1 || pod.Volumes[0].ConfigMap == nil || pod.Volumes[0].ConfigMap.Name != r.configMap.Name {
-		t.Errorf("the config mount: %+v %+v", c.VolumeMounts, pod.Volumes)
+	checkMounts(t, pod, c, r.configMap.Name)
+}
+
+// checkMounts checks that container c of pod mounts ConfigMap config at
+// /etc/relay, read-only, first, and every other volume of the pod
+// elsewhere.
+func checkMounts(t *testing.T, pod corev1.PodSpec, c corev1.Container, config string) {
+	if len(c.VolumeMounts) == 0 || c.VolumeMounts[0].MountPath != "/etc/relay" || !c.VolumeMounts[0].ReadOnly ||
+		len(pod.Volumes) == 0 || pod.Volumes[0].ConfigMap == nil || pod.Volumes[0].ConfigMap.Name != config ||
+		c.VolumeMounts[0].Name != pod.Volumes[0].Name {
+		t.Errorf("%s: the config mount: %+v %+v", c.Name, c.VolumeMounts, pod.Volumes)
+		return
+	}
+	for _, m := range c.VolumeMounts[1:] {
+		if strings.HasPrefix(m.MountPath+"/", "/etc/relay/") {
+			t.Errorf("%s: %s mounted at %s, inside the config's read-only mount", c.Name, m.Name, m.MountPath)
+		}
+		if !slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name }) {
+			t.Errorf("%s: mount %s of no volume", c.Name, m.Name)
+		}
 	}
 }
 
 // checkSecurity checks that container c of pod runs non-root on a
 // read-only root filesystem, without privilege escalation or capabilities.
+// A runAsUser, if any, is not root; without one the image's user runs
+// (imageUser checks it is numeric, so runAsNonRoot can be enforced).
 func checkSecurity(t *testing.T, pod corev1.PodSpec, c corev1.Container) {
 	psc, sc := pod.SecurityContext, c.SecurityContext
-	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.RunAsUser == nil || *psc.RunAsUser == 0 {
+	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || (psc.RunAsUser != nil && *psc.RunAsUser == 0) {
 		t.Errorf("%s: pod security context %+v: want non-root", c.Name, psc)
 	}
 	if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.AllowPrivilegeEscalation == nil ||
@@ -307,7 +337,10 @@ func podEnv(t *testing.T, c corev1.Container, text string, made ...*corev1.Secre
 	env := map[string]string{}
 	for _, from := range c.EnvFrom {
 		if from.SecretRef == nil {
-			t.Errorf("%s: envFrom %+v: want a Secret", c.Name, from)
+			// A ConfigMap of extraEnvFrom, like an existing Secret.
+			for _, m := range variable.FindAllStringSubmatch(text, -1) {
+				env[m[1]] = "from-extra-env-from"
+			}
 			continue
 		}
 		i := slices.IndexFunc(made, func(s *corev1.Secret) bool { return s != nil && s.Name == from.SecretRef.Name })
@@ -389,10 +422,7 @@ func checkInit(t *testing.T, r *rendered) {
 	if !slices.Equal(c.Args[:3], []string{"init", "--config", "/etc/relay/relay.yaml"}) {
 		t.Errorf("Job args %q", c.Args)
 	}
-	if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].MountPath != "/etc/relay" || len(pod.Volumes) != 1 ||
-		pod.Volumes[0].ConfigMap == nil || pod.Volumes[0].ConfigMap.Name != r.initConfig.Name {
-		t.Errorf("the Job's config mount: %+v %+v", c.VolumeMounts, pod.Volumes)
-	}
+	checkMounts(t, pod, c, r.initConfig.Name)
 	checkSecurity(t, pod, c)
 
 	runText, initText := configText(t, r.configMap), configText(t, r.initConfig)
@@ -485,19 +515,31 @@ func checkRules(t *testing.T, rule *monitoringv1.PrometheusRule) {
 // sets itself, an unknown key, a wrong type.
 func TestValuesRejected(t *testing.T) {
 	for _, set := range []string{"config.http.listen=127.0.0.1:9090", "config.shutdown_timeout=20s", "replicas=2",
-		"replicaCount=two", "config.capture.mode=stream", "service.port=0", "init.enabled=true", "init.lockTimeout=5"} {
+		"replicaCount=two", "config.capture.mode=stream", "service.port=0", "init.enabled=true", "init.lockTimeout=5",
+		"extraVolumeMounts[0].name=nats,extraVolumeMounts[0].mountPath=/etc/relay/nats", "extraVolumes[0].name=config",
+		"networkPolicy.enabled=true", "podAntiAffinity=always", "livenessProbe.httpGet.path=/metrics",
+		"extraEnvFrom[0].secret.name=x", "fullnameOverride=Orders_Relay"} {
 		if out, err := runHelm(t, "template", "orders", chart, "--set", set); err == nil || !strings.Contains(err.Error(), "schema") {
 			t.Errorf("--set %s: want a schema error, got %v\n%s", set, err, out)
 		}
 	}
 }
 
-// TestRulesOneSource checks that the chart's files/alerts.yaml is
-// deploy/alerts.yaml itself (a symbolic link), not a copy.
+// TestRulesOneSource checks that the chart's files/alerts.yaml, a file of
+// its own so that a copied or packaged chart has it, holds deploy/alerts.yaml
+// byte for byte: deploy/alerts.yaml is the source, copy it over after every
+// change.
 func TestRulesOneSource(t *testing.T) {
-	target, err := os.Readlink(filepath.Join(chart, "files", "alerts.yaml"))
-	if err != nil || filepath.Clean(filepath.Join(chart, "files", target)) != filepath.Join("..", "alerts.yaml") {
-		t.Fatalf("relay/files/alerts.yaml should link to deploy/alerts.yaml: %q %v", target, err)
+	copied := filepath.Join(chart, "files", "alerts.yaml")
+	if fi, err := os.Lstat(copied); err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("%s should be a regular file, a copy of deploy/alerts.yaml: %v %v", copied, fi.Mode(), err)
+	}
+	want, err := os.ReadFile(filepath.Join("..", "alerts.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(copied); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("%s differs from deploy/alerts.yaml (%v): cp deploy/alerts.yaml deploy/helm/relay/files/alerts.yaml", copied, err)
 	}
 	r := render(t, "", "prometheusRule.enabled=true")
 	if r.rule == nil {

@@ -1,14 +1,27 @@
-{{/* The name of every object: the release name, plus the chart's unless it has it. */}}
+{{/* The chart's name, or nameOverride: the app.kubernetes.io/name label. */}}
+{{- define "relay.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The name of every object: fullnameOverride, else the release name, plus the
+chart's name (or nameOverride) unless the release name contains it.
+*/}}
 {{- define "relay.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "relay.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "relay.selectorLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "relay.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
@@ -16,7 +29,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{ include "relay.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{- define "relay.serviceAccountName" -}}
@@ -48,27 +61,87 @@ terminationGracePeriodSeconds stays above it.
 {{- end -}}
 
 {{/*
-The pod and container security contexts of the relay and its init Job:
-non-root, read-only root filesystem, no privilege escalation or
-capabilities.
+The image: global.imageRegistry (when set) before image.repository, and
+image.tag, else the chart's appVersion, the version the release builds.
 */}}
-{{- define "relay.podSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: 65532
-runAsGroup: 65532
-seccompProfile:
-  type: RuntimeDefault
-{{- end -}}
-
-{{- define "relay.containerSecurityContext" -}}
-readOnlyRootFilesystem: true
-allowPrivilegeEscalation: false
-capabilities:
-  drop: ["ALL"]
-{{- end -}}
-
 {{- define "relay.image" -}}
-"{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
+{{- $registry := "" -}}
+{{- with .Values.global }}{{ $registry = .imageRegistry | default "" }}{{ end -}}
+{{- $repo := .Values.image.repository -}}
+{{- if $registry }}{{ $repo = printf "%s/%s" (trimSuffix "/" $registry) $repo }}{{ end -}}
+"{{ $repo }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
+{{- end -}}
+
+{{/* The pull secrets: global.imagePullSecrets, then imagePullSecrets. */}}
+{{- define "relay.imagePullSecrets" -}}
+{{- $secrets := list -}}
+{{- with .Values.global }}{{ $secrets = .imagePullSecrets | default list }}{{ end -}}
+{{- $secrets = concat $secrets (.Values.imagePullSecrets | default list) -}}
+{{- with $secrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The pod's scheduling settings, shared by the relay and its init Job: the
+node selector and tolerations.
+*/}}
+{{- define "relay.nodePlacement" -}}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.priorityClassName }}
+priorityClassName: {{ . | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The relay's affinity: .Values.affinity when set, else a pod anti-affinity
+per podAntiAffinity ("soft": prefer one replica per node; "hard": require
+it; "": none).
+*/}}
+{{- define "relay.affinity" -}}
+{{- if .Values.affinity -}}
+{{- toYaml .Values.affinity -}}
+{{- else if eq .Values.podAntiAffinity "soft" -}}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "relay.selectorLabels" . | nindent 12 }}
+{{- else if eq .Values.podAntiAffinity "hard" -}}
+podAntiAffinity:
+  requiredDuringSchedulingIgnoredDuringExecution:
+    - topologyKey: kubernetes.io/hostname
+      labelSelector:
+        matchLabels:
+          {{- include "relay.selectorLabels" . | nindent 10 }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+topologySpreadConstraints, each without a labelSelector given the relay's
+selector labels.
+*/}}
+{{- define "relay.topologySpreadConstraints" -}}
+{{- $out := list -}}
+{{- range .Values.topologySpreadConstraints -}}
+{{- $c := deepCopy . -}}
+{{- if not (hasKey $c "labelSelector") -}}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" (include "relay.selectorLabels" $ | fromYaml)) -}}
+{{- end -}}
+{{- $out = append $out $c -}}
+{{- end -}}
+{{- toYaml $out -}}
 {{- end -}}
 
 {{/*
@@ -89,4 +162,28 @@ holds the relay's) with init.secretEnv over it.
 {{- $env := dict -}}
 {{- if not .Values.existingSecret -}}{{- $env = deepCopy (.Values.secretEnv | default dict) -}}{{- end -}}
 {{- toYaml (mergeOverwrite $env (deepCopy (.Values.init.secretEnv | default dict))) -}}
+{{- end -}}
+
+{{/*
+The envFrom of a container (dict: root, the chart's context; secrets and
+after, names of Secrets, empty ones skipped): secrets, then extraEnvFrom,
+then after. Later sources win.
+*/}}
+{{- define "relay.envFrom" -}}
+{{- $from := list -}}
+{{- range .secrets }}{{ if . }}{{ $from = append $from (dict "secretRef" (dict "name" .)) }}{{ end }}{{ end -}}
+{{- $from = concat $from (.root.Values.extraEnvFrom | default list) -}}
+{{- range .after }}{{ if . }}{{ $from = append $from (dict "secretRef" (dict "name" .)) }}{{ end }}{{ end -}}
+{{- with $from }}
+envFrom:
+  {{- toYaml . | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
+{{/* The env of a container: env, then extraEnv. */}}
+{{- define "relay.env" -}}
+{{- with concat (.Values.env | default list) (.Values.extraEnv | default list) }}
+env:
+  {{- toYaml . | nindent 2 }}
+{{- end -}}
 {{- end -}}
