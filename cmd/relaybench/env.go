@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -72,6 +73,7 @@ type env struct {
 	relayBin string
 	pgBin    string
 	kafka    *kafkatest.Cluster // kfake, started on first use
+	rabbit   *testenv.RabbitMQ  // started on first use
 	dir      string             // temporary directory: relay binary, configs, logs
 	closers  []func()
 }
@@ -190,6 +192,7 @@ type database struct {
 	port    int    // its http.listen port
 	dir     string
 	natsURL string
+	amqpURL string
 	pool    *pgxpool.Pool
 
 	pollInterval time.Duration
@@ -224,6 +227,13 @@ func (d *database) configCopy(tag string) (string, int, error) {
 		if d.kafkaLinger > 0 {
 			snk += fmt.Sprintf("\n    linger: %s", d.kafkaLinger)
 		}
+	}
+	if d.sink == "rabbitmq" {
+		snk = fmt.Sprintf(`  type: rabbitmq
+  rabbitmq:
+    url: %q
+    exchange: %s
+    declare: true`, d.amqpURL, benchRabbitMQ)
 	}
 	poll := ""
 	if d.pollInterval > 0 {
@@ -285,6 +295,12 @@ func (e *env) newSinkDatabase(ctx context.Context, name, mode, snk string) (*dat
 			return nil, err
 		}
 		d.brokers = e.kafka.Addrs()
+	}
+	if snk == "rabbitmq" {
+		if err := e.startRabbitMQ(); err != nil {
+			return nil, err
+		}
+		d.amqpURL = e.rabbit.URL("guest", "guest")
 	}
 	if d.cfgPath, d.port, err = d.configCopy(name); err != nil {
 		return nil, err
@@ -357,6 +373,42 @@ func (e *env) startKafka() error {
 	return nil
 }
 
+// benchRabbitMQ names the exchange and the quorum queue bound to it that
+// `relay init` declares for the RabbitMQ drains.
+const benchRabbitMQ = "bench"
+
+// startRabbitMQ starts a RabbitMQ node once.
+func (e *env) startRabbitMQ() error {
+	if e.rabbit != nil {
+		return nil
+	}
+	r, err := testenv.StartRabbitMQ(testenv.RabbitMQOptions{})
+	if err != nil {
+		return err
+	}
+	e.rabbit = r
+	e.closers = append(e.closers, r.Shutdown)
+	return nil
+}
+
+// rabbitMessages returns how many messages the bench queue holds.
+func (e *env) rabbitMessages() (uint64, error) {
+	c, err := amqp.Dial(e.rabbit.URL("guest", "guest"))
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	ch, err := c.Channel()
+	if err != nil {
+		return 0, err
+	}
+	q, err := ch.QueueDeclarePassive(benchRabbitMQ, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+	if err != nil {
+		return 0, err
+	}
+	return uint64(q.Messages), nil
+}
+
 // produceRequests returns how many produce requests kfake received so
 // far, 0 when it does not run.
 func (e *env) produceRequests() int64 {
@@ -403,8 +455,11 @@ func (e *env) kafkaRecords(ctx context.Context) (uint64, error) {
 
 // sinkCount returns how many messages the sink of d holds.
 func (e *env) sinkCount(ctx context.Context, d *database) (uint64, error) {
-	if d.sink == "kafka" {
+	switch d.sink {
+	case "kafka":
 		return e.kafkaRecords(ctx)
+	case "rabbitmq":
+		return e.rabbitMessages()
 	}
 	return e.streamMsgs(ctx)
 }

@@ -3,6 +3,7 @@ package testenv
 import (
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -52,6 +53,10 @@ type RabbitMQOptions struct {
 	// VHosts are created at boot besides "/"; guest has every permission
 	// on each.
 	VHosts []string
+	// TLS adds an AMQPS listener (TLSAddr) with a self-signed certificate
+	// for 127.0.0.1 the node makes (CAFile); it asks clients for no
+	// certificate. Default off.
+	TLS bool
 }
 
 // RabbitMQ is a RabbitMQ node running as a child process group on
@@ -59,13 +64,14 @@ type RabbitMQOptions struct {
 // database and logs in a temporary directory. Its methods are safe for
 // concurrent use.
 type RabbitMQ struct {
-	dir   string
-	port  int
-	cmd   *exec.Cmd
-	epmd  *exec.Cmd
-	log   *tailBuffer
-	done  chan struct{}
-	stopd chan struct{} // closed by Shutdown
+	dir     string
+	port    int
+	tlsPort int // 0 without a TLS listener
+	cmd     *exec.Cmd
+	epmd    *exec.Cmd
+	log     *tailBuffer
+	done    chan struct{}
+	stopd   chan struct{} // closed by Shutdown
 }
 
 // StartRabbitMQ starts a node and returns once it accepts AMQP
@@ -89,7 +95,7 @@ func StartRabbitMQ(o RabbitMQOptions) (*RabbitMQ, error) {
 }
 
 func (r *RabbitMQ) start(o RabbitMQOptions) error {
-	ports, err := freePorts(3)
+	ports, err := freePorts(4)
 	if err != nil {
 		return err
 	}
@@ -98,9 +104,18 @@ func (r *RabbitMQ) start(o RabbitMQOptions) error {
 	if err != nil {
 		return err
 	}
+	conf := fmt.Sprintf("listeners.tcp.default = 127.0.0.1:%d\nloopback_users = none\nload_definitions = %s\n%s\n",
+		r.port, filepath.Join(r.dir, "definitions.json"), o.Conf)
+	if o.TLS {
+		r.tlsPort = ports[3]
+		tlsConf, err := r.tlsConf()
+		if err != nil {
+			return err
+		}
+		conf += tlsConf
+	}
 	files := map[string]string{
-		"rabbitmq.conf": fmt.Sprintf("listeners.tcp.default = 127.0.0.1:%d\nloopback_users = none\nload_definitions = %s\n%s\n",
-			r.port, filepath.Join(r.dir, "definitions.json"), o.Conf),
+		"rabbitmq.conf":     conf,
 		"definitions.json":  defs,
 		"enabled_plugins":   "[].\n",
 		"rabbitmq-env.conf": "",
@@ -144,12 +159,27 @@ func (r *RabbitMQ) start(o RabbitMQOptions) error {
 	return r.waitAMQP()
 }
 
+// tlsConf writes the node's certificate and returns the rabbitmq.conf
+// lines of its TLS listener.
+func (r *RabbitMQ) tlsConf() (string, error) {
+	certFile, keyFile, _, err := writeCert(r.dir)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("listeners.ssl.default = 127.0.0.1:%d\nssl_options.cacertfile = %s\nssl_options.certfile = %s\nssl_options.keyfile = %s\nssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n",
+		r.tlsPort, certFile, certFile, keyFile), nil
+}
+
 // waitAMQP waits until the node answers an AMQP protocol header with its
-// connection.start method frame.
+// connection.start method frame, and accepts connections on its TLS
+// listener when it has one.
 func (r *RabbitMQ) waitAMQP() error {
 	deadline := time.Now().Add(rabbitMQStartTimeout)
 	for {
 		err := amqpHello(r.Addr())
+		if err == nil && r.tlsPort != 0 {
+			err = tlsHello(r.TLSAddr())
+		}
 		if err == nil {
 			return nil
 		}
@@ -185,6 +215,16 @@ func amqpHello(addr string) error {
 		return fmt.Errorf("answered the protocol header with frame type %d", b[0])
 	}
 	return nil
+}
+
+// tlsHello completes a TLS handshake with addr, trusting any certificate.
+func tlsHello(addr string) error {
+	d := &net.Dialer{Timeout: time.Second}
+	c, err := tls.DialWithDialer(d, "tcp", addr, &tls.Config{InsecureSkipVerify: true})
+	if err != nil {
+		return err
+	}
+	return c.Close()
 }
 
 // rabbitDefinitions returns the definitions file the node imports at boot:
@@ -249,6 +289,19 @@ func freePorts(n int) ([]int, error) {
 
 // Addr returns the node's AMQP address, 127.0.0.1:PORT.
 func (r *RabbitMQ) Addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) }
+
+// TLSAddr returns the address of the node's TLS listener, 127.0.0.1:PORT,
+// or "" when it has none (RabbitMQOptions.TLS).
+func (r *RabbitMQ) TLSAddr() string {
+	if r.tlsPort == 0 {
+		return ""
+	}
+	return "127.0.0.1:" + strconv.Itoa(r.tlsPort)
+}
+
+// CAFile returns the PEM file of the certificate of the node's TLS
+// listener, which is its own CA.
+func (r *RabbitMQ) CAFile() string { return filepath.Join(r.dir, "cert.pem") }
 
 // URL returns an amqp:// URL for user and password on the virtual host
 // "/".

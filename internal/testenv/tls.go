@@ -22,9 +22,19 @@ import (
 // certificate of TLS tests.
 func WriteCert(t testing.TB) (certFile, keyFile string, cert tls.Certificate) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	certFile, keyFile, cert, err := writeCert(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
+	}
+	return certFile, keyFile, cert
+}
+
+// writeCert writes the certificate WriteCert describes, as cert.pem and
+// key.pem in dir.
+func writeCert(dir string) (certFile, keyFile string, cert tls.Certificate, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return "", "", cert, err
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "relay-test"},
@@ -35,25 +45,21 @@ func WriteCert(t testing.TB) (certFile, keyFile string, cert tls.Certificate) {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
-		t.Fatal(err)
+		return "", "", cert, err
 	}
 	keyDER, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
-		t.Fatal(err)
+		return "", "", cert, err
 	}
-	dir := t.TempDir()
 	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
 	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
 	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
-		t.Fatal(err)
+		return "", "", cert, err
 	}
 	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
-		t.Fatal(err)
+		return "", "", cert, err
 	}
 	cert, err = tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile, cert
+	return certFile, keyFile, cert, err
 }

@@ -48,6 +48,7 @@ func broker(t *testing.T) *testenv.RabbitMQ {
 	nodeOnce.Do(func() {
 		node, nodeErr = testenv.StartRabbitMQ(testenv.RabbitMQOptions{
 			Conf: fmt.Sprintf("max_message_size = %d", brokerMaxMessage),
+			TLS:  true,
 			Users: []testenv.RabbitMQUser{{Name: limitedUser, Password: limitedPassword,
 				Configure: "^$", Write: "^allowed", Read: "^$"}},
 		})

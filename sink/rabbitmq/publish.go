@@ -23,42 +23,49 @@ import (
 // whose answer, did not come within Options.ConfirmTimeout.
 var errConfirmTimeout = errors.New("no answer from the broker within the confirm timeout; the connection was dropped")
 
-// Publish sends every event of batch, each to its exchange's channel,
-// without waiting in between, then waits for each confirm. It returns nil
-// when the broker confirmed every event and returned none as unroutable,
-// and a *sink.BatchError otherwise, classified by classify. When a confirm
-// does not come within ConfirmTimeout of the last send, the sink drops the
+// Publish sends every event of batch and returns nil when the broker
+// confirmed each and returned none as unroutable, and a *sink.BatchError
+// otherwise, classified by classify. It sends in waves: the first event
+// of each ordering key (event.Event.Key), each to its exchange's channel
+// without waiting in between, then waits for their confirms; the next
+// event of a key goes in the next wave, once the one before it was
+// confirmed. When an event fails, the later events of its key are not sent
+// and fail as sink.ErrHeldBack carrying its error. When a confirm does not
+// come within ConfirmTimeout of a wave's last send, the sink drops the
 // connection with a TCP reset and fails the unconfirmed events as the
 // destination's fault. Publish is safe for concurrent use.
+//
+// A key's next event waits for the confirm of the one before it because
+// one channel keeps the order of what it stores, not of what it refuses:
+// a message returned as unroutable or nacked (a queue at its length limit)
+// does not stop a later one of its key, sent behind it, from being
+// routed and stored first once a binding appears or the queue drains.
 func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 	if len(batch) == 0 {
 		return nil
 	}
 	errs := make([]error, len(batch))
-	c, err := s.connection(ctx)
-	if err != nil {
-		for i := range errs {
-			errs[i] = err
+	next, wave := keyChains(batch)
+	for len(wave) > 0 {
+		s.sendWave(ctx, batch, wave, errs)
+		var following []int
+		for _, i := range wave {
+			switch {
+			case errs[i] != nil:
+				errs[i] = classify(errs[i])
+				for j := next[i]; j >= 0; j = next[j] {
+					errs[j] = fmt.Errorf("%w (%w)", sink.ErrHeldBack, errs[i])
+				}
+			case next[i] >= 0:
+				following = append(following, next[i])
+			}
 		}
-		return &sink.BatchError{Errs: errs}
+		wave = following
 	}
-	waiters := make([]*waiter, len(batch))
-	dests := make([]string, len(batch))
-	for i, e := range batch {
-		exchange, key := s.exchange.Render(e), s.key.Render(e)
-		dests[i] = exchange + "/" + key
-		w, err := s.send(ctx, c, e, exchange, key)
-		if err != nil {
-			errs[i] = err
-			continue
-		}
-		waiters[i] = w
-	}
-	s.await(ctx, c, waiters, errs)
 	failed := false
 	for i, e := range batch {
 		if errs[i] != nil {
-			errs[i] = fmt.Errorf("publish %s to %s: %w", e.ID, dests[i], classify(errs[i]))
+			errs[i] = fmt.Errorf("publish %s to %s: %w", e.ID, s.DestinationOf(e), errs[i])
 			failed = true
 		}
 	}
@@ -66,6 +73,46 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 		return &sink.BatchError{Errs: errs}
 	}
 	return nil
+}
+
+// keyChains returns, for each event of batch, the index of the next event
+// of its ordering key (-1 for none), and the indexes of each key's first
+// event.
+func keyChains(batch []*event.Event) (next, firsts []int) {
+	next = make([]int, len(batch))
+	last := make(map[string]int, len(batch))
+	for i, e := range batch {
+		next[i] = -1
+		if j, ok := last[e.Key()]; ok {
+			next[j] = i
+		} else {
+			firsts = append(firsts, i)
+		}
+		last[e.Key()] = i
+	}
+	return next, firsts
+}
+
+// sendWave sends the events of batch at the indexes of wave and sets their
+// errs once each was confirmed or failed.
+func (s *Sink) sendWave(ctx context.Context, batch []*event.Event, wave []int, errs []error) {
+	c, err := s.connection(ctx)
+	if err != nil {
+		for _, i := range wave {
+			errs[i] = err
+		}
+		return
+	}
+	waiters := make([]*waiter, len(wave))
+	werrs := make([]error, len(wave))
+	for k, i := range wave {
+		e := batch[i]
+		waiters[k], werrs[k] = s.send(ctx, c, e, s.exchange.Render(e), s.key.Render(e))
+	}
+	s.await(ctx, c, waiters, werrs)
+	for k, i := range wave {
+		errs[i] = werrs[k]
+	}
 }
 
 // send publishes e and returns the waiter of its confirm.
@@ -556,7 +603,13 @@ func (s *Sink) Probe(ctx context.Context, dest string) error {
 	return nil
 }
 
+// MaxPerAggregate implements sink.Ordered with Options.MaxPerAggregate:
+// Publish sends the events of one ordering key one after the other, each
+// after the confirm of the one before it.
+func (s *Sink) MaxPerAggregate() int { return s.opts.MaxPerAggregate }
+
 var (
+	_ sink.Ordered      = (*Sink)(nil)
 	_ sink.Destinations = (*Sink)(nil)
 	_ sink.RowRouted    = (*Sink)(nil)
 )

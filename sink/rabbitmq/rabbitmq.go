@@ -101,6 +101,10 @@ type Options struct {
 	// send of a Publish call. When it passes the sink drops the connection
 	// (see the package documentation). Default 30s.
 	ConfirmTimeout time.Duration
+	// MaxPerAggregate is the most events of one ordering key a Publish
+	// call takes (sink.Ordered); each costs the call one confirm round
+	// trip. Values below 2 turn it off. Default 32.
+	MaxPerAggregate int
 	// DialTimeout bounds connecting and the AMQP handshake. Default 10s.
 	DialTimeout time.Duration
 	// Logger receives connection events. Default slog.Default().
@@ -120,6 +124,9 @@ func (o Options) withDefaults() Options {
 	if o.ConfirmTimeout <= 0 {
 		o.ConfirmTimeout = 30 * time.Second
 	}
+	if o.MaxPerAggregate == 0 {
+		o.MaxPerAggregate = 32
+	}
 	if o.DialTimeout <= 0 {
 		o.DialTimeout = 10 * time.Second
 	}
@@ -132,8 +139,8 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Sink publishes events to RabbitMQ. It implements sink.Sink and
-// sink.Destinations; its methods are safe for concurrent use.
+// Sink publishes events to RabbitMQ. It implements sink.Sink, sink.Ordered
+// and sink.Destinations; its methods are safe for concurrent use.
 type Sink struct {
 	cfg      Config
 	opts     Options
