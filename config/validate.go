@@ -59,6 +59,8 @@ func setDefaults(c *Config) {
 	orDefault(&c.Capture.MaxBatchBytes, 8<<20)
 	orDefault(&c.Capture.WAL.Slot, "outbox_relay")
 	orDefault(&c.Capture.WAL.Publication, "outbox_relay")
+	orDefault(&c.Capture.WAL.Source, "table")
+	orDefault(&c.Capture.WAL.MessagePrefix, "outbox")
 	orDefault(&c.Sink.NATS.URL, "nats://127.0.0.1:4222")
 	orDefault(&c.Sink.NATS.Subject, "outbox.{aggregate_type}")
 	orDefault(&c.Sink.NATS.Stream, "OUTBOX")
@@ -182,6 +184,9 @@ func (l *loader) checkCapture(c Capture) {
 	}
 	if len(c.WAL.Publication) > 63 {
 		l.invalid("capture.wal.publication", "must be at most 63 bytes (PostgreSQL truncates longer names), got %d", len(c.WAL.Publication))
+	}
+	if l.choice("capture.wal.source", c.WAL.Source, "table", "messages") && c.WAL.Messages() && c.Mode != "wal" {
+		l.invalid("capture.wal.source", "messages needs capture.mode: wal, got %s", c.Mode)
 	}
 }
 
