@@ -107,6 +107,9 @@ func (l *loader) validate(c *Config) {
 	l.checkRetry(c.Retry)
 	l.table("dead_letter.table", c.DeadLetter.Table)
 	l.checkTablesDistinct(c)
+	if c.Capture.WAL.Messages() && c.Sink.Type == "kafka" && c.Sink.Kafka.Transactional {
+		l.invalid("capture.wal.source", "messages does not offer sink.kafka.transactional, which looks published events up in the outbox table: use capture.wal.source: table or remove the key")
+	}
 	if c.DeadLetter.ParkAggregate && c.Capture.Mode == "wal" {
 		l.invalid("dead_letter.park_aggregate", "is not offered in wal mode (see docs/configuration.md): use capture.mode: poll or remove the key")
 	}
