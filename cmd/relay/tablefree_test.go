@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestTableFree runs the table-free outbox (capture.wal.source messages)
+// as a role with only the grants `relay init --dry-run --role` prints (the
+// replication privilege and the dead-letter table, no outbox table):
+// kill -9 at random moments while producers emit messages loses none,
+// and every copy carries its message's id in per-aggregate order; a
+// broker outage dead-letters nothing and publishing resumes after it; a
+// malformed message is dead-lettered with its raw content while the
+// events after it are published.
+func TestTableFree(t *testing.T) {
+	t.Parallel()
+	t.Run("kill", func(t *testing.T) {
+		t.Parallel()
+		s := newStack(t, stackOptions{Messages: true, LeastPrivilege: true})
+		s.noOutboxTable()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		produced := make(chan struct{})
+		go func() { s.produce(ctx, 4000, 200, 4); close(produced) }()
+		kills := 0
+		for done := false; !done || kills < 5; {
+			relay := s.start()
+			select {
+			case <-produced:
+				done = true
+			case <-time.After(time.Duration(300+rand.IntN(700)) * time.Millisecond):
+			}
+			relay.kill()
+			kills++
+		}
+		if _, err := s.pool.Exec(ctx, `SELECT pg_logical_emit_message(true, 'outbox', '{"id": "not a uuid"}')`); err != nil {
+			t.Fatal(err)
+		}
+		s.produce(ctx, 20, 4, 1)
+		s.start()
+		s.waitDrained(60 * time.Second)
+		wire, stream := s.verify()
+		var raw, reason string
+		err := s.pool.QueryRow(ctx, `SELECT convert_from(payload, 'UTF8'), error FROM outbox_dead_letter`).Scan(&raw, &reason)
+		if err != nil || raw != `{"id": "not a uuid"}` || !strings.Contains(reason, "aggregate_type is missing") {
+			t.Fatalf("dead letter %q (%q), %v: want the malformed message with its reason", raw, reason, err)
+		}
+		t.Logf("table-free, kill -9 %d times: %s; stream: %s", kills, wire, stream)
+	})
+	t.Run("outage", func(t *testing.T) {
+		t.Parallel()
+		s := newStack(t, stackOptions{Messages: true, LeastPrivilege: true, Extra: "retry:\n  max_attempts: 1\n"})
+		s.wireGaps = true
+		relay := s.start()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		produced := make(chan struct{})
+		go func() { s.produce(ctx, 3000, 200, 4); close(produced) }()
+		s.waitPublishing()
+		s.nats.Stop()
+		time.Sleep(4 * time.Second)
+		if err := s.nats.Start(); err != nil {
+			t.Fatal(err)
+		}
+		<-produced
+		s.waitDrained(60 * time.Second)
+		if code := relay.stop(t, 15*time.Second); code != 0 {
+			t.Fatalf("exit %d", code)
+		}
+		s.verify()
+		var dead int
+		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_dead_letter`).Scan(&dead); err != nil || dead != 0 {
+			t.Fatalf("%d events dead-lettered during a broker outage (%v)", dead, err)
+		}
+	})
+}
+
+// noOutboxTable fails the test when the stack's database has an outbox
+// table: the table-free outbox must not need one.
+func (s *stack) noOutboxTable() {
+	s.t.Helper()
+	var exists bool
+	if err := s.pool.QueryRow(context.Background(), `SELECT to_regclass('outbox') IS NOT NULL`).Scan(&exists); err != nil || exists {
+		s.t.Fatalf("outbox table exists: %v, %v", exists, err)
+	}
+}
