@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxrelay/relay/internal/testenv"
 )
 
 // TestTableFree runs the table-free outbox (capture.wal.source messages)
@@ -86,5 +88,42 @@ func (s *stack) noOutboxTable() {
 	var exists bool
 	if err := s.pool.QueryRow(context.Background(), `SELECT to_regclass('outbox') IS NOT NULL`).Scan(&exists); err != nil || exists {
 		s.t.Fatalf("outbox table exists: %v, %v", exists, err)
+	}
+}
+
+// TestTableFreeRefusesPostgres13: PostgreSQL 13's pgoutput sends no
+// logical decoding messages, so `relay check` fails naming the version
+// and `relay init` and `relay run` exit 1 saying why.
+func TestTableFreeRefusesPostgres13(t *testing.T) {
+	t.Parallel()
+	bin, err := testenv.PostgresBin(13)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{Bin: bin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Stop() })
+	dsn, err := pg.CreateDatabase(ctx, "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := testenv.StartNATS(testenv.NATSOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.Shutdown)
+	cfg := writeConfig(t, "postgres:\n  url: "+dsn+"\ncapture:\n  mode: wal\n  wal:\n    source: messages\nsink:\n  type: nats\n  nats:\n    url: "+n.URL()+"\n")
+	want := "capture.wal.source: messages needs PostgreSQL 14 or later"
+	for _, cmd := range []string{"init", "run"} {
+		if out, code := runRelay(t, cmd, "--config", cfg); code != 1 || !strings.Contains(out, want) {
+			t.Errorf("relay %s: exit %d, want 1 saying %q:\n%s", cmd, code, want, out)
+		}
+	}
+	if out, _ := runRelay(t, "check", "--config", cfg); !strings.Contains(out, "FAIL  capture.wal.source messages: PostgreSQL 14 or later") {
+		t.Errorf("relay check does not fail on the version:\n%s", out)
 	}
 }

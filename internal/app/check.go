@@ -96,6 +96,11 @@ func checkMessages(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, 
 	for _, f := range append(wal.Warnings(ctx, pool), wal.MessageWarnings(ctx, pool, wc.Slot)...) {
 		fmt.Fprintf(w, "WARN  %s: %v\n      fix: %s\n", f.What, f.Err, f.Fix)
 	}
+	if cfg.Sink.HeldMaxAge == 0 {
+		fmt.Fprintf(w, "WARN  sink.held_max_age: 0 with capture.wal.source messages: %s\n      fix: %s\n",
+			"a broken destination holds its events in memory and the slot with them, for as long as it stays broken (no table to leave them in); once the window is full every destination waits",
+			"set sink.held_max_age (e.g. 15m) so that its events are dead-lettered and the slot moves on")
+	}
 }
 
 // serverRoom fails when the server's max_connections, less the slots
