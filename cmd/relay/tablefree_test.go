@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -126,4 +128,54 @@ func TestTableFreeRefusesPostgres13(t *testing.T) {
 	if out, _ := runRelay(t, "check", "--config", cfg); !strings.Contains(out, "FAIL  capture.wal.source messages: PostgreSQL 14 or later") {
 		t.Errorf("relay check does not fail on the version:\n%s", out)
 	}
+}
+
+// TestTableFreeHeldRoute: with the table-free outbox a broken destination
+// (one aggregate's webhook URL answering 503) holds its events in memory,
+// not in a table; the other URLs receive everything, the held events are
+// dead-lettered once sink.held_max_age passes, and the slot is then
+// confirmed past every message.
+func TestTableFreeHeldRoute(t *testing.T) {
+	t.Parallel()
+	rc := startRefusingReceiver(t, func(agg string) (int, string) {
+		if agg == "order-0" {
+			return http.StatusServiceUnavailable, ""
+		}
+		return 0, ""
+	})
+	s := newStack(t, stackOptions{Messages: true, Collect: rc.deliveries, Extra: "retry:\n  initial: 50ms\n  max: 200ms\n",
+		Sink: fmt.Sprintf("sink:\n  type: webhook\n  held_max_age: 3s\n  webhook:\n    url: %s/events/{aggregate_id}\n", rc.URL)})
+	ctx := context.Background()
+	relay := s.start()
+	const events = 400
+	s.produce(ctx, events, 8, 1)
+	s.mu.Lock()
+	held := s.steps[0]
+	s.mu.Unlock()
+	waitFor(t, func() bool { return len(rc.deliveries()) == events-held && s.deadLetters() == held })
+	var reasons int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_dead_letter WHERE aggregate_id = 'order-0' AND error LIKE '%sink.held_max_age%'`).Scan(&reasons); err != nil || reasons != held {
+		t.Fatalf("%d of %d dead letters of order-0 name sink.held_max_age (%v)", reasons, held, err)
+	}
+	end := currentWAL(t, s)
+	waitFor(t, func() bool {
+		var past bool
+		err := s.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots
+			WHERE database = current_database()`, end).Scan(&past)
+		return err == nil && past
+	})
+	if code := relay.stop(t, 15*time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	t.Logf("table-free, one URL broken: %d events delivered, %d dead-lettered after sink.held_max_age", events-held, held)
+}
+
+// currentWAL returns the server's current WAL position as text.
+func currentWAL(t *testing.T, s *stack) string {
+	t.Helper()
+	var lsn string
+	if err := s.pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+		t.Fatal(err)
+	}
+	return lsn
 }
