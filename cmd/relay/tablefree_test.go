@@ -3,8 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"math/rand/v2"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
