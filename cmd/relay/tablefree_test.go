@@ -29,15 +29,16 @@ func TestTableFree(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		produced := make(chan struct{})
-		go func() { s.produce(ctx, 4000, 200, 4); close(produced) }()
+		go func() { s.produce(ctx, 6000, 200, 4); close(produced) }()
 		kills := 0
 		for done := false; !done || kills < 5; {
+			before := s.wire.Deliveries()
 			relay := s.start()
-			select {
-			case <-produced:
-				done = true
-			case <-time.After(time.Duration(300+rand.IntN(700)) * time.Millisecond):
-			}
+			// Kill it while it publishes: once it delivered something
+			// more, at a random moment of the next 300 ms.
+			waitFor(t, func() bool { return s.wire.Deliveries() > before || isClosed(produced) && s.wire.Check().Missing == nil })
+			time.Sleep(time.Duration(rand.IntN(300)) * time.Millisecond)
+			done = isClosed(produced)
 			relay.kill()
 			kills++
 		}
@@ -81,6 +82,16 @@ func TestTableFree(t *testing.T) {
 			t.Fatalf("%d events dead-lettered during a broker outage (%v)", dead, err)
 		}
 	})
+}
+
+// isClosed reports whether c is closed.
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // noOutboxTable fails the test when the stack's database has an outbox
