@@ -107,7 +107,8 @@ func (s *Source) startMessages(ctx, term context.Context, slot slotInfo, timelin
 			s.log.Error("replication slot recreated: the outbox messages committed while it was missing or lost are lost for good, "+
 				"as there is no outbox table to publish them from (see docs/operations.md)", "slot", name, "reason", reason)
 		} else {
-			s.log.Info("replication slot created", "slot", name)
+			s.log.Warn("replication slot created by relay run: outbox messages committed before it, if any, are lost; "+
+				"create it with relay init before the application emits", "slot", name)
 		}
 		var err error
 		if slot, err = inspectSlot(ctx, pool, name); err != nil {
