@@ -9,6 +9,8 @@
 // bounded whatever the size of a transaction. After a broken connection
 // Next returns a retryable error and the next call resumes from the slot's
 // confirmed position, so events may be delivered again with the same ids.
+// With Options.MessagePrefix it captures the table-free outbox instead:
+// logical decoding messages, with no table (see message.go).
 // docs/design.md describes how.
 package wal
 
