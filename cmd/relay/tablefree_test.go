@@ -36,7 +36,9 @@ func TestTableFree(t *testing.T) {
 			relay := s.start()
 			// Kill it while it publishes: once it delivered something
 			// more, at a random moment of the next 300 ms.
-			waitFor(t, func() bool { return s.wire.Deliveries() > before || isClosed(produced) && s.wire.Check().Missing == nil })
+			waitFor(t, func() bool {
+				return s.wire.Deliveries() > before || isClosed(produced) && s.wire.Check().Missing == nil
+			})
 			time.Sleep(time.Duration(rand.IntN(300)) * time.Millisecond)
 			done = isClosed(produced)
 			relay.kill()
