@@ -141,7 +141,20 @@ type WAL struct {
 	// after a pause and a backlog go without waiting. At most 100ms.
 	// Default 2ms.
 	Linger Duration `yaml:"linger"`
+	// Source is where events come from: table, the outbox table's inserts,
+	// or messages, transactional logical decoding messages the application
+	// writes with pg_logical_emit_message (PostgreSQL 14 and later; no
+	// outbox table, no archive). Default table.
+	Source string `yaml:"source"`
+	// MessagePrefix is the prefix of the logical decoding messages the
+	// relay captures with source messages; messages with other prefixes
+	// are ignored. Default outbox.
+	MessagePrefix string `yaml:"message_prefix"`
 }
+
+// Messages reports whether events come from logical decoding messages
+// (Source messages) rather than the outbox table.
+func (w WAL) Messages() bool { return w.Source == "messages" }
 
 // Sink selects and configures the broker.
 type Sink struct {

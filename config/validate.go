@@ -62,6 +62,8 @@ func setDefaults(c *Config) {
 	orDefault(&c.Capture.MaxBatchBytes, 8<<20)
 	orDefault(&c.Capture.WAL.Slot, "outbox_relay")
 	orDefault(&c.Capture.WAL.Publication, "outbox_relay")
+	orDefault(&c.Capture.WAL.Source, "table")
+	orDefault(&c.Capture.WAL.MessagePrefix, "outbox")
 	orDefault(&c.Sink.NATS.URL, "nats://127.0.0.1:4222")
 	orDefault(&c.Sink.NATS.Subject, defaultDestination(c.Sink))
 	orDefault(&c.Sink.NATS.Stream, "OUTBOX")
@@ -116,6 +118,9 @@ func (l *loader) validate(c *Config) {
 	l.checkRetry(c.Retry)
 	l.table("dead_letter.table", c.DeadLetter.Table)
 	l.checkTablesDistinct(c)
+	if c.Capture.WAL.Messages() && c.Sink.Type == "kafka" && c.Sink.Kafka.Transactional {
+		l.invalid("capture.wal.source", "messages does not offer sink.kafka.transactional, which looks published events up in the outbox table: use capture.wal.source: table or remove the key")
+	}
 	if c.DeadLetter.ParkAggregate && c.Capture.Mode == "wal" {
 		l.invalid("dead_letter.park_aggregate", "is not offered in wal mode (see docs/configuration.md): use capture.mode: poll or remove the key")
 	}
@@ -193,6 +198,9 @@ func (l *loader) checkCapture(c Capture) {
 	}
 	if len(c.WAL.Publication) > 63 {
 		l.invalid("capture.wal.publication", "must be at most 63 bytes (PostgreSQL truncates longer names), got %d", len(c.WAL.Publication))
+	}
+	if l.choice("capture.wal.source", c.WAL.Source, "table", "messages") && c.WAL.Messages() && c.Mode != "wal" {
+		l.invalid("capture.wal.source", "messages needs capture.mode: wal, got %s", c.Mode)
 	}
 }
 

@@ -96,6 +96,9 @@ func (b *batch) Complete(ctx context.Context, o capture.Outcome) error {
 func (b *batch) Abandon(context.Context) {}
 
 func (b *batch) archive(ctx context.Context, o capture.Outcome) error {
+	if b.src.opts.MessagePrefix != "" {
+		return b.deadLetterMessages(ctx, o)
+	}
 	if err := b.recordLeft(ctx, o); err != nil {
 		return err
 	}
@@ -123,6 +126,49 @@ func (b *batch) archive(ctx context.Context, o capture.Outcome) error {
 		return fmt.Errorf("archive %d rows and dead-letter %d: %w", len(published), len(o.Dead)+len(b.bad), err)
 	}
 	return nil
+}
+
+// deadLetterMessages settles a batch of the table-free outbox (see
+// message.go): nothing is archived, and the dead events and bad messages
+// are written from their values to the dead-letter table in one
+// transaction of at most archiveTimeout, again with long values cut when
+// the table refuses them as they are (see settleApart). A batch whose
+// outcome leaves events (the pipeline holds none in this mode: it has no
+// capture.Holder) fails, so that the slot is not confirmed past them and
+// they are streamed again.
+func (b *batch) deadLetterMessages(ctx context.Context, o capture.Outcome) error {
+	if left := o.Left(b.events); len(left) > 0 {
+		return fmt.Errorf("%d outbox messages left neither published nor dead-lettered; streaming them again", len(left))
+	}
+	if len(o.Dead)+len(b.bad) == 0 {
+		return nil
+	}
+	err := b.insertDead(ctx, o.Dead, b.bad, false)
+	if err != nil && pgerr.RowValue(err) && ctx.Err() == nil {
+		refusal := err
+		if err = b.insertDead(ctx, o.Dead, b.bad, true); err == nil {
+			b.src.log.Warn("the dead-letter table refused rows as they were; it keeps them with their long values cut", "refusal", refusal.Error())
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("dead-letter %d outbox messages: %w", len(o.Dead)+len(b.bad), err)
+	}
+	return nil
+}
+
+// insertDead writes the dead events and bad rows to the dead-letter table
+// from their values, in one transaction of at most archiveTimeout; cut as
+// for settle.
+func (b *batch) insertDead(ctx context.Context, dead []capture.DeadEvent, bad []*badRow, cut bool) error {
+	ctx, cancel := context.WithTimeout(ctx, archiveTimeout)
+	defer cancel()
+	return pgx.BeginFunc(ctx, b.src.opts.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, txLimits, txLimit); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, b.src.sql.insertDead(cut), b.deadArgs(dead, bad)...)
+		return err
+	})
 }
 
 // settle runs, in one transaction of at most archiveTimeout, the
@@ -374,7 +420,7 @@ func (b *batch) values(ev *event.Event, seq int64) [numFields]*string {
 	str := func(s string) *string { return &s }
 	var v [numFields]*string
 	v[fID], v[fAggregateType], v[fAggregateID], v[fEventType] = str(b.storedID(ev)), &ev.AggregateType, &ev.AggregateID, &ev.EventType
-	if ev.ContentType == event.ContentTypeBinary {
+	if ev.ContentType == event.ContentTypeBinary || b.src.opts.MessagePrefix != "" { // the table-free outbox's payload column is bytea
 		v[fPayload] = str(`\x` + hex.EncodeToString(ev.Payload))
 	} else {
 		v[fPayload] = str(string(ev.Payload))

@@ -88,12 +88,18 @@ type badRow struct {
 // the relations announced on the stream and the transaction being received.
 // It is used by one goroutine.
 type decoder struct {
-	table   schema.Table
-	names   []string
-	rels    map[uint32]*relation
-	inTx    bool
-	commit  pglogrepl.LSN // commit LSN of the transaction being received
-	xid     uint32        // the transaction being received
+	table  schema.Table
+	names  []string
+	rels   map[uint32]*relation
+	inTx   bool
+	commit pglogrepl.LSN // commit LSN of the transaction being received
+	// commitAt is the commit time of the transaction being received.
+	commitAt time.Time
+	// prefix is Options.MessagePrefix: when set, the decoder turns the
+	// logical decoding messages with this prefix into events (see
+	// message.go) and ignores the outbox table's inserts.
+	prefix  string
+	xid     uint32 // the transaction being received
 	vals    [numFields][]byte
 	scratch []byte
 }
@@ -123,7 +129,7 @@ func (d *decoder) decode(msg []byte) (decoded, error) {
 		if err := m.Decode(body); err != nil {
 			return decoded{}, fmt.Errorf("%w: %v", errProtocol, err)
 		}
-		d.inTx, d.commit, d.xid = true, m.FinalLSN, m.Xid
+		d.inTx, d.commit, d.commitAt, d.xid = true, m.FinalLSN, m.CommitTime, m.Xid
 		return decoded{kind: kindBegin}, nil
 	case pglogrepl.MessageTypeCommit:
 		var m pglogrepl.CommitMessage
@@ -135,7 +141,12 @@ func (d *decoder) decode(msg []byte) (decoded, error) {
 	case pglogrepl.MessageTypeRelation:
 		return decoded{}, d.relation(body)
 	case pglogrepl.MessageTypeInsert:
+		if d.prefix != "" {
+			return decoded{}, nil
+		}
 		return d.insert(body)
+	case pglogrepl.MessageTypeMessage:
+		return d.message(body)
 	}
 	return decoded{}, nil // updates, deletes, truncates, types, origins
 }

@@ -104,7 +104,14 @@ type guard struct {
 	reconnects, drains atomic.Int64
 }
 
-func newGuard(l schema.Layout, archiveMode string) *guard {
+// newGuard returns the slot's guard; with messages (the table-free
+// outbox) there is no outbox table whose rows could show a stall.
+func newGuard(l schema.Layout, archiveMode string, messages bool) *guard {
+	rows := fmt.Sprintf(`EXISTS (SELECT 1 FROM %s WHERE %s > coalesce((SELECT drain_to FROM %s WHERE slot = $1), 0) %s)`,
+		l.Outbox.Ident(), schema.Q(l.Cols.Seq), l.DrainTable().Ident(), l.Unpublished(archiveMode, ""))
+	if messages {
+		rows = "false"
+	}
 	return &guard{state: SlotState{RetainedBytes: -1, LagBytes: -1, SafeWALSize: -1, KeepSize: -1}, kick: make(chan struct{}, 1),
 		query: fmt.Sprintf(`SELECT s.slot_name IS NOT NULL, coalesce(s.active, false), coalesce(s.wal_status, 'missing'),
 		  coalesce((pg_current_wal_lsn() - s.restart_lsn)::bigint, -1),
@@ -113,9 +120,8 @@ func newGuard(l schema.Layout, archiveMode string) *guard {
 		  coalesce(s.confirmed_flush_lsn::text, ''),
 		  (SELECT CASE WHEN setting::bigint < 0 THEN -1 ELSE pg_size_bytes(setting || coalesce(unit, '')) END
 		     FROM pg_settings WHERE name = 'max_slot_wal_keep_size'),
-		  EXISTS (SELECT 1 FROM %s WHERE %s > coalesce((SELECT drain_to FROM %s WHERE slot = $1), 0) %s)
-		FROM (SELECT 1) one LEFT JOIN pg_replication_slots s ON s.slot_name = $1`,
-			l.Outbox.Ident(), schema.Q(l.Cols.Seq), l.DrainTable().Ident(), l.Unpublished(archiveMode, ""))}
+		  %s
+		FROM (SELECT 1) one LEFT JOIN pg_replication_slots s ON s.slot_name = $1`, rows)}
 }
 
 // read reads the slot's state, its confirmed position and whether the

@@ -65,7 +65,9 @@ const maxUnarchivedBatches = 24
 const unarchivedBatchBytes = 3
 
 func newStream(src *Source, conn *pgconn.PgConn, start, replayTo pglogrepl.LSN, every time.Duration) *stream {
-	st := &stream{src: src, conn: conn, dec: newDecoder(src.layout), every: every, log: src.log,
+	dec := newDecoder(src.layout)
+	dec.prefix = src.opts.MessagePrefix
+	st := &stream{src: src, conn: conn, dec: dec, every: every, log: src.log,
 		ready: make(chan struct{}, 1), taken: make(chan struct{}, 1), done: make(chan struct{}), flushed: start,
 		replayTo: replayTo}
 	st.open = st.newBatch()
@@ -106,7 +108,7 @@ func (st *stream) next(ctx context.Context) (capture.Batch, error) {
 			}
 		}
 		b := st.take()
-		if b != nil && st.replayed(b) {
+		if b != nil && st.src.opts.MessagePrefix == "" && st.replayed(b) {
 			left, err := st.dropArchived(ctx, b)
 			if err != nil {
 				st.fail(err)
@@ -425,7 +427,8 @@ func (st *stream) handle(data []byte) (bool, error) {
 	return false, nil
 }
 
-// logBad reports a row that goes to the dead-letter table once archived.
+// logBad reports a row or message that goes to the dead-letter table once
+// archived.
 func (st *stream) logBad(r *badRow) {
 	id := ""
 	if r.vals[fID] != nil {

@@ -9,6 +9,8 @@
 // bounded whatever the size of a transaction. After a broken connection
 // Next returns a retryable error and the next call resumes from the slot's
 // confirmed position, so events may be delivered again with the same ids.
+// With Options.MessagePrefix it captures the table-free outbox instead:
+// logical decoding messages, with no table (see message.go).
 // docs/design.md describes how.
 package wal
 
@@ -103,6 +105,15 @@ type Options struct {
 	// servers are a permanent error), and enables it on an existing slot.
 	// Default false.
 	Failover bool
+	// MessagePrefix, when set, makes the source capture the table-free
+	// outbox: the transactional logical decoding messages with this prefix
+	// (pg_logical_emit_message, PostgreSQL 14 and later; see message.go)
+	// rather than the outbox table's inserts. There is then no outbox,
+	// archive or drain table, the publication may cover no table, and the
+	// source must not be used as a capture.Holder: a broken destination's
+	// events are held in the pipeline's memory, and the slot with them.
+	// Default "": the outbox table.
+	MessagePrefix string
 	// Logger receives the source's logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -226,26 +237,14 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 		return nil, fault.AsPermanent(err)
 	}
 	l := schema.Layout(opts.Layout)
-	info, err := schema.InspectSource(ctx, opts.Pool, l)
+	info, err := prepareSource(ctx, opts)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkServer(ctx, opts.Pool); err != nil {
-		return nil, err
-	}
-	if err := checkFailover(ctx, opts.Pool, opts.Failover); err != nil {
-		return nil, err
-	}
-	if err := prepare(ctx, opts.Pool, l, info, opts.Publication); err != nil {
-		return nil, err
-	}
-	if err := schema.EnsureArchive(ctx, opts.Pool, l, opts.ArchiveMode, info); err != nil {
 		return nil, err
 	}
 	s := &Source{opts: opts, log: opts.Logger, layout: l, sql: buildQueries(l, opts.ArchiveMode, info, opts.Slot), repl: replConfig(opts),
 		pace: newPacer(), unsettled: map[*drained]bool{}, recreated: map[string]*atomic.Int64{},
 		lead: newLeadership(opts.Pool.Config().ConnConfig.Copy(), l, opts.Logger)}
-	s.guard = *newGuard(l, opts.ArchiveMode)
+	s.guard = *newGuard(l, opts.ArchiveMode, opts.MessagePrefix != "")
 	s.guard.fails = outage.New(opts.Logger, "replication slot observation failed; the slot metrics keep their last values until it works again",
 		"replication slot observation works again")
 	for _, r := range SlotRecreateReasons {
@@ -257,6 +256,31 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	s.wg.Go(func() { s.lead.run(bg) })
 	s.wg.Go(func() { s.watchSlot(bg) })
 	return s, nil
+}
+
+// prepareSource checks the database and creates what the source needs
+// (see New), returning what it learned of the outbox's columns: with
+// Options.MessagePrefix the dead-letter table and the publication only
+// (see prepareMessages).
+func prepareSource(ctx context.Context, opts Options) (schema.Info, error) {
+	l := schema.Layout(opts.Layout)
+	if opts.MessagePrefix != "" {
+		return l.MessageInfo(), prepareMessages(ctx, opts.Pool, l, opts.Publication, opts.Failover)
+	}
+	info, err := schema.InspectSource(ctx, opts.Pool, l)
+	if err != nil {
+		return info, err
+	}
+	if err := checkServer(ctx, opts.Pool); err != nil {
+		return info, err
+	}
+	if err := checkFailover(ctx, opts.Pool, opts.Failover); err != nil {
+		return info, err
+	}
+	if err := prepare(ctx, opts.Pool, l, info, opts.Publication); err != nil {
+		return info, err
+	}
+	return info, schema.EnsureArchive(ctx, opts.Pool, l, opts.ArchiveMode, info)
 }
 
 // checkServer fails permanently when wal_level is not logical or the role
@@ -530,6 +554,9 @@ func (s *Source) start(ctx, term context.Context) error {
 	if err != nil {
 		return err
 	}
+	if s.opts.MessagePrefix != "" {
+		return s.startMessages(ctx, term, slot, timeline)
+	}
 	if slot.lost {
 		s.log.Warn("replication slot lost: the WAL it needs was removed; recreating it and publishing the outbox backlog through the poll path",
 			"slot", name)
@@ -653,7 +680,7 @@ func (s *Source) openStream(ctx, term context.Context, start pglogrepl.LSN) (*st
 	}
 	if err == nil {
 		err = pglogrepl.StartReplication(ctx, conn, s.opts.Slot, start, pglogrepl.StartReplicationOptions{
-			PluginArgs: []string{"proto_version '1'", "publication_names " + quoteLiteral(schema.Q(s.opts.Publication))}})
+			PluginArgs: s.pluginArgs()})
 	}
 	if err != nil {
 		conn.Close(context.WithoutCancel(ctx))
@@ -674,6 +701,17 @@ func (s *Source) openStream(ctx, term context.Context, start pglogrepl.LSN) (*st
 	})
 	s.log.Info("streaming from replication slot", "slot", s.opts.Slot, "lsn", start.String(), "status_interval", every)
 	return st, nil
+}
+
+// pluginArgs returns pgoutput's options: protocol version 1 and the
+// publication, and with Options.MessagePrefix the logical decoding
+// messages.
+func (s *Source) pluginArgs() []string {
+	args := []string{"proto_version '1'", "publication_names " + quoteLiteral(schema.Q(s.opts.Publication))}
+	if s.opts.MessagePrefix != "" {
+		args = append(args, "messages 'true'")
+	}
+	return args
 }
 
 // quoteLiteral quotes s for an option of a replication command such as
@@ -718,14 +756,23 @@ func (s *Source) recreateReason(slot slotInfo, timeline int64) string {
 	case s.timeline == 0:
 		return ""
 	case timeline != s.timeline:
-		s.log.Warn("replication slot missing on the new primary: failover; recreating it and publishing the outbox rows committed before it from the table",
+		s.log.Warn("replication slot missing on the new primary: failover; recreating it"+s.recreateThen(),
 			"slot", s.opts.Slot, "timeline", timeline, "previous_timeline", s.timeline)
 		return RecreatedFailover
 	default:
-		s.log.Warn("replication slot dropped; recreating it and publishing the outbox rows committed before it from the table",
-			"slot", s.opts.Slot)
+		s.log.Warn("replication slot dropped; recreating it"+s.recreateThen(), "slot", s.opts.Slot)
 		return RecreatedDropped
 	}
+}
+
+// recreateThen says what follows a slot's recreation: the outbox rows
+// committed before it are published from the table, while the messages of
+// the table-free outbox committed meanwhile are lost.
+func (s *Source) recreateThen() string {
+	if s.opts.MessagePrefix != "" {
+		return "; the outbox messages committed while it was missing are lost"
+	}
+	return " and publishing the outbox rows committed before it from the table"
 }
 
 // currentTimeline returns the server's current WAL timeline, which a

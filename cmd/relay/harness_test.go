@@ -86,6 +86,8 @@ type stack struct {
 	// misses what is published while it reconnects, so only the stream
 	// counts.
 	wireGaps bool
+	// messages: producers emit outbox messages (stackOptions.Messages).
+	messages bool
 }
 
 // stackOptions vary a stack. Zero values take the defaults given.
@@ -113,6 +115,10 @@ type stackOptions struct {
 	LeastPrivilege bool
 	// NATS tunes the stack's NATS server, e.g. its max_payload.
 	NATS testenv.NATSOptions
+	// Messages selects the table-free outbox (wal mode, capture.wal.source
+	// messages): producers emit logical decoding messages instead of
+	// inserting rows, and there is no outbox table.
+	Messages bool
 }
 
 // newStack starts NATS, writes a config and runs `relay init`.
@@ -134,7 +140,11 @@ func newStack(t *testing.T, opts ...stackOptions) *stack {
 	}
 	t.Cleanup(n.Shutdown)
 	s := &stack{t: t, dsn: o.DSN, nats: n, wire: verify.NewLog(), stream: verify.NewLog(), steps: map[int]int{},
-		archive: o.Archive, collect: o.Collect}
+		archive: o.Archive, collect: o.Collect, messages: o.Messages}
+	walSource := ""
+	if o.Messages {
+		o.Mode, walSource = "wal", "    source: messages\n"
+	}
 	if o.Sink == "" {
 		o.Sink = fmt.Sprintf("sink:\n  type: nats\n  nats:\n    url: %s\n", n.URL())
 	}
@@ -149,8 +159,8 @@ capture:
     interval: 50ms
   wal:
     slot: relay_test_%d
-%sshutdown_timeout: 10s
-%s`, s.dsn, o.Mode, slotCounter.Add(1), o.Sink, o.Extra))
+%s%sshutdown_timeout: 10s
+%s`, s.dsn, o.Mode, slotCounter.Add(1), walSource, o.Sink, o.Extra))
 	if s.pool, err = pgxpool.New(context.Background(), s.dsn); err != nil {
 		t.Fatal(err)
 	}
@@ -367,8 +377,7 @@ func (s *stack) writeAs(ctx context.Context, agg, n int, eventType string) (int,
 	for i := range n {
 		ids[i], steps[i] = uuid.NewString(), s.nextStep(agg)
 		payload := fmt.Sprintf(`{"aggregate":%q,"step":%d}`, name, steps[i])
-		if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
-			VALUES ($1, 'order', $2, $4, $3, '{"trace":"t"}')`, ids[i], name, payload, eventType); err != nil {
+		if _, err := tx.Exec(ctx, s.writeSQL(), ids[i], name, payload, eventType); err != nil {
 			return 0, err
 		}
 	}
@@ -385,6 +394,18 @@ func (s *stack) writeAs(ctx context.Context, agg, n int, eventType string) (int,
 		return 0, err
 	}
 	return n, nil
+}
+
+// writeSQL returns the statement writing one event: $1 its id, $2 the
+// aggregate id, $3 the payload, $4 the event type. With the table-free
+// outbox it is the emit statement of docs/reference.md.
+func (s *stack) writeSQL() string {
+	if s.messages {
+		return `SELECT pg_logical_emit_message(true, 'outbox', json_build_object('id', $1::uuid, 'aggregate_type', 'order',
+			'aggregate_id', $2::text, 'event_type', $4::text, 'payload', $3::jsonb, 'headers', '{"trace":"t"}'::jsonb)::text)`
+	}
+	return `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
+			VALUES ($1, 'order', $2, $4, $3, '{"trace":"t"}')`
 }
 
 // nextStep returns the next step number of aggregate agg; steps continue
@@ -514,8 +535,11 @@ func rewriteDSN(t *testing.T, path, from, to string) {
 }
 
 // outboxRows counts the rows left in the outbox (unpublished ones in
-// archive mode mark).
+// archive mode mark); 0 with the table-free outbox.
 func (s *stack) outboxRows() int {
+	if s.messages {
+		return 0 // no outbox table
+	}
 	q := `SELECT count(*) FROM outbox`
 	if s.archive == "mark" {
 		q += ` WHERE published_at IS NULL`

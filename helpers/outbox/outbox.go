@@ -16,6 +16,8 @@
 // SQL adapts a database/sql *sql.Tx. The package-level functions write to
 // public.outbox with the contract's column names; New takes another table
 // name and column mapping, as the relay's outbox.table and outbox.columns.
+// Emit writes the same event without a table, as a logical decoding message
+// for the relay's table-free outbox (capture.wal.source: messages).
 package outbox
 
 import (

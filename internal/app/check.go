@@ -52,13 +52,17 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logge
 		report("postgres session: one server session per connection", sessionPinned(ctx, pool.Config()), poolerFix)
 		report("postgres connections: relay run opens "+conns.String(), serverRoom(ctx, pool, conns.total),
 			"lower postgres.max_conns, or raise the server's max_connections")
-		info, err := schema.Inspect(ctx, pool, l)
-		report("outbox table "+l.Outbox.String(), err, "run `relay init`, or fix outbox.table / outbox.columns / outbox.order_by")
-		if err == nil {
-			checkPrivileges(ctx, pool, cfg, info, report)
-			warnOutbox(ctx, pool, cfg, w)
+		if cfg.Capture.WAL.Messages() {
+			checkMessages(ctx, pool, cfg, w, report)
+		} else {
+			info, err := schema.Inspect(ctx, pool, l)
+			report("outbox table "+l.Outbox.String(), err, "run `relay init`, or fix outbox.table / outbox.columns / outbox.order_by")
+			if err == nil {
+				checkPrivileges(ctx, pool, cfg, info, report)
+				warnOutbox(ctx, pool, cfg, w)
+			}
 		}
-		if cfg.Capture.Mode == "wal" {
+		if cfg.Capture.Mode == "wal" && !cfg.Capture.WAL.Messages() {
 			for _, f := range wal.Check(ctx, pool, table.Layout(l), cfg.Capture.WAL.Slot, cfg.Capture.WAL.Publication, cfg.Capture.WAL.Failover) {
 				report(f.What, f.Err, f.Fix)
 			}
@@ -76,6 +80,27 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logge
 		return ErrCheckFailed
 	}
 	return nil
+}
+
+// checkMessages reports what the table-free outbox (capture.wal.source
+// messages) needs: the privileges, the server (wal_level, replication,
+// PostgreSQL 14 or later), the publication and the slot; and it warns
+// that messages committed while the slot is missing are lost.
+func checkMessages(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, w io.Writer, report func(what string, err error, fix string)) {
+	checkPrivileges(ctx, pool, cfg, schema.Info{}, report)
+	l := table.Layout(layoutOf(cfg))
+	wc := cfg.Capture.WAL
+	for _, f := range wal.CheckMessages(ctx, pool, l, wc.Slot, wc.Publication, wc.Failover) {
+		report(f.What, f.Err, f.Fix)
+	}
+	for _, f := range append(wal.Warnings(ctx, pool), wal.MessageWarnings(ctx, pool, wc.Slot)...) {
+		fmt.Fprintf(w, "WARN  %s: %v\n      fix: %s\n", f.What, f.Err, f.Fix)
+	}
+	if cfg.Sink.HeldMaxAge == 0 {
+		fmt.Fprintf(w, "WARN  sink.held_max_age: 0 with capture.wal.source messages: %s\n      fix: %s\n",
+			"a broken destination holds its events in memory and the slot with them, for as long as it stays broken (no table to leave them in); once the window is full every destination waits",
+			"set sink.held_max_age (e.g. 15m) so that its events are dead-lettered and the slot moves on")
+	}
 }
 
 // serverRoom fails when the server's max_connections, less the slots

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -55,6 +56,10 @@ const redriveKeys = 500
 // in one, and reports its progress to opts.Progress.
 func DLQ(ctx context.Context, cfg *config.Config, action DLQAction, f schema.DeadLetterFilter, opts DLQOptions, w io.Writer) error {
 	l := layoutOf(cfg)
+	if action == DLQRedrive && cfg.Capture.WAL.Messages() {
+		return errors.New("relay dlq redrive puts dead letters back into the outbox table, which capture.wal.source messages does not have: " +
+			"emit them again from the application (relay dlq show gives their content), then relay dlq drop them")
+	}
 	pool, err := connect(ctx, cfg.Postgres, 2)
 	if err != nil {
 		return err

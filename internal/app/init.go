@@ -80,6 +80,34 @@ func Init(ctx context.Context, cfg *config.Config, opts InitOptions, w io.Writer
 	if _, err := conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)", fmt.Sprint(opts.LockTimeout.Milliseconds())); err != nil {
 		return fmt.Errorf("set lock_timeout: %w", err)
 	}
+	if cfg.Capture.WAL.Messages() {
+		err = initMessages(ctx, cfg, conn, opts, w)
+	} else {
+		err = initTables(ctx, cfg, pool, conn, opts, w)
+	}
+	if err != nil {
+		return err
+	}
+	conn.Release()
+
+	snk, err := openSink(ctx, cfg, log, pipelineWindow)
+	if err != nil {
+		return err
+	}
+	defer snk.Close()
+	done, err := snk.prepare(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(w, done)
+	return nil
+}
+
+// initTables is Init's database part for an outbox table: the outbox, the
+// tables and indexes of Init's doc, in wal mode the drain table,
+// publication and slot, and with opts.Role the grants.
+func initTables(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, conn *pgxpool.Conn, opts InitOptions, w io.Writer) error {
+	l := layoutOf(cfg)
 	steps := l.InitSteps(notify(cfg), cfg.Archive.Mode, nil)
 	if err := steps[0].Run(ctx, conn); err != nil {
 		return err
@@ -106,18 +134,24 @@ func Init(ctx context.Context, cfg *config.Config, opts InitOptions, w io.Writer
 			return err
 		}
 	}
-	conn.Release()
+	return nil
+}
 
-	snk, err := openSink(ctx, cfg, log, pipelineWindow)
-	if err != nil {
-		return err
+// initMessages is Init for the table-free outbox (capture.wal.source
+// messages): the dead-letter table, the publication and the slot, which
+// must exist before the application emits its first message, and with
+// opts.Role the grants; there is no outbox table. The sink is prepared by
+// Init.
+func initMessages(ctx context.Context, cfg *config.Config, conn *pgxpool.Conn, opts InitOptions, w io.Writer) error {
+	l, wc := layoutOf(cfg), cfg.Capture.WAL
+	if err := wal.SetupMessages(ctx, conn, table.Layout(l), wc.Slot, wc.Publication, wc.Failover); err != nil {
+		return lockTimeout(err, "publication "+wc.Publication)
 	}
-	defer snk.Close()
-	done, err := snk.prepare(ctx)
-	if err != nil {
-		return err
+	fmt.Fprintf(w, "postgres: dead-letter table %s, publication %s and replication slot %s ready for outbox messages with prefix %s\n",
+		l.DeadLetter, wc.Publication, wc.Slot, wc.MessagePrefix)
+	if opts.Role != "" {
+		return grantRole(ctx, conn, cfg, "", opts.Role, w)
 	}
-	fmt.Fprintln(w, done)
 	return nil
 }
 
@@ -191,11 +225,15 @@ func initDryRun(ctx context.Context, cfg *config.Config, l schema.Layout, role s
 	fmt.Fprintln(w, "-- SET lock_timeout = '5s'; -- and run again later if a statement times out waiting for the application's locks")
 	fmt.Fprintln(w)
 	var stmts []string
-	for _, s := range l.InitSteps(notify(cfg), cfg.Archive.Mode, nil) {
-		stmts = append(stmts, s.SQL())
-	}
-	if cfg.Capture.Mode == "wal" {
-		stmts = append(stmts, wal.SetupSQL(table.Layout(l), cfg.Capture.WAL.Slot, cfg.Capture.WAL.Publication, cfg.Capture.WAL.Failover)...)
+	if wc := cfg.Capture.WAL; wc.Messages() {
+		stmts = wal.SetupMessagesSQL(table.Layout(l), wc.Slot, wc.Publication, wc.Failover)
+	} else {
+		for _, s := range l.InitSteps(notify(cfg), cfg.Archive.Mode, nil) {
+			stmts = append(stmts, s.SQL())
+		}
+		if cfg.Capture.Mode == "wal" {
+			stmts = append(stmts, wal.SetupSQL(table.Layout(l), wc.Slot, wc.Publication, wc.Failover)...)
+		}
 	}
 	for _, stmt := range stmts {
 		fmt.Fprintf(w, "%s;\n\n", stmt)

@@ -18,7 +18,7 @@ import (
 // "" for the name PostgreSQL gives a new identity column's.
 func runPrivileges(cfg *config.Config, seq string) []schema.Privilege {
 	return layoutOf(cfg).RunPrivileges(schema.RunNeeds{WAL: cfg.Capture.Mode == "wal", ArchiveMode: cfg.Archive.Mode,
-		Prune: cfg.Archive.Retention > 0, Sequence: seq})
+		Prune: cfg.Archive.Retention > 0, Sequence: seq, Messages: cfg.Capture.WAL.Messages()})
 }
 
 // checkGrants returns an error naming every privilege of runPrivileges the
@@ -32,7 +32,7 @@ func runPrivileges(cfg *config.Config, seq string) []schema.Privilege {
 // returns its error, which openWhenReachable waits out.
 func checkGrants(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config) error {
 	info, err := schema.Inspect(ctx, pool, layoutOf(cfg))
-	if err != nil {
+	if err != nil && !cfg.Capture.WAL.Messages() { // the table-free outbox has no table to inspect
 		if unreachable(err) {
 			return err
 		}

@@ -104,7 +104,9 @@ func (r *Relay) open(ctx context.Context) error {
 		return err
 	}
 	r.closers = append(r.closers, func() { src.Close() })
-	logOutboxWarnings(ctx, pool, cfg, log)
+	if !cfg.Capture.WAL.Messages() {
+		logOutboxWarnings(ctx, pool, cfg, log)
+	}
 
 	r.reg = newRegistry()
 	batch, window := limitRate(snk, cfg.Sink.RateLimit, r.reg, log, batch)
@@ -119,7 +121,7 @@ func (r *Relay) open(ctx context.Context) error {
 		Retry: pipeline.Retry{Initial: cfg.Retry.Initial.D(), Max: cfg.Retry.Max.D(),
 			MaxAttempts: cfg.Retry.MaxAttempts},
 		ParkAggregate:    cfg.DeadLetter.ParkAggregate,
-		Holder:           holderOf(src),
+		Holder:           holderOf(src, cfg),
 		Health:           healthOf(src),
 		HeldMaxAge:       cfg.Sink.HeldMaxAge.D(),
 		MaxInFlight:      window,
@@ -152,12 +154,14 @@ func (r *Relay) Stats() *pipeline.Stats { return r.pipeline.Stats() }
 func (r *Relay) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return r.pipeline.Run(ctx) })
-	g.Go(func() error { return r.backlog.watch(gctx, r.pool, backlogInterval) })
+	if !r.cfg.Capture.WAL.Messages() { // no outbox table: the backlog is the slot's lag
+		g.Go(func() error { return r.backlog.watch(gctx, r.pool, backlogInterval) })
+	}
 	g.Go(func() error { return r.dlq.watch(gctx, r.pool, backlogInterval) })
 	if r.addr != "" { // only GET /status serves the peers
 		g.Go(func() error { return r.peers.watch(gctx, r.pool, layoutOf(r.cfg)) })
 	}
-	if r.cfg.Archive.Retention > 0 {
+	if r.cfg.Archive.Retention > 0 && !r.cfg.Capture.WAL.Messages() {
 		g.Go(func() error { return r.prune(gctx) })
 	}
 	if r.ln != nil {
@@ -173,8 +177,14 @@ func (r *Relay) Close() {
 	}
 }
 
-// holderOf returns src as a capture.Holder (both sources are), or nil.
-func holderOf(src capture.Source) capture.Holder {
+// holderOf returns src as a capture.Holder (both sources are), or nil: nil
+// for the table-free outbox (capture.wal.source messages), which has no
+// table to leave a broken destination's events in, so the pipeline holds
+// them in memory, and the slot with them.
+func holderOf(src capture.Source, cfg *config.Config) capture.Holder {
+	if cfg.Capture.WAL.Messages() {
+		return nil
+	}
 	h, _ := src.(capture.Holder)
 	return h
 }
@@ -202,6 +212,15 @@ func transactional(cfg *config.Config) bool {
 	return cfg.Sink.Type == "kafka" && cfg.Sink.Kafka.Transactional
 }
 
+// messagePrefix returns capture.wal.message_prefix with the table-free
+// outbox (capture.wal.source messages), else "".
+func messagePrefix(cfg *config.Config) string {
+	if cfg.Capture.WAL.Messages() {
+		return cfg.Capture.WAL.MessagePrefix
+	}
+	return ""
+}
+
 // openSource builds the capture source capture.mode selects.
 func openSource(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, log *slog.Logger) (capture.Source, error) {
 	l := layoutOf(cfg)
@@ -209,7 +228,7 @@ func openSource(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, log
 		return wal.New(ctx, wal.Options{Pool: pool, Layout: table.Layout(l),
 			Slot: cfg.Capture.WAL.Slot, Publication: cfg.Capture.WAL.Publication,
 			ArchiveMode: cfg.Archive.Mode, BatchSize: cfg.Capture.Poll.BatchSize, MaxBatchBytes: cfg.Capture.MaxBatchBytes,
-			Failover: cfg.Capture.WAL.Failover, Linger: cfg.Capture.WAL.Linger.D(), Logger: log})
+			Failover: cfg.Capture.WAL.Failover, Linger: cfg.Capture.WAL.Linger.D(), MessagePrefix: messagePrefix(cfg), Logger: log})
 	}
 	return poll.New(ctx, poll.Options{
 		Pool: pool, Layout: table.Layout(l), BatchSize: cfg.Capture.Poll.BatchSize, MaxBatchBytes: cfg.Capture.MaxBatchBytes,

@@ -220,6 +220,9 @@ func (rep *statusReport) readDatabase(ctx context.Context, cfg *config.Config) e
 func (rep *statusReport) read(ctx context.Context, tx pgx.Tx, cfg *config.Config) error {
 	l := layoutOf(cfg)
 	rep.Outbox = &outboxStatus{Table: l.Outbox.String()}
+	if cfg.Capture.WAL.Messages() {
+		return rep.readTableFree(ctx, tx, l, cfg)
+	}
 	if _, err := schema.Inspect(ctx, tx, l); err != nil {
 		if errors.Is(err, schema.ErrNoOutbox) {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("outbox table %s does not exist: run relay init", l.Outbox))
@@ -235,6 +238,19 @@ func (rep *statusReport) read(ctx context.Context, tx pgx.Tx, cfg *config.Config
 	}
 	if cfg.Capture.Mode == "poll" && !rep.Slot.Exists {
 		rep.Slot = nil
+	}
+	if err := rep.readRelays(ctx, tx, l, cfg); err != nil {
+		return err
+	}
+	return rep.readDeadLetters(ctx, tx, l)
+}
+
+// readTableFree is read for the table-free outbox (capture.wal.source
+// messages): the slot, the relays and the dead letters, as there is no
+// outbox table whose backlog could be read.
+func (rep *statusReport) readTableFree(ctx context.Context, tx pgx.Tx, l schema.Layout, cfg *config.Config) error {
+	if err := rep.readSlot(ctx, tx, cfg.Capture.WAL.Slot); err != nil {
+		return err
 	}
 	if err := rep.readRelays(ctx, tx, l, cfg); err != nil {
 		return err

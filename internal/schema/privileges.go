@@ -50,6 +50,9 @@ type RunNeeds struct {
 	// Sequence is the quoted name of the sequence behind the seq column;
 	// empty: the name PostgreSQL gives an identity column of a new table.
 	Sequence string
+	// Messages is the table-free outbox of wal mode (capture.wal.source
+	// messages): no outbox, archive or drain table.
+	Messages bool
 }
 
 // claimWhy is why the outbox's rows are claimed with row locks.
@@ -71,6 +74,9 @@ func (n RunNeeds) claimWhy() string {
 // claim watermark); in wal mode all four on the drain table and the
 // replication privilege (Kind ROLE).
 func (l Layout) RunPrivileges(n RunNeeds) []Privilege {
+	if n.Messages {
+		return l.messagePrivileges()
+	}
 	var out []Privilege
 	add := func(kind, obj, why string, privs ...string) {
 		for _, p := range privs {
@@ -112,6 +118,21 @@ func (l Layout) RunPrivileges(n RunNeeds) []Privilege {
 		add("ROLE", "", "wal capture streams from a replication slot (Amazon RDS/Aurora: GRANT rds_replication instead)", "REPLICATION")
 	}
 	return out
+}
+
+// messagePrivileges are RunPrivileges for the table-free outbox: USAGE on
+// the dead-letter table's schema, SELECT (the dead-letter count) and
+// INSERT on it, and the replication privilege; no grant on any outbox
+// table.
+func (l Layout) messagePrivileges() []Privilege {
+	dl := l.DeadLetter.Ident()
+	why := "malformed outbox messages and events that fail for good are dead-lettered and counted"
+	return []Privilege{
+		{Kind: "SCHEMA", Object: Q(l.DeadLetter.Schema), Priv: "USAGE", Why: "the relay names the dead-letter table in it"},
+		{Kind: "TABLE", Object: dl, Priv: "SELECT", Why: why},
+		{Kind: "TABLE", Object: dl, Priv: "INSERT", Why: why},
+		{Kind: "ROLE", Priv: "REPLICATION", Why: "the table-free outbox streams from a replication slot (Amazon RDS/Aurora: GRANT rds_replication instead)"},
+	}
 }
 
 // DLQPrivileges lists the privileges `relay dlq redrive` (redrive) or

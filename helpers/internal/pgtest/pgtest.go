@@ -147,7 +147,8 @@ func serve(bin string, cred *syscall.Credential) error {
 	defer log.Close()
 	cmd := command(cred, filepath.Join(bin, "postgres"), "-D", filepath.Join(dir, "data"),
 		"-p", strconv.Itoa(port), "-k", dir, "-c", "listen_addresses=127.0.0.1",
-		"-c", "fsync=off", "-c", "full_page_writes=off", "-c", "max_connections=200")
+		"-c", "fsync=off", "-c", "full_page_writes=off", "-c", "max_connections=200",
+		"-c", "wal_level=logical") // the outbox helper's test decodes its messages
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		return err
