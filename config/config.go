@@ -348,6 +348,9 @@ type PubSub struct {
 	// BatchDelay is how long the client waits for more messages of an
 	// ordering key before it sends them. At most 100ms. Default 1ms.
 	BatchDelay Duration `yaml:"batch_delay"`
+	// MaxPublishers is the most topic publishers kept open; the least
+	// recently used idle one is stopped beyond it. Default 100.
+	MaxPublishers int `yaml:"max_publishers"`
 }
 
 // Webhook configures the webhook sink. See docs/webhook.md.

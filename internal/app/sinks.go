@@ -123,7 +123,8 @@ func openPubSub(ctx context.Context, c config.Sink, log *slog.Logger, env *envel
 	}
 	p := c.PubSub
 	s, err := pubsubsink.New(ctx, pubsubsink.Config{ProjectID: p.ProjectID, Topic: p.Topic, CredentialsFile: p.CredentialsFile, Endpoint: p.Endpoint},
-		pubsubsink.Options{Logger: log, HeaderDrops: drops, PublishTimeout: p.PublishTimeout.D(), BatchDelay: p.BatchDelay.D()})
+		pubsubsink.Options{Logger: log, HeaderDrops: drops, PublishTimeout: p.PublishTimeout.D(), BatchDelay: p.BatchDelay.D(),
+			MaxPublishers: p.MaxPublishers})
 	if err != nil {
 		return nil, &UsageError{Err: err}
 	}
