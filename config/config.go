@@ -341,7 +341,8 @@ type PubSub struct {
 	// identity, GOOGLE_APPLICATION_CREDENTIALS, the metadata server).
 	CredentialsFile string `yaml:"credentials_file"`
 	// Endpoint overrides the Pub/Sub endpoint, such as a regional one.
-	// PUBSUB_EMULATOR_HOST, when set, takes precedence.
+	// With PUBSUB_EMULATOR_HOST set, it overrides the emulator's address
+	// (plain gRPC, no credentials).
 	Endpoint string `yaml:"endpoint"`
 	// PublishTimeout bounds one publish request. Default 30s.
 	PublishTimeout Duration `yaml:"publish_timeout"`

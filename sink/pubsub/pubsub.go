@@ -60,7 +60,9 @@ type Config struct {
 	CredentialsFile string
 	// Endpoint overrides the Pub/Sub endpoint, such as a regional one
 	// ("europe-west1-pubsub.googleapis.com:443"). Default empty: the global
-	// endpoint.
+	// endpoint. With PUBSUB_EMULATOR_HOST set, Endpoint overrides the
+	// emulator's address; the client still dials plain gRPC without
+	// credentials.
 	Endpoint string
 }
 
