@@ -34,6 +34,8 @@ import (
 	vkit "cloud.google.com/go/pubsub/v2/apiv1"
 	"github.com/googleapis/gax-go/v2"
 	"google.golang.org/api/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 
 	"github.com/outboxrelay/relay/internal/destname"
@@ -201,7 +203,8 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 // With PUBSUB_EMULATOR_HOST set, the client library dials the emulator
 // without credentials itself.
 func clientOptions(cfg Config) ([]option.ClientOption, error) {
-	var o []option.ClientOption
+	o := []option.ClientOption{option.WithGRPCDialOption(grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff: reconnect, MinConnectTimeout: 20 * time.Second}))}
 	if cfg.Endpoint != "" {
 		o = append(o, option.WithEndpoint(cfg.Endpoint))
 	}
@@ -214,6 +217,12 @@ func clientOptions(cfg Config) ([]option.ClientOption, error) {
 	}
 	return append(o, option.WithAuthCredentialsFile(typ, cfg.CredentialsFile)), nil
 }
+
+// reconnect is the client's backoff between attempts to connect to
+// Pub/Sub: gRPC's default with at most 5s between attempts instead of 2
+// minutes, so that the relay publishes again within seconds of the end of
+// a long outage.
+var reconnect = backoff.Config{BaseDelay: 250 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second}
 
 // credentialsType reads the "type" of a credentials JSON file. Only the
 // type is read; nothing of the file is logged or returned.
