@@ -66,7 +66,7 @@ func TestConformance(t *testing.T) {
 }
 
 // newSink returns a sink publishing to tmpl through the fake at addr.
-func newSink(t *testing.T, addr, tmpl string, opts Options) *Sink {
+func newSink(t testing.TB, addr, tmpl string, opts Options) *Sink {
 	t.Helper()
 	opts.Logger = slog.New(slog.DiscardHandler)
 	opts.ClientOptions = testenv.ClientOptions(addr)

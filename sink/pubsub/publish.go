@@ -226,7 +226,7 @@ func orderingKey(k string) string {
 	}
 	v := strings.ToValidUTF8(k, "\uFFFD")
 	n := min(len(v), maxOrderingKey-17)
-	for n > 0 && !utf8.RuneStart(v[n]) {
+	for n > 0 && n < len(v) && !utf8.RuneStart(v[n]) {
 		n--
 	}
 	sum := sha256.Sum256([]byte(k))

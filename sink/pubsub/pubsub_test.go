@@ -300,3 +300,26 @@ func TestPausedKeyAcrossEviction(t *testing.T) {
 		t.Fatalf("topic holds %v, want %v", got, want)
 	}
 }
+
+// TestInvalidUTF8Key publishes events whose aggregate ids are short
+// invalid UTF-8, which once panicked deriving the ordering key: each fails
+// as permanent (Pub/Sub refuses the aggregate_id attribute), the second of
+// an aggregate held back behind the first, and nothing is published.
+func TestInvalidUTF8Key(t *testing.T) {
+	t.Parallel()
+	ps := testenv.StartPubSub(t)
+	ps.CreateTopic(t, project, "badkey")
+	s := newSink(t, ps.Addr(), "badkey", Options{})
+	defer s.Close()
+	evs := append(events("\xff", "u", 2), events("\xfe\xff", "v", 1)...)
+	err := s.Publish(context.Background(), evs)
+	if got, want := sinktest.Classes(err, 3), []string{"permanent", "permanent", "permanent"}; !slices.Equal(got, want) {
+		t.Fatalf("%v, want %v: %v", got, want, err)
+	}
+	if !errors.Is(sink.Failed(err, 1), sink.ErrHeldBack) {
+		t.Errorf("event 1: %v, want held back", sink.Failed(err, 1))
+	}
+	if msgs := ps.Messages(project, "badkey"); len(msgs) != 0 {
+		t.Fatalf("published %d messages", len(msgs))
+	}
+}
