@@ -213,7 +213,7 @@ func configMount(t *testing.T, name string, s composeService) string {
 // service it starts ("" for the webhook, whose receiver compose does not
 // run). The profile's relay services are relay-<profile> and
 // relay-init-<profile>.
-var sinkProfiles = map[string]string{"nats": "nats", "kafka": "kafka", "sqs": "sqs", "webhook": ""}
+var sinkProfiles = map[string]string{"nats": "nats", "kafka": "kafka", "sqs": "sqs", "pubsub": "pubsub", "webhook": ""}
 
 // relayServices returns the names of the long-running relay services.
 func relayServices() []string {
@@ -228,7 +228,7 @@ func TestCompose(t *testing.T) {
 	c := loadCompose(t)
 	docker := loadDockerfile(t)
 
-	for _, name := range []string{"postgres", "kafka", "nats", "sqs"} {
+	for _, name := range []string{"postgres", "kafka", "nats", "sqs", "pubsub"} {
 		if _, ok := c.Services[name]; !ok {
 			t.Errorf("compose.yaml: service %q is missing", name)
 		}
@@ -568,12 +568,17 @@ func TestExamples(t *testing.T) {
 				if cfg.Sink.SQS.QueueURL != "" {
 					checkHost("sink.sqs.queue_url", cfg.Sink.SQS.QueueURL)
 				}
+			case "pubsub":
+				if cfg.Sink.PubSub.Endpoint != "" {
+					checkHost("sink.pubsub.endpoint", cfg.Sink.PubSub.Endpoint)
+				}
+				checkHost("PUBSUB_EMULATOR_HOST", relayEnv["PUBSUB_EMULATOR_HOST"])
 			case "webhook":
 				checkHost("sink.webhook.url", strings.NewReplacer("{", "", "}", "").Replace(cfg.Sink.Webhook.URL))
 			}
 		})
 	}
-	for _, s := range []string{"kafka", "nats", "sqs", "webhook"} {
+	for _, s := range []string{"kafka", "nats", "sqs", "pubsub", "webhook"} {
 		if !sinks[s] {
 			t.Errorf("no example for the %s sink", s)
 		}
