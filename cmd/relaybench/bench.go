@@ -102,7 +102,7 @@ func run1(ctx context.Context, opts Options, res *Results) error {
 	// while the drains wrote gigabytes of WAL in other databases would have
 	// to decode through all of it first.
 	phases := []func(context.Context) error{b.setUp, b.commitRates, b.steadyState, b.natsDrains,
-		b.kafkaDrains, b.baselines, b.ratios, b.profiles, b.peakRSS, b.scaling, b.impact}
+		b.otherDrains, b.baselines, b.ratios, b.profiles, b.peakRSS, b.scaling, b.impact}
 	for _, phase := range phases {
 		if err := phase(ctx); err != nil {
 			return err
@@ -284,14 +284,20 @@ func slotNote(ctx context.Context, d *database) (string, error) {
 	return "`relay init` did not create the slot: the backlog predates it and may have been drained through the poll path", nil
 }
 
-// kafkaDrains drains a backlog per mode into kfake (drain phase).
-func (b *bench) kafkaDrains(ctx context.Context) error {
-	if !b.opts.has("drain") || !slices.Contains(b.opts.Sinks, "kafka") {
+// otherDrains drains a backlog per mode into each sink of -sinks other
+// than NATS: kfake, pstest (drain phase).
+func (b *bench) otherDrains(ctx context.Context) error {
+	if !b.opts.has("drain") {
 		return nil
 	}
-	for _, mode := range drainOrder(b.modes) {
-		if err := b.kafkaDrain(ctx, mode, b.res); err != nil {
-			return err
+	for _, snk := range []string{"kafka", "pubsub"} {
+		if !slices.Contains(b.opts.Sinks, snk) {
+			continue
+		}
+		for _, mode := range drainOrder(b.modes) {
+			if err := b.sinkDrain(ctx, mode, snk, b.res); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -400,27 +406,28 @@ func (b *bench) scaling(ctx context.Context) error {
 const plainOutboxDDL = testenv.ContractOutbox + `;
 CREATE UNIQUE INDEX outbox_relay_seq_idx ON outbox (seq)`
 
-// kafkaDrain drains a backlog in mode into kfake, in a database of its
-// own; a build that rejects the combination is recorded as unavailable.
-func (e *env) kafkaDrain(ctx context.Context, mode string, res *Results) error {
-	d, err := e.newSinkDatabase(ctx, "bench_"+mode+"_kafka", mode, "kafka")
+// sinkDrain drains a backlog in mode into snk (kafka or pubsub, both
+// in-process fakes), in a database of its own; a build that rejects the
+// combination is recorded as unavailable.
+func (e *env) sinkDrain(ctx context.Context, mode, snk string, res *Results) error {
+	d, err := e.newSinkDatabase(ctx, "bench_"+mode+"_"+snk, mode, snk)
 	if err != nil {
 		return err
 	}
 	defer e.dropDatabase(d)
 	if err := e.initRelay(ctx, d); err != nil {
 		if errors.Is(err, errNotAvailable) {
-			res.Unavailable[mode+"+kafka"] = err.Error()
-			e.opts.logf("%s → kafka: %v", mode, err)
+			res.Unavailable[mode+"+"+snk] = err.Error()
+			e.opts.logf("%s → %s: %v", mode, snk, err)
 			return nil
 		}
 		return err
 	}
-	e.opts.logf("%s → kfake drain: inserting %d events over %d aggregates with the relay stopped", mode, e.opts.Events, e.opts.Aggregates)
+	e.opts.logf("%s → %s drain: inserting %d events over %d aggregates with the relay stopped", mode, sinkLabel(snk), e.opts.Events, e.opts.Aggregates)
 	dr, err := e.measureDrain(ctx, d, e.opts.Relays, nil, nil)
 	res.Drains = append(res.Drains, dr)
 	if err != nil {
-		return fmt.Errorf("%s → kafka drain: %w", mode, err)
+		return fmt.Errorf("%s → %s drain: %w", mode, snk, err)
 	}
 	return nil
 }

@@ -132,13 +132,13 @@ func (e *env) prepareDrain(ctx context.Context, d *database, res *DrainResult, b
 		return 0, err
 	}
 	var sinkBefore uint64
-	if d.sink == "kafka" {
+	if d.sink == "nats" {
+		e.deleteStream(ctx)
+	} else {
 		var err error
-		if sinkBefore, err = e.kafkaRecords(ctx); err != nil {
+		if sinkBefore, err = e.sinkCount(ctx, d); err != nil {
 			return 0, err
 		}
-	} else {
-		e.deleteStream(ctx)
 	}
 	t0 := time.Now()
 	if err := insertBacklog(ctx, d, o.Events, o.Aggregates, o.Payload); err != nil {

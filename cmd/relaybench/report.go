@@ -174,8 +174,11 @@ func drainRow(t *table, name string, d DrainResult) {
 }
 
 func sinkLabel(snk string) string {
-	if snk == "kafka" {
+	switch snk {
+	case "kafka":
 		return "kfake (in-memory fake Kafka)"
+	case "pubsub":
+		return "pstest (in-process fake Pub/Sub)"
 	}
 	return "NATS JetStream"
 }
