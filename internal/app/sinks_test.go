@@ -30,10 +30,15 @@ func TestSinkConfigsMapEveryKey(t *testing.T) {
 	} {
 		checkSet(t, name, reflect.ValueOf(got))
 	}
+	ps, po := pubsubConfig(s.PubSub)
+	checkSet(t, "pubsub", reflect.ValueOf(ps))
+	if po.PublishTimeout != s.PubSub.PublishTimeout.D() || po.BatchDelay != s.PubSub.BatchDelay.D() || po.MaxPublishers != s.PubSub.MaxPublishers {
+		t.Errorf("pubsub options %+v do not carry publish_timeout, batch_delay and max_publishers of %+v", po, s.PubSub)
+	}
 	if got := webhookConfig(s.Webhook).Timeout; got != s.Webhook.Timeout.D() {
 		t.Errorf("webhook timeout = %s, want %s", got, s.Webhook.Timeout.D())
 	}
-	if n, c := reflect.TypeFor[config.Sink]().NumField(), 9; n != c { // the sinks, type, envelope, cloudevents, rate_limit and held_max_age (a pipeline option)
+	if n, c := reflect.TypeFor[config.Sink]().NumField(), 10; n != c { // the sinks, type, envelope, cloudevents, rate_limit and held_max_age (a pipeline option)
 		t.Errorf("config.Sink has %d fields, this test maps %d: add the new sink", n, c)
 	}
 }
