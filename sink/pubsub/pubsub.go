@@ -334,6 +334,7 @@ func (s *Sink) release(c *call) {
 	s.mu.Lock()
 	for _, p := range c.pubs {
 		p.inflight--
+		p.pending = slices.DeleteFunc(p.pending, done)
 	}
 	for i, r := range c.results {
 		if r != nil && !done(r) {
