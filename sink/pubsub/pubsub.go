@@ -2,7 +2,8 @@
 // cloud.google.com/go/pubsub/v2 client, message ordering enabled.
 //
 // sink.pubsub.topic is a topic ID template; each rendered topic gets a
-// publisher of its own. The ordering key of every message is the event's
+// publisher of its own, at most Options.MaxPublishers open at once (the
+// least recently used idle one is stopped beyond it). The ordering key of every message is the event's
 // ordering key (event.Event.Key: the aggregate id, or outbox.order_by). The
 // client sends the messages of one ordering key one request after another
 // and, when a request fails, pauses the key: every later message of the
