@@ -36,7 +36,7 @@ test: deps
 FUZZTIME ?= 5s
 FUZZ_TARGETS = FuzzClean:./internal/rowtext FuzzPublishedByType:./pipeline FuzzRowValuesLogged:./pipeline \
 	FuzzRender:./sink/template FuzzParseHeaders:./event FuzzEnvSecret:./config \
-	FuzzRecordHeaders:./sink/kafka FuzzMessageAttributes:./sink/sqs
+	FuzzRecordHeaders:./sink/kafka FuzzMessageAttributes:./sink/sqs FuzzMessage:./sink/pubsub
 # FuzzRedactDSN (internal/redact) runs on its seeds only: a fuzzer still
 # finds garbled, unencoded URLs whose password redact cannot tell from the
 # host (the relay's own messages never echo postgres.url).

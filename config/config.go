@@ -396,13 +396,17 @@ type PubSub struct {
 	// identity, GOOGLE_APPLICATION_CREDENTIALS, the metadata server).
 	CredentialsFile string `yaml:"credentials_file"`
 	// Endpoint overrides the Pub/Sub endpoint, such as a regional one.
-	// PUBSUB_EMULATOR_HOST, when set, takes precedence.
+	// With PUBSUB_EMULATOR_HOST set, it overrides the emulator's address
+	// (plain gRPC, no credentials).
 	Endpoint string `yaml:"endpoint"`
 	// PublishTimeout bounds one publish request. Default 30s.
 	PublishTimeout Duration `yaml:"publish_timeout"`
 	// BatchDelay is how long the client waits for more messages of an
 	// ordering key before it sends them. At most 100ms. Default 1ms.
 	BatchDelay Duration `yaml:"batch_delay"`
+	// MaxPublishers is the most topic publishers kept open; the least
+	// recently used idle one is stopped beyond it. Default 100.
+	MaxPublishers int `yaml:"max_publishers"`
 }
 
 // Redis configures the Redis Streams sink. See sink/redis.

@@ -239,6 +239,7 @@ func TestErrors(t *testing.T) {
 		{"kafka brokers missing", sinkCase("kafka", ""), 5, "sink.kafka.brokers", "required (a list of host:port)"},
 		{"kafka brokers empty", sinkCase("kafka", "  kafka:\n    brokers: []\n"), 8, "sink.kafka.brokers", "must not be empty (a list of host:port)"},
 		{"kafka broker empty", sinkCase("kafka", "  kafka:\n    brokers:\n      - k:9092\n      - \"\"\n"), 10, "sink.kafka.brokers[1]", "must not be empty"},
+		{"pubsub max_publishers negative", sinkCase("pubsub", "  pubsub:\n    project_id: p\n    topic: tpc\n    max_publishers: -1\n"), 10, "sink.pubsub.max_publishers", "must be positive, got -1"},
 		{"sqs region missing", sinkCase("sqs", "  sqs:\n    queue_url: http://q\n"), 7, "sink.sqs.region", "required"},
 		{"sqs no queue", sinkCase("sqs", "  sqs:\n    region: r\n"), 7, "sink.sqs.queue_url", "required (or sink.sqs.queue, a queue name template)"},
 		{"sqs both queues", sinkCase("sqs", "  sqs:\n    region: r\n    queue_url: http://q\n    queue: q\n"), 10, "sink.sqs.queue", "set either sink.sqs.queue_url or sink.sqs.queue, not both"},

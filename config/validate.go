@@ -540,6 +540,9 @@ func (l *loader) checkPubSub(s Sink) {
 	if d := p.BatchDelay.D(); d < 0 || d > 100*time.Millisecond {
 		l.invalid("sink.pubsub.batch_delay", "must be between 0 and 100ms, got %s", d)
 	}
+	if p.MaxPublishers < 0 {
+		l.invalid("sink.pubsub.max_publishers", "must be positive, got %d", p.MaxPublishers)
+	}
 	if s.Envelope == "cloudevents" {
 		l.invalid("sink.envelope", "cloudevents is not supported with sink.type pubsub")
 	}

@@ -213,7 +213,7 @@ func configMount(t *testing.T, name string, s composeService) string {
 // service it starts ("" for the webhook, whose receiver compose does not
 // run). The profile's relay services are relay-<profile> and
 // relay-init-<profile>.
-var sinkProfiles = map[string]string{"nats": "nats", "kafka": "kafka", "rabbitmq": "rabbitmq", "redis": "redis", "sqs": "sqs", "webhook": ""}
+var sinkProfiles = map[string]string{"nats": "nats", "kafka": "kafka", "pubsub": "pubsub", "rabbitmq": "rabbitmq", "redis": "redis", "sqs": "sqs", "webhook": ""}
 
 // relayServices returns the names of the long-running relay services.
 func relayServices() []string {
@@ -228,7 +228,7 @@ func TestCompose(t *testing.T) {
 	c := loadCompose(t)
 	docker := loadDockerfile(t)
 
-	for _, name := range []string{"postgres", "kafka", "nats", "rabbitmq", "redis", "sqs"} {
+	for _, name := range []string{"postgres", "kafka", "nats", "pubsub", "rabbitmq", "redis", "sqs"} {
 		if _, ok := c.Services[name]; !ok {
 			t.Errorf("compose.yaml: service %q is missing", name)
 		}
@@ -572,12 +572,17 @@ func TestExamples(t *testing.T) {
 				}
 			case "redis":
 				checkHost("sink.redis.url", cfg.Sink.Redis.URL)
+			case "pubsub":
+				if cfg.Sink.PubSub.Endpoint != "" {
+					checkHost("sink.pubsub.endpoint", cfg.Sink.PubSub.Endpoint)
+				}
+				checkHost("PUBSUB_EMULATOR_HOST", relayEnv["PUBSUB_EMULATOR_HOST"])
 			case "webhook":
 				checkHost("sink.webhook.url", strings.NewReplacer("{", "", "}", "").Replace(cfg.Sink.Webhook.URL))
 			}
 		})
 	}
-	for _, s := range []string{"kafka", "nats", "rabbitmq", "redis", "sqs", "webhook"} {
+	for _, s := range []string{"kafka", "nats", "pubsub", "rabbitmq", "redis", "sqs", "webhook"} {
 		if !sinks[s] {
 			t.Errorf("no example for the %s sink", s)
 		}

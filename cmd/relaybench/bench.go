@@ -284,13 +284,13 @@ func slotNote(ctx context.Context, d *database) (string, error) {
 	return "`relay init` did not create the slot: the backlog predates it and may have been drained through the poll path", nil
 }
 
-// sinkDrains drains a backlog per mode into kfake and into RabbitMQ, as
-// opts.Sinks selects (drain phase).
+// sinkDrains drains a backlog per mode into each sink of -sinks other
+// than NATS: kfake, RabbitMQ, pstest (drain phase).
 func (b *bench) sinkDrains(ctx context.Context) error {
 	if !b.opts.has("drain") {
 		return nil
 	}
-	for _, snk := range []string{"kafka", "rabbitmq"} {
+	for _, snk := range []string{"kafka", "rabbitmq", "pubsub"} {
 		if !slices.Contains(b.opts.Sinks, snk) {
 			continue
 		}
@@ -406,8 +406,9 @@ func (b *bench) scaling(ctx context.Context) error {
 const plainOutboxDDL = testenv.ContractOutbox + `;
 CREATE UNIQUE INDEX outbox_relay_seq_idx ON outbox (seq)`
 
-// sinkDrain drains a backlog in mode into snk, kafka (kfake) or rabbitmq,
-// through a database of its own.
+// sinkDrain drains a backlog in mode into snk (kafka, rabbitmq or pubsub),
+// in a database of its own; a build that rejects the combination is
+// recorded as unavailable.
 func (e *env) sinkDrain(ctx context.Context, mode, snk string, res *Results) error {
 	d, err := e.newSinkDatabase(ctx, "bench_"+mode+"_"+snk, mode, snk)
 	if err != nil {

@@ -137,8 +137,6 @@ func (e *env) prepareDrain(ctx context.Context, d *database, res *DrainResult, b
 		if sinkBefore, err = e.sinkCount(ctx, d); err != nil {
 			return 0, err
 		}
-	} else {
-		e.deleteStream(ctx)
 	}
 	t0 := time.Now()
 	if err := insertBacklog(ctx, d, o.Events, o.Aggregates, o.Payload); err != nil {

@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"cloud.google.com/go/pubsub/v2/pstest"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -57,8 +58,12 @@ var pgSettings = map[string]string{
 const (
 	benchStream  = "BENCH"
 	benchSubject = "bench.{aggregate_type}"
-	benchFilter  = "bench.>"
-	aggType      = "order"
+	// pubsubProject and pubsubTopic are where Pub/Sub drains publish: a
+	// fixed topic, which relay init creates in pstest.
+	pubsubProject = "relaybench"
+	pubsubTopic   = "bench-events"
+	benchFilter   = "bench.>"
+	aggType       = "order"
 	// benchPublication is capture.wal.publication of the relay configs.
 	benchPublication = "relay_bench"
 )
@@ -74,6 +79,7 @@ type env struct {
 	pgBin    string
 	kafka    *kafkatest.Cluster // kfake, started on first use
 	rabbit   *testenv.RabbitMQ  // started on first use
+	pubsub   *pstest.Server     // Google's Pub/Sub fake, started on first use
 	dir      string             // temporary directory: relay binary, configs, logs
 	closers  []func()
 }
@@ -219,6 +225,12 @@ func (d *database) configCopy(tag string) (string, int, error) {
     url: %q
     subject: %q
     stream: %s`, d.natsURL, benchSubject, benchStream)
+	if d.sink == "pubsub" {
+		snk = fmt.Sprintf(`  type: pubsub
+  pubsub:
+    project_id: %s
+    topic: %s`, pubsubProject, pubsubTopic)
+	}
 	if d.sink == "kafka" {
 		snk = fmt.Sprintf(`  type: kafka
   kafka:
@@ -302,6 +314,9 @@ func (e *env) newSinkDatabase(ctx context.Context, name, mode, snk string) (*dat
 		}
 		d.amqpURL = e.rabbit.URL("guest", "guest")
 	}
+	if snk == "pubsub" {
+		e.startPubSub()
+	}
 	if d.cfgPath, d.port, err = d.configCopy(name); err != nil {
 		return nil, err
 	}
@@ -357,6 +372,18 @@ func firstLine(s string) string {
 		s = s[:i]
 	}
 	return s
+}
+
+// startPubSub starts pstest, Google's in-process Pub/Sub fake, once, and
+// points the relays started afterwards at it through PUBSUB_EMULATOR_HOST
+// (they inherit the bench's environment).
+func (e *env) startPubSub() {
+	if e.pubsub != nil {
+		return
+	}
+	e.pubsub = pstest.NewServer()
+	e.closers = append(e.closers, func() { e.pubsub.Close() })
+	os.Setenv("PUBSUB_EMULATOR_HOST", e.pubsub.Addr)
 }
 
 // startKafka starts the in-process kfake broker once.
@@ -460,6 +487,8 @@ func (e *env) sinkCount(ctx context.Context, d *database) (uint64, error) {
 		return e.kafkaRecords(ctx)
 	case "rabbitmq":
 		return e.rabbitMessages()
+	case "pubsub":
+		return uint64(len(e.pubsub.Messages())), nil
 	}
 	return e.streamMsgs(ctx)
 }

@@ -42,7 +42,7 @@ type Options struct {
 	Payload     int           // payload size in bytes
 	Out         string        // JSON results file; empty: none
 	Modes       []string      // capture modes: poll, wal
-	Sinks       []string      // sinks of the drains: nats, kafka (kfake), rabbitmq
+	Sinks       []string      // sinks of the drains: nats, kafka (kfake), rabbitmq, pubsub (pstest)
 	Phases      []string      // drain, baselines, steady
 	Steady      time.Duration // length of each steady-state rate
 	CommitFor   time.Duration // length of the commit-rate measurement
@@ -139,7 +139,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	for _, c := range []struct {
 		flag, what string
 		got, known []string
-	}{{"sinks", "sink", o.Sinks, []string{"nats", "kafka", "rabbitmq"}},
+	}{{"sinks", "sink", o.Sinks, []string{"nats", "kafka", "rabbitmq", "pubsub"}},
 		{"modes", "mode", o.Modes, []string{"poll", "wal"}},
 		{"phases", "phase", o.Phases, []string{"drain", "baselines", "steady", "scaling", "impact"}}} {
 		for _, v := range c.got {
@@ -171,7 +171,7 @@ func defineFlags(fs *flag.FlagSet, o *Options) listFlags {
 	fs.StringVar(&o.Out, "out", "results.json", "JSON file for every figure; empty: none")
 	l := listFlags{
 		modes:  fs.String("modes", "poll,wal", "capture modes to measure, comma separated (wal is reported as not available when this build rejects it)"),
-		sinks:  fs.String("sinks", "nats,kafka", "sinks of the backlog drains, comma separated: nats (embedded JetStream), kafka (kfake, franz-go's in-process fake broker), rabbitmq (a rabbitmq-server node, quorum queue); steady state uses nats"),
+		sinks:  fs.String("sinks", "nats,kafka", "sinks of the backlog drains, comma separated: nats (embedded JetStream), kafka (kfake, franz-go's in-process fake broker), rabbitmq (a rabbitmq-server node, quorum queue), pubsub (pstest, Google's in-process Pub/Sub fake); steady state uses nats"),
 		phases: fs.String("phases", "drain,baselines,steady", "what to measure, comma separated: drain, baselines, steady, scaling (payload size, aggregates and poll relays curves; not in the default run), impact (the application's TPS and commit latency without a relay and with one per mode; not in the default run)"),
 		rss:    fs.Bool("rss", false, "also drain 1,000,000 events per mode into NATS for the relay's peak RSS (takes minutes)"),
 	}

@@ -179,6 +179,8 @@ func sinkLabel(snk string) string {
 		return "kfake (in-memory fake Kafka)"
 	case "rabbitmq":
 		return "RabbitMQ (quorum queue)"
+	case "pubsub":
+		return "pstest (in-process fake Pub/Sub)"
 	}
 	return "NATS JetStream"
 }

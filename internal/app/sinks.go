@@ -150,15 +150,21 @@ func openBroker(ctx context.Context, c config.Sink, log *slog.Logger, window int
 	return nil, &UsageError{Err: fmt.Errorf("sink.type %q is not supported", c.Type)}
 }
 
+// pubsubConfig maps the sink.pubsub keys to the sink's config and options.
+func pubsubConfig(p config.PubSub) (pubsubsink.Config, pubsubsink.Options) {
+	return pubsubsink.Config{ProjectID: p.ProjectID, Topic: p.Topic, CredentialsFile: p.CredentialsFile, Endpoint: p.Endpoint},
+		pubsubsink.Options{PublishTimeout: p.PublishTimeout.D(), BatchDelay: p.BatchDelay.D(), MaxPublishers: p.MaxPublishers}
+}
+
 // openPubSub connects the Pub/Sub sink of c.PubSub; prepare creates a
 // missing fixed topic.
 func openPubSub(ctx context.Context, c config.Sink, log *slog.Logger, env *envelope.CloudEvents, drops *sink.HeaderDrops) (*brokerSink, error) {
 	if env != nil {
 		return nil, &UsageError{Err: fmt.Errorf("sink.envelope: cloudevents is not supported with sink.type pubsub")}
 	}
-	p := c.PubSub
-	s, err := pubsubsink.New(ctx, pubsubsink.Config{ProjectID: p.ProjectID, Topic: p.Topic, CredentialsFile: p.CredentialsFile, Endpoint: p.Endpoint},
-		pubsubsink.Options{Logger: log, HeaderDrops: drops, PublishTimeout: p.PublishTimeout.D(), BatchDelay: p.BatchDelay.D()})
+	cfg, opts := pubsubConfig(c.PubSub)
+	opts.Logger, opts.HeaderDrops = log, drops
+	s, err := pubsubsink.New(ctx, cfg, opts)
 	if err != nil {
 		return nil, &UsageError{Err: err}
 	}
@@ -169,7 +175,7 @@ func openPubSub(ctx context.Context, c config.Sink, log *slog.Logger, env *envel
 			case err != nil:
 				return "", err
 			case t == "":
-				return "pubsub: the topics of " + p.Topic + " cannot be known ahead; create them before events reach them", nil
+				return "pubsub: the topics of " + cfg.Topic + " cannot be known ahead; create them before events reach them", nil
 			case created:
 				return "pubsub: topic " + t + " created", nil
 			default:

@@ -32,10 +32,15 @@ func TestSinkConfigsMapEveryKey(t *testing.T) {
 	} {
 		checkSet(t, name, reflect.ValueOf(got))
 	}
+	ps, po := pubsubConfig(s.PubSub)
+	checkSet(t, "pubsub", reflect.ValueOf(ps))
+	if po.PublishTimeout != s.PubSub.PublishTimeout.D() || po.BatchDelay != s.PubSub.BatchDelay.D() || po.MaxPublishers != s.PubSub.MaxPublishers {
+		t.Errorf("pubsub options %+v do not carry publish_timeout, batch_delay and max_publishers of %+v", po, s.PubSub)
+	}
 	if got := webhookConfig(s.Webhook).Timeout; got != s.Webhook.Timeout.D() {
 		t.Errorf("webhook timeout = %s, want %s", got, s.Webhook.Timeout.D())
 	}
-	if n, c := reflect.TypeFor[config.Sink]().NumField(), 14; n != c { // the sinks (pubsub's keys are mapped in openPubSub), type, envelope, cloudevents, rate_limit, held_max_age (a pipeline option), format and debezium (TestFormatShapesPublish)
+	if n, c := reflect.TypeFor[config.Sink]().NumField(), 14; n != c { // the sinks, type, envelope, cloudevents, rate_limit, held_max_age (a pipeline option), format and debezium (TestFormatShapesPublish)
 		t.Errorf("config.Sink has %d fields, this test maps %d: add the new sink", n, c)
 	}
 }

@@ -3,6 +3,7 @@ package pubsub
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,9 +28,10 @@ const confMaxMessage = 256 << 10
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	ps := testenv.StartPubSub(t)
+	made := &sync.Map{}
 	sinktest.Run(t, sinktest.Harness{
 		New: func(t *testing.T, scope, tmpl string) sink.Sink {
-			return &creating{Sink: newSink(t, ps.Addr(), tmpl, Options{MaxMessageBytes: confMaxMessage}), ps: ps, t: t}
+			return &creating{Sink: newSink(t, ps.Addr(), tmpl, Options{MaxMessageBytes: confMaxMessage}), ps: ps, t: t, made: made}
 		},
 		Received: func(t *testing.T, scope string) []sinktest.Message {
 			var out []sinktest.Message
@@ -52,7 +54,7 @@ func TestConformance(t *testing.T) {
 			}
 			t.Cleanup(p.Close)
 			p.Stall()
-			return &creating{Sink: newSink(t, p.Addr(), tmpl, Options{PublishTimeout: time.Minute}), ps: ps, t: t}
+			return &creating{Sink: newSink(t, p.Addr(), tmpl, Options{PublishTimeout: time.Minute}), ps: ps, t: t, made: made}
 		},
 		MaxMessageBytes: confMaxMessage,
 		Features: sinktest.Features{
@@ -64,7 +66,7 @@ func TestConformance(t *testing.T) {
 }
 
 // newSink returns a sink publishing to tmpl through the fake at addr.
-func newSink(t *testing.T, addr, tmpl string, opts Options) *Sink {
+func newSink(t testing.TB, addr, tmpl string, opts Options) *Sink {
 	t.Helper()
 	opts.Logger = slog.New(slog.DiscardHandler)
 	opts.ClientOptions = testenv.ClientOptions(addr)
@@ -86,17 +88,21 @@ func topicID(name string) string {
 }
 
 // creating creates the topics of each batch in the fake, directly (so also
-// while the proxy is down), before publishing it.
+// while the proxy is down), before publishing it; made holds the topic IDs
+// created so far.
 type creating struct {
 	*Sink
-	ps *testenv.PubSub
-	t  *testing.T
+	ps   *testenv.PubSub
+	t    *testing.T
+	made *sync.Map
 }
 
 func (c *creating) Publish(ctx context.Context, batch []*event.Event) error {
 	for _, e := range batch {
 		if id := c.DestinationOf(e); destname.PubSubTopic(id) == nil {
-			c.ps.CreateTopic(c.t, project, id)
+			if _, done := c.made.LoadOrStore(id, true); !done {
+				c.ps.CreateTopic(c.t, project, id)
+			}
 		}
 	}
 	return c.Sink.Publish(ctx, batch)

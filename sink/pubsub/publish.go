@@ -44,7 +44,8 @@ type call struct {
 	refs    []keyRef
 	errs    []error
 	results []*pubsub.PublishResult
-	sent    map[keyRef]int // messages handed to the client, by key
+	sent    map[keyRef]int        // messages handed to the client, by key
+	pubs    map[string]*publisher // publishers acquired, by topic
 }
 
 // Publish sends every event of batch and returns nil when Pub/Sub returned
@@ -65,7 +66,8 @@ func (s *Sink) Publish(ctx context.Context, batch []*event.Event) error {
 		cancel(nil)
 	}()
 	c := &call{refs: make([]keyRef, len(batch)), errs: make([]error, len(batch)),
-		results: make([]*pubsub.PublishResult, len(batch)), sent: map[keyRef]int{}}
+		results: make([]*pubsub.PublishResult, len(batch)), sent: map[keyRef]int{}, pubs: map[string]*publisher{}}
+	defer s.release(c)
 	s.send(ctx, c, batch)
 	for i, r := range c.results {
 		if r != nil {
@@ -115,13 +117,16 @@ func (s *Sink) send(ctx context.Context, c *call, batch []*event.Event) {
 			}
 			continue
 		}
-		p := s.publisher(ref.topic)
+		p := c.pubs[ref.topic]
 		if p == nil {
-			c.errs[i] = fault.AsUnavailable(errClosed)
-			continue
+			if p = s.acquire(ref.topic); p == nil {
+				c.errs[i] = fault.AsUnavailable(errClosed)
+				continue
+			}
+			c.pubs[ref.topic] = p
 		}
 		if c.sent[ref] == 0 {
-			s.resumeKey(p, ref)
+			s.resumeKey(p.Publisher, ref)
 		}
 		c.sent[ref]++
 		c.results[i] = p.Publish(ctx, msg)
@@ -221,7 +226,7 @@ func orderingKey(k string) string {
 	}
 	v := strings.ToValidUTF8(k, "\uFFFD")
 	n := min(len(v), maxOrderingKey-17)
-	for n > 0 && !utf8.RuneStart(v[n]) {
+	for n > 0 && n < len(v) && !utf8.RuneStart(v[n]) {
 		n--
 	}
 	sum := sha256.Sum256([]byte(k))

@@ -2,7 +2,8 @@
 // cloud.google.com/go/pubsub/v2 client, message ordering enabled.
 //
 // sink.pubsub.topic is a topic ID template; each rendered topic gets a
-// publisher of its own. The ordering key of every message is the event's
+// publisher of its own, at most Options.MaxPublishers open at once (the
+// least recently used idle one is stopped beyond it). The ordering key of every message is the event's
 // ordering key (event.Event.Key: the aggregate id, or outbox.order_by). The
 // client sends the messages of one ordering key one request after another
 // and, when a request fails, pauses the key: every later message of the
@@ -26,6 +27,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -33,6 +35,8 @@ import (
 	vkit "cloud.google.com/go/pubsub/v2/apiv1"
 	"github.com/googleapis/gax-go/v2"
 	"google.golang.org/api/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 
 	"github.com/outboxrelay/relay/internal/destname"
@@ -59,7 +63,9 @@ type Config struct {
 	CredentialsFile string
 	// Endpoint overrides the Pub/Sub endpoint, such as a regional one
 	// ("europe-west1-pubsub.googleapis.com:443"). Default empty: the global
-	// endpoint.
+	// endpoint. With PUBSUB_EMULATOR_HOST set, Endpoint overrides the
+	// emulator's address; the client still dials plain gRPC without
+	// credentials.
 	Endpoint string
 }
 
@@ -89,6 +95,13 @@ type Options struct {
 	// MaxPerAggregate is the most events of one ordering key a Publish
 	// call takes (sink.Ordered). Default 100.
 	MaxPerAggregate int
+	// MaxPublishers is the most topic publishers (each with its goroutines
+	// and buffers) the sink keeps open. Beyond it the least recently used
+	// publisher without publishes in flight is stopped; one is opened again
+	// when its topic is next published to. While every open publisher has
+	// publishes in flight the sink opens more and stops the extra ones as
+	// they finish. Default 100.
+	MaxPublishers int
 	// ClientOptions are added to the client's options (an endpoint and
 	// transport of an in-process fake, say).
 	ClientOptions []option.ClientOption
@@ -117,6 +130,7 @@ func (o Options) withDefaults() Options {
 	def(&o.MaxOutstandingBytes, 256<<20)
 	def(&o.MaxMessageBytes, DefaultMaxMessageBytes)
 	def(&o.MaxPerAggregate, 100)
+	def(&o.MaxPublishers, 100)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -136,9 +150,10 @@ type Sink struct {
 	rows   *sink.HeaderFilter
 
 	mu         sync.Mutex
-	publishers map[string]*pubsub.Publisher // by topic ID
-	paused     map[keyRef]bool              // keys the client may hold paused
-	isolate    map[keyRef]bool              // keys whose next event goes alone
+	publishers map[string]*publisher // open ones, by topic ID
+	uses       uint64                // counts acquire calls, for publisher.used
+	paused     map[keyRef]bool       // keys the client may hold paused
+	isolate    map[keyRef]bool       // keys whose next event goes alone
 	stopped    bool
 
 	closed    context.Context // cancelled by Close
@@ -180,7 +195,7 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 	}
 	s := &Sink{cfg: cfg, opts: opts, client: client, tmpl: tmpl.Limit(destname.MaxPubSubTopic),
 		rows:       sink.NewHeaderFilter(Rules, "", opts.HeaderDrops),
-		publishers: map[string]*pubsub.Publisher{}, paused: map[keyRef]bool{}, isolate: map[keyRef]bool{}}
+		publishers: map[string]*publisher{}, paused: map[keyRef]bool{}, isolate: map[keyRef]bool{}}
 	s.closed, s.closeNow = context.WithCancelCause(context.Background())
 	return s, nil
 }
@@ -189,7 +204,8 @@ func New(ctx context.Context, cfg Config, opts Options) (*Sink, error) {
 // With PUBSUB_EMULATOR_HOST set, the client library dials the emulator
 // without credentials itself.
 func clientOptions(cfg Config) ([]option.ClientOption, error) {
-	var o []option.ClientOption
+	o := []option.ClientOption{option.WithGRPCDialOption(grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff: reconnect, MinConnectTimeout: 20 * time.Second}))}
 	if cfg.Endpoint != "" {
 		o = append(o, option.WithEndpoint(cfg.Endpoint))
 	}
@@ -202,6 +218,12 @@ func clientOptions(cfg Config) ([]option.ClientOption, error) {
 	}
 	return append(o, option.WithAuthCredentialsFile(typ, cfg.CredentialsFile)), nil
 }
+
+// reconnect is the client's backoff between attempts to connect to
+// Pub/Sub: gRPC's default with at most 5s between attempts instead of 2
+// minutes, so that the relay publishes again within seconds of the end of
+// a long outage.
+var reconnect = backoff.Config{BaseDelay: 250 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second}
 
 // credentialsType reads the "type" of a credentials JSON file. Only the
 // type is read; nothing of the file is logged or returned.
@@ -267,30 +289,106 @@ func (s *Sink) Destination() string {
 	return fmt.Sprintf("pubsub project %s topic %s", s.cfg.ProjectID, s.cfg.Topic)
 }
 
-// publisher returns the publisher of topic, creating it on first use with
-// message ordering enabled, or nil once the sink is closed.
-func (s *Sink) publisher(topic string) *pubsub.Publisher {
+// publisher is an open topic publisher.
+type publisher struct {
+	*pubsub.Publisher
+	topic    string
+	inflight int                     // Publish calls using it
+	used     uint64                  // Sink.uses at its last acquire
+	pending  []*pubsub.PublishResult // of calls that returned before their results were in
+}
+
+// acquire returns the publisher of topic for one Publish call, opening it
+// with message ordering enabled on first use, or nil once the sink is
+// closed. The call must release it when its results are in.
+func (s *Sink) acquire(topic string) *publisher {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopped {
 		return nil
 	}
-	if p := s.publishers[topic]; p != nil {
-		return p
+	s.uses++
+	p := s.publishers[topic]
+	if p == nil {
+		p = &publisher{Publisher: s.client.Publisher(topic), topic: topic}
+		p.EnableMessageOrdering = true
+		p.PublishSettings.DelayThreshold = s.opts.BatchDelay
+		p.PublishSettings.CountThreshold = s.opts.BatchCount
+		p.PublishSettings.ByteThreshold = s.opts.BatchBytes
+		p.PublishSettings.Timeout = s.opts.PublishTimeout
+		p.PublishSettings.FlowControlSettings = pubsub.FlowControlSettings{
+			MaxOutstandingMessages: s.opts.MaxOutstandingMessages,
+			MaxOutstandingBytes:    s.opts.MaxOutstandingBytes,
+			LimitExceededBehavior:  pubsub.FlowControlBlock,
+		}
+		s.publishers[topic] = p
 	}
-	p := s.client.Publisher(topic)
-	p.EnableMessageOrdering = true
-	p.PublishSettings.DelayThreshold = s.opts.BatchDelay
-	p.PublishSettings.CountThreshold = s.opts.BatchCount
-	p.PublishSettings.ByteThreshold = s.opts.BatchBytes
-	p.PublishSettings.Timeout = s.opts.PublishTimeout
-	p.PublishSettings.FlowControlSettings = pubsub.FlowControlSettings{
-		MaxOutstandingMessages: s.opts.MaxOutstandingMessages,
-		MaxOutstandingBytes:    s.opts.MaxOutstandingBytes,
-		LimitExceededBehavior:  pubsub.FlowControlBlock,
-	}
-	s.publishers[topic] = p
+	p.inflight++
+	p.used = s.uses
 	return p
+}
+
+// release ends c's use of its publishers, keeping the results not yet in
+// (of a call its context ended) as in flight, and stops the least recently
+// used idle publishers while more than Options.MaxPublishers are open.
+func (s *Sink) release(c *call) {
+	s.mu.Lock()
+	for _, p := range c.pubs {
+		p.inflight--
+		p.pending = slices.DeleteFunc(p.pending, done)
+	}
+	for i, r := range c.results {
+		if r != nil && !done(r) {
+			p := c.pubs[c.refs[i].topic]
+			p.pending = append(p.pending, r)
+		}
+	}
+	var idle []*publisher
+	for len(s.publishers) > s.opts.MaxPublishers && !s.stopped {
+		p := s.leastUsedIdle()
+		if p == nil {
+			break
+		}
+		delete(s.publishers, p.topic)
+		// The key state a stopped publisher held is gone: a new publisher
+		// of the topic starts with no key paused. Nothing of the topic is
+		// in flight, so no message can overtake a failed one; the next
+		// call with a failed key republishes from the failed event.
+		for ref := range s.paused {
+			if ref.topic == p.topic {
+				delete(s.paused, ref)
+			}
+		}
+		idle = append(idle, p)
+	}
+	s.mu.Unlock()
+	for _, p := range idle {
+		p.Stop() // nothing is in flight: there is nothing to flush
+	}
+}
+
+// leastUsedIdle returns the least recently acquired open publisher with no
+// Publish call using it and no message in flight, or nil. s.mu must be
+// held.
+func (s *Sink) leastUsedIdle() *publisher {
+	var lru *publisher
+	for _, p := range s.publishers {
+		p.pending = slices.DeleteFunc(p.pending, done)
+		if p.inflight == 0 && len(p.pending) == 0 && (lru == nil || p.used < lru.used) {
+			lru = p
+		}
+	}
+	return lru
+}
+
+// done reports whether r's result is in.
+func done(r *pubsub.PublishResult) bool {
+	select {
+	case <-r.Ready():
+		return true
+	default:
+		return false
+	}
 }
 
 // Close fails in-flight and later Publish calls with an error classified

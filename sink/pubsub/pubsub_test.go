@@ -3,8 +3,10 @@ package pubsub
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -218,5 +220,106 @@ func TestAttributeLimits(t *testing.T) {
 	msgs := ps.Messages(project, "limits")
 	if len(msgs) != 1 || msgs[0].Attributes["googfoo"] != "" || msgs[0].Attributes["ok"] != "y" {
 		t.Fatalf("published %v", msgs)
+	}
+}
+
+// openPublishers returns how many topic publishers s holds open.
+func openPublishers(s *Sink) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.publishers)
+}
+
+// TestPublishersBounded publishes to 40 topics of a template, one after
+// the other and from 4 goroutines at once: at most MaxPublishers stay
+// open, stopping an idle one never fails a publish in flight, and every
+// event arrives.
+func TestPublishersBounded(t *testing.T) {
+	t.Parallel()
+	ps := testenv.StartPubSub(t)
+	const topics, max = 40, 3
+	for i := range topics {
+		ps.CreateTopic(t, project, fmt.Sprintf("bound-t%d", i))
+	}
+	s := newSink(t, ps.Addr(), "bound-{aggregate_id}", Options{MaxPublishers: max})
+	defer s.Close()
+	ctx := context.Background()
+	for i := range topics {
+		if err := s.Publish(ctx, events(fmt.Sprintf("t%d", i), "a", 1)); err != nil {
+			t.Fatal(err)
+		}
+		if n := openPublishers(s); n > max {
+			t.Fatalf("%d publishers open after publishing to %d topics, want at most %d", n, i+1, max)
+		}
+	}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := g; i < topics; i += 4 {
+				if err := s.Publish(ctx, events(fmt.Sprintf("t%d", i), "b", 2)); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := openPublishers(s); n > max {
+		t.Fatalf("%d publishers open after concurrent publishes, want at most %d", n, max)
+	}
+	if got := len(ps.Messages(project, "bound-")); got != topics*3 {
+		t.Fatalf("%d messages, want %d", got, topics*3)
+	}
+}
+
+// TestPausedKeyAcrossEviction: a key paused by a failed publish whose
+// topic's publisher is then stopped (another topic took its place) is
+// published again from the failed event, in order, on a new publisher.
+func TestPausedKeyAcrossEviction(t *testing.T) {
+	t.Parallel()
+	ps := testenv.StartPubSub(t, pstest.ServerReactorOption{FuncName: "Publish", Reactor: &failOnce{id: "e2", code: codes.Internal}})
+	ps.CreateTopic(t, project, "evict-x")
+	ps.CreateTopic(t, project, "evict-y")
+	s := newSink(t, ps.Addr(), "evict-{aggregate_id}", Options{BatchCount: 1, MaxPublishers: 1})
+	defer s.Close()
+	evs := events("x", "e", 5)
+	ctx := context.Background()
+	err := s.Publish(ctx, evs)
+	if got, want := sinktest.Classes(err, 5), []string{"ok", "ok", "unavailable", "unavailable", "unavailable"}; !slices.Equal(got, want) {
+		t.Fatalf("classes %v, want %v (%v)", got, want, err)
+	}
+	if err := s.Publish(ctx, events("y", "y", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if n := openPublishers(s); n != 1 {
+		t.Fatalf("%d publishers open, want 1: evict-x's was not stopped", n)
+	}
+	if err := s.Publish(ctx, evs[2:]); err != nil {
+		t.Fatalf("republish on a new publisher: %v", err)
+	}
+	if got, want := ids(ps.Messages(project, "evict-x")), []string{"e0", "e1", "e2", "e3", "e4"}; !slices.Equal(got, want) {
+		t.Fatalf("topic holds %v, want %v", got, want)
+	}
+}
+
+// TestInvalidUTF8Key publishes events whose aggregate ids are short
+// invalid UTF-8, which once panicked deriving the ordering key: each fails
+// as permanent (Pub/Sub refuses the aggregate_id attribute), the second of
+// an aggregate held back behind the first, and nothing is published.
+func TestInvalidUTF8Key(t *testing.T) {
+	t.Parallel()
+	ps := testenv.StartPubSub(t)
+	ps.CreateTopic(t, project, "badkey")
+	s := newSink(t, ps.Addr(), "badkey", Options{})
+	defer s.Close()
+	evs := append(events("\xff", "u", 2), events("\xfe\xff", "v", 1)...)
+	err := s.Publish(context.Background(), evs)
+	if got, want := sinktest.Classes(err, 3), []string{"permanent", "permanent", "permanent"}; !slices.Equal(got, want) {
+		t.Fatalf("%v, want %v: %v", got, want, err)
+	}
+	if !errors.Is(sink.Failed(err, 1), sink.ErrHeldBack) {
+		t.Errorf("event 1: %v, want held back", sink.Failed(err, 1))
+	}
+	if msgs := ps.Messages(project, "badkey"); len(msgs) != 0 {
+		t.Fatalf("published %d messages", len(msgs))
 	}
 }
