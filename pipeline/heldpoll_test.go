@@ -151,11 +151,14 @@ func TestProbesRotatePastPoison(t *testing.T) {
 			for i := range 50 {
 				insert(t, pool, fmt.Sprintf("good-%d", i), 1)
 			}
+			// Until the good events are in, the poison is the only held
+			// aggregate and rightly the only probe: count from here.
+			before := snk.triesOf(poison)
 			waitUntil(t, "the 50 good events published and the poison dead-lettered", func() bool {
 				return snk.acked() == 50 && count(t, pool, "outbox_dead_letter") == 1 && count(t, pool, "outbox") == 0
 			})
-			if n := snk.triesOf(poison); n > 10 {
-				t.Errorf("the poison event was sent %d times", n)
+			if n := snk.triesOf(poison) - before; n > 10 {
+				t.Errorf("the poison event was sent %d more times once other aggregates were held", n)
 			}
 		})
 	}
