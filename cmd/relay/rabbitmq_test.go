@@ -106,7 +106,7 @@ func rabbitSink(t *testing.T, admin, addr string) (string, func() []verify.Deliv
 func TestRabbitMQOutage(t *testing.T) {
 	t.Parallel()
 	node := rabbitBroker(t)
-	proxy := testenv.NewSwitchProxy(t, node.Addr())
+	proxy := testenv.NewProxy(t, node.Addr())
 	sinkYAML, collect := rabbitSink(t, node.Addr(), proxy.Addr())
 	s := newStack(t, stackOptions{Sink: sinkYAML, Collect: collect})
 	addr := s.withHTTP()
@@ -122,7 +122,9 @@ func TestRabbitMQOutage(t *testing.T) {
 	waitFor(t, func() bool { return readyz(addr) == http.StatusServiceUnavailable })
 	t.Logf("rabbitmq outage: /readyz 503 after %s", time.Since(stopped).Round(100*time.Millisecond))
 	time.Sleep(time.Until(stopped.Add(8 * time.Second)))
-	proxy.Up(t)
+	if err := proxy.Up(); err != nil {
+		t.Fatal(err)
+	}
 	<-produced
 	s.finish(relay, addr)
 }

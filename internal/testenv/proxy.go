@@ -3,6 +3,7 @@ package testenv
 import (
 	"net"
 	"sync"
+	"testing"
 	"time"
 )
 
@@ -107,6 +108,18 @@ func (p *Proxy) Up() error {
 	p.ln, p.down = ln, false
 	p.wg.Go(func() { p.accept(ln) })
 	return nil
+}
+
+// NewProxy starts a proxy to target as StartProxy does; t's cleanup closes
+// it.
+func NewProxy(t testing.TB, target string) *Proxy {
+	t.Helper()
+	p, err := StartProxy(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
 }
 
 // Close stops listening, closes every connection and waits for the

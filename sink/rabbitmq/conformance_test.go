@@ -17,13 +17,13 @@ import (
 // RabbitMQ node. Each scope publishes to a topic exchange of its name with
 // the suite's template as routing key, and a classic queue of that name
 // bound with "#" holds what arrives. Sinks reach the node through a
-// SwitchProxy, so that Stop and Start make it unreachable and reachable
+// Proxy, so that Stop and Start make it unreachable and reachable
 // again without losing its messages. The node's max_message_size refuses
 // the oversized event (406 PRECONDITION_FAILED).
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	ad := newAdmin(t)
-	proxy := testenv.NewSwitchProxy(t, broker(t).Addr())
+	proxy := testenv.NewProxy(t, broker(t).Addr())
 	var mu sync.Mutex
 	received := map[string][]sinktest.Message{}
 
@@ -42,7 +42,11 @@ func TestConformance(t *testing.T) {
 		},
 		Sanitize: sanitizeKey,
 		Stop:     func(t *testing.T) { proxy.Down() },
-		Start:    func(t *testing.T) { proxy.Up(t) },
+		Start: func(t *testing.T) {
+			if err := proxy.Up(); err != nil {
+				t.Fatal(err)
+			}
+		},
 		// The sink connects, then the proxy stops moving bytes: messages
 		// are sent and never confirmed.
 		NewStalled: func(t *testing.T, scope, tmpl string) sink.Sink {

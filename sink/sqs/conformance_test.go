@@ -52,14 +52,14 @@ func TestConformanceStandard(t *testing.T) {
 }
 
 // harness connects the suite to an emulator. Sinks reach the emulator
-// through a testenv.SwitchProxy, so that Stop and Start make SQS unreachable and
+// through a testenv.Proxy, so that Stop and Start make SQS unreachable and
 // reachable again without losing its queues and messages; Received reads
 // the emulator directly.
 type harness struct {
 	sinktest.Harness
 	srv    *testenv.SQS
 	client *awssqs.Client
-	proxy  *testenv.SwitchProxy
+	proxy  *testenv.Proxy
 	suffix string            // ".fifo" or ""
 	attrs  map[string]string // of every queue created
 
@@ -73,7 +73,7 @@ func newHarness(t *testing.T, suffix string, attrs map[string]string) *harness {
 	h := &harness{
 		srv:      srv,
 		client:   newClient(srv.Endpoint()),
-		proxy:    testenv.NewSwitchProxy(t, strings.TrimPrefix(srv.Endpoint(), "http://")),
+		proxy:    testenv.NewProxy(t, strings.TrimPrefix(srv.Endpoint(), "http://")),
 		suffix:   suffix,
 		attrs:    attrs,
 		created:  map[string]bool{},
@@ -91,7 +91,11 @@ func newHarness(t *testing.T, suffix string, attrs map[string]string) *harness {
 		Template:        func(scope, suffix string) string { return scope + "-" + suffix + h.suffix },
 		Sanitize:        sanitize,
 		Stop:            func(t *testing.T) { h.proxy.Down() },
-		Start:           func(t *testing.T) { h.proxy.Up(t) },
+		Start: func(t *testing.T) {
+			if err := h.proxy.Up(); err != nil {
+				t.Fatal(err)
+			}
+		},
 		// A TCP proxy that stops moving bytes: requests are sent but never
 		// answered; the sink's request timeout (30s) is far away.
 		NewStalled: func(t *testing.T, scope, tmpl string) sink.Sink {
