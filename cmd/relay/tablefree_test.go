@@ -51,6 +51,9 @@ func TestTableFree(t *testing.T) {
 		s.start()
 		s.waitDrained(60 * time.Second)
 		wire, stream := s.verify()
+		// The malformed message is dead-lettered when its batch is
+		// settled, which may follow the last delivery.
+		waitFor(t, func() bool { return s.deadLetters() > 0 })
 		var raw, reason string
 		err := s.pool.QueryRow(ctx, `SELECT convert_from(payload, 'UTF8'), error FROM outbox_dead_letter`).Scan(&raw, &reason)
 		if err != nil || raw != `{"id": "not a uuid"}` || !strings.Contains(reason, "aggregate_type is missing") {

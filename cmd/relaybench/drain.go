@@ -132,7 +132,9 @@ func (e *env) prepareDrain(ctx context.Context, d *database, res *DrainResult, b
 		return 0, err
 	}
 	var sinkBefore uint64
-	if d.sink != "nats" {
+	if d.sink == "nats" {
+		e.deleteStream(ctx)
+	} else {
 		var err error
 		if sinkBefore, err = e.sinkCount(ctx, d); err != nil {
 			return 0, err
