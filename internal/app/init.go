@@ -112,7 +112,7 @@ func initTables(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, con
 	if err := steps[0].Run(ctx, conn); err != nil {
 		return err
 	}
-	info, err := schema.Inspect(ctx, conn, l)
+	info, err := schema.InspectFor(ctx, conn, l, cfg.Capture.Mode == "wal")
 	if err != nil {
 		return err
 	}
@@ -264,7 +264,7 @@ func existingSequence(ctx context.Context, cfg *config.Config, l schema.Layout) 
 		return ""
 	}
 	defer conn.Close(ctx)
-	info, err := schema.Inspect(ctx, conn, l)
+	info, err := schema.InspectFor(ctx, conn, l, cfg.Capture.Mode == "wal")
 	if err != nil {
 		return ""
 	}

@@ -31,7 +31,7 @@ func runPrivileges(cfg *config.Config, seq string) []schema.Privilege {
 // outbox that schema.Inspect rejects. A database that cannot be reached
 // returns its error, which openWhenReachable waits out.
 func checkGrants(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config) error {
-	info, err := schema.Inspect(ctx, pool, layoutOf(cfg))
+	info, err := schema.InspectFor(ctx, pool, layoutOf(cfg), cfg.Capture.Mode == "wal")
 	if err != nil && !cfg.Capture.WAL.Messages() { // the table-free outbox has no table to inspect
 		if unreachable(err) {
 			return err
