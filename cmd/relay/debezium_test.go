@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -372,6 +373,18 @@ sink:
 			var left int
 			if err := pool.QueryRow(ctx, `SELECT count(*) FROM outboxevent`).Scan(&left); err != nil || left != 0 {
 				t.Errorf("%d rows left in the outbox (%v), want 0", left, err)
+			}
+			if out, code := runRelay(t, "check", "--config", cfg); code != 0 {
+				t.Errorf("relay check: exit %d, want 0\n%s", code, out)
+			}
+			yaml, err := os.ReadFile(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			poll := writeConfig(t, strings.Replace(string(yaml), "mode: wal", "mode: poll", 1))
+			want := `ALTER TABLE "public"."outboxevent" ADD COLUMN "headers" jsonb;`
+			if out, code := runRelay(t, "check", "--config", poll); code != 1 || !strings.Contains(out, want) {
+				t.Errorf("relay check in poll mode: exit %d, want 1 with %q\n%s", code, want, out)
 			}
 		})
 	}

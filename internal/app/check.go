@@ -129,7 +129,7 @@ func checkPrivileges(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config
 	var missing []schema.Privilege
 	var absent []string
 	if err == nil {
-		needs := slices.DeleteFunc(runPrivileges(cfg, info.SeqSequence), func(p schema.Privilege) bool { return p.Kind == "ROLE" })
+		needs := slices.DeleteFunc(runPrivileges(cfg, info), func(p schema.Privilege) bool { return p.Kind == "ROLE" })
 		missing, absent, err = schema.MissingPrivileges(ctx, pool, needs)
 	}
 	fix := []string{"see the error"}
