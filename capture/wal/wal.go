@@ -10,7 +10,9 @@
 // Next returns a retryable error and the next call resumes from the slot's
 // confirmed position, so events may be delivered again with the same ids.
 // With Options.MessagePrefix it captures the table-free outbox instead:
-// logical decoding messages, with no table (see message.go).
+// logical decoding messages, with no table (see message.go). An outbox
+// table without seq, headers or created_at (one made for Debezium) is
+// captured too, with the differences scan.go and replay.go describe.
 // docs/design.md describes how.
 package wal
 
