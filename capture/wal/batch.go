@@ -294,6 +294,9 @@ func (b *batch) recordLeft(ctx context.Context, o capture.Outcome) error {
 // it came from. It returns the dead events and bad rows whose row is gone
 // (the application inserted and deleted it in one transaction).
 func (b *batch) copyDead(ctx context.Context, tx pgx.Tx, dead []capture.DeadEvent, bad []*badRow, cut bool) ([]capture.DeadEvent, []*badRow, error) {
+	if b.src.sql.copyDead == "" {
+		return dead, bad, nil
+	}
 	ids := make([]string, 0, len(dead)+len(bad))
 	var f failures
 	for _, d := range dead {
@@ -472,16 +475,19 @@ func buildQueries(l schema.Layout, mode string, info schema.Info, slot string) q
 	// a text[] parameter directly, while for uuid[] it first tries a plan
 	// that fails, building an error per call.
 	idType := "text[]::" + info.Types[l.Cols.ID]
-	return queries{
+	info.Types = l.DeadLetterTypes(info.Types)
+	q := queries{
 		archive:       l.ArchiveByKey(mode, l.Cols.ID, idType),
 		dropDead:      l.ArchiveByKey(schema.ArchiveDelete, l.Cols.ID, idType),
 		unarchived:    l.UnarchivedByID(mode, idType),
 		leave:         l.LeaveDrain(slot),
 		deadLetter:    deadLetterSQL(l, info, false),
 		deadLetterCut: deadLetterSQL(l, info, true),
-		copyDead:      copyDeadSQL(l, info, idType, false),
-		copyDeadCut:   copyDeadSQL(l, info, idType, true),
 	}
+	if len(info.Missing) == 0 { // else the dead rows are written from their values
+		q.copyDead, q.copyDeadCut = copyDeadSQL(l, info, idType, false), copyDeadSQL(l, info, idType, true)
+	}
+	return q
 }
 
 // deadLetterSQL returns the statement inserting dead letters from their

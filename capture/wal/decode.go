@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -104,15 +105,23 @@ type decoder struct {
 	scratch []byte
 }
 
-func newDecoder(l schema.Layout) *decoder {
-	return &decoder{table: l.Outbox, names: fieldNames(l), rels: map[uint32]*relation{}}
+// newDecoder returns the decoder of l's outbox, which lacks the columns
+// missing (see schema.Info.Missing).
+func newDecoder(l schema.Layout, missing []string) *decoder {
+	return &decoder{table: l.Outbox, names: fieldNames(l, missing), rels: map[uint32]*relation{}}
 }
 
-// fieldNames returns the column name of each field; fOrder's is empty when
-// the aggregate id orders.
-func fieldNames(l schema.Layout) []string {
+// fieldNames returns the column name of each field; it is empty for the
+// fields of the missing columns, and fOrder's is empty when the aggregate
+// id orders.
+func fieldNames(l schema.Layout, missing []string) []string {
 	names := make([]string, numFields)
 	copy(names, l.Cols.List())
+	for k, n := range names {
+		if slices.Contains(missing, n) {
+			names[k] = ""
+		}
+	}
 	return names
 }
 
@@ -218,15 +227,20 @@ func (d *decoder) insert(body []byte) (decoded, error) {
 	if err := d.readTuple(body[5:], rel); err != nil {
 		return decoded{}, err
 	}
+	return d.row(rel), nil
+}
+
+// row decodes the row of rel in d.vals: an event, or a bad row.
+func (d *decoder) row(rel *relation) decoded {
 	ev, seq, err := d.event(rel)
 	if err != nil {
-		return decoded{kind: kindRow, bad: d.badRow(err), xid: d.xid}, nil
+		return decoded{kind: kindRow, bad: d.badRow(err), xid: d.xid}
 	}
 	var stored string
 	if id := d.vals[fID]; !canonicalUUID(id) {
 		stored = string(id)
 	}
-	return decoded{kind: kindRow, ev: ev, seq: seq, stored: stored, xid: d.xid}, nil
+	return decoded{kind: kindRow, ev: ev, seq: seq, stored: stored, xid: d.xid}
 }
 
 // readTuple points d.vals at the mapped columns of a TupleData; NULL
@@ -275,7 +289,7 @@ func (d *decoder) event(rel *relation) (*event.Event, int64, error) {
 	}
 	v := &d.vals
 	for _, k := range []int{fID, fAggregateType, fAggregateID, fEventType, fPayload, fSeq} {
-		if v[k] == nil {
+		if v[k] == nil && (k != fSeq || d.names[fSeq] != "") {
 			return nil, 0, fmt.Errorf("%s is NULL", d.names[k])
 		}
 	}
@@ -283,7 +297,10 @@ func (d *decoder) event(rel *relation) (*event.Event, int64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	seq, err := parseInt(v[fSeq])
+	seq, err := int64(d.commit), error(nil) // an outbox without seq: the commit's position
+	if d.names[fSeq] != "" {
+		seq, err = parseInt(v[fSeq])
+	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("%s %q is not an integer", d.names[fSeq], v[fSeq])
 	}
@@ -314,6 +331,8 @@ func (d *decoder) event(rel *relation) (*event.Event, int64, error) {
 		if ev.CreatedAt, err = parseTimestamp(cut(fCreatedAt)); err != nil {
 			return nil, 0, err
 		}
+	} else if d.names[fCreatedAt] == "" {
+		ev.CreatedAt = d.commitAt // an outbox without created_at
 	}
 	ev.OrderKey = cut(fOrder)
 	return ev, seq, nil

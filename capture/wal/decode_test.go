@@ -93,7 +93,7 @@ func mustDecode(t *testing.T, d *decoder, msg []byte) decoded {
 }
 
 func TestDecodeTransaction(t *testing.T) {
-	d := newDecoder(testLayout)
+	d := newDecoder(testLayout, nil)
 	mustDecode(t, d, relationMsg(1, "app data", `Out "Box`, outboxCols))
 	mustDecode(t, d, beginMsg(1000))
 	r := mustDecode(t, d, insertMsg(1, row()...))
@@ -116,7 +116,7 @@ func TestDecodeTransaction(t *testing.T) {
 }
 
 func TestDecodeRelationChangesAndOtherTables(t *testing.T) {
-	d := newDecoder(testLayout)
+	d := newDecoder(testLayout, nil)
 	mustDecode(t, d, relationMsg(1, "app data", `Out "Box`, outboxCols))
 	mustDecode(t, d, relationMsg(2, "public", `Out "Box`, outboxCols)) // same name, other schema
 	mustDecode(t, d, beginMsg(1))
@@ -153,7 +153,7 @@ func TestDecodeBadRows(t *testing.T) {
 		{"missing column", outboxCols[:8], func(v []*string) {}, `column "created_at"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := newDecoder(testLayout)
+			d := newDecoder(testLayout, nil)
 			mustDecode(t, d, relationMsg(1, "app data", `Out "Box`, tc.cols))
 			v := row()[:len(tc.cols)]
 			tc.edit(v)
@@ -169,7 +169,7 @@ func TestDecodeBadRows(t *testing.T) {
 }
 
 func TestDecodeMalformedMessages(t *testing.T) {
-	d := newDecoder(testLayout)
+	d := newDecoder(testLayout, nil)
 	mustDecode(t, d, relationMsg(1, "app data", `Out "Box`, outboxCols))
 	msg := insertMsg(1, row()...)
 	for n := 1; n < len(msg); n++ {
@@ -185,7 +185,7 @@ func TestDecodeMalformedMessages(t *testing.T) {
 func FuzzDecodeInsert(f *testing.F) {
 	f.Add(insertMsg(1, row()...)[1:])
 	f.Fuzz(func(t *testing.T, body []byte) {
-		d := newDecoder(testLayout)
+		d := newDecoder(testLayout, nil)
 		if _, err := d.decode(relationMsg(1, "app data", `Out "Box`, outboxCols)); err != nil {
 			t.Fatal(err)
 		}
@@ -197,7 +197,7 @@ func FuzzDecodeInsert(f *testing.F) {
 // allocations, not one per column: the event, one string for its text
 // fields, the payload and the headers map.
 func TestDecodeAllocations(t *testing.T) {
-	d := newDecoder(testLayout)
+	d := newDecoder(testLayout, nil)
 	mustDecode(t, d, relationMsg(1, "app data", `Out "Box`, outboxCols))
 	v := row()
 	v[7] = nil
@@ -215,7 +215,7 @@ func BenchmarkDecode(b *testing.B) {
 		headers *string
 	}{{"headers", s(`{"source": "relaybench"}`)}, {"no_headers", nil}} {
 		b.Run(tc.name, func(b *testing.B) {
-			d := newDecoder(testLayout)
+			d := newDecoder(testLayout, nil)
 			if _, err := d.decode(relationMsg(1, "app data", `Out "Box`, outboxCols)); err != nil {
 				b.Fatal(err)
 			}
@@ -249,7 +249,7 @@ func TestDecodeIDForms(t *testing.T) {
 		{"6ba7b810-9dad-11d1-80b4-00c04fd430C8", testID},
 		{testID[:35], ""},
 	} {
-		d := newDecoder(testLayout)
+		d := newDecoder(testLayout, nil)
 		mustDecode(t, d, relationMsg(1, "app data", `Out "Box`, outboxCols))
 		v := row()
 		v[3] = s(tc.in)

@@ -18,7 +18,7 @@ import (
 // others.
 type drain struct {
 	owner       *Source
-	src         *claim.Source
+	src         batchSource
 	to          int64
 	outstanding atomic.Int64  // drained batches not completed or abandoned
 	settled     chan struct{} // signalled when a drained batch settles
@@ -26,7 +26,17 @@ type drain struct {
 	began       time.Time
 }
 
+// batchSource is where a drain takes its batches from: a claim.Source, or
+// for an outbox lacking a column claims need a scan.
+type batchSource interface {
+	Next(ctx context.Context) (capture.Batch, error)
+	Close() error
+}
+
 func (s *Source) newDrain(ctx context.Context, to int64) (*drain, error) {
+	if len(s.info.Missing) > 0 {
+		return &drain{owner: s, src: newScan(s), to: to, settled: make(chan struct{}, 1), began: time.Now()}, nil
+	}
 	src, err := claim.New(ctx, claim.Options{Pool: s.opts.Pool, Layout: s.layout, BatchSize: s.opts.BatchSize,
 		MaxBatchBytes: s.opts.MaxBatchBytes, ArchiveMode: s.opts.ArchiveMode, MaxSeq: to, Held: &s.held, Logger: s.log})
 	if err != nil {

@@ -105,12 +105,18 @@ type guard struct {
 }
 
 // newGuard returns the slot's guard; with messages (the table-free
-// outbox) there is no outbox table whose rows could show a stall.
-func newGuard(l schema.Layout, archiveMode string, messages bool) *guard {
+// outbox) there is no outbox table whose rows could show a stall. With
+// lacking (an outbox without seq, see schema.Info.Missing) a pending drain
+// covers every row.
+func newGuard(l schema.Layout, archiveMode string, messages, lacking bool) *guard {
 	rows := fmt.Sprintf(`EXISTS (SELECT 1 FROM %s WHERE %s > coalesce((SELECT drain_to FROM %s WHERE slot = $1), 0) %s)`,
 		l.Outbox.Ident(), schema.Q(l.Cols.Seq), l.DrainTable().Ident(), l.Unpublished(archiveMode, ""))
-	if messages {
+	switch {
+	case messages:
 		rows = "false"
+	case lacking:
+		rows = fmt.Sprintf(`(EXISTS (SELECT 1 FROM %s WHERE true %s) AND NOT EXISTS (SELECT 1 FROM %s WHERE slot = $1))`,
+			l.Outbox.Ident(), l.Unpublished(archiveMode, ""), l.DrainTable().Ident())
 	}
 	return &guard{state: SlotState{RetainedBytes: -1, LagBytes: -1, SafeWALSize: -1, KeepSize: -1}, kick: make(chan struct{}, 1),
 		query: fmt.Sprintf(`SELECT s.slot_name IS NOT NULL, coalesce(s.active, false), coalesce(s.wal_status, 'missing'),

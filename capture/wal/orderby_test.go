@@ -11,7 +11,7 @@ import (
 func TestDecodeOrderColumn(t *testing.T) {
 	l := testLayout
 	l.Cols.OrderBy = "extra"
-	d := newDecoder(l)
+	d := newDecoder(l, nil)
 	mustDecode(t, d, relationMsg(1, "app data", `Out "Box`, outboxCols))
 	mustDecode(t, d, beginMsg(1))
 	r := mustDecode(t, d, insertMsg(1, row()...))

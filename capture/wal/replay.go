@@ -24,7 +24,11 @@ import (
 // table, or archived by a drain of the table. A row the application itself
 // deleted before any relay published it is dropped too, as poll mode never
 // sees it. Batches that begin after that position are live and are not
-// looked up.
+// looked up. An outbox lacking a relay column (schema.Info.Missing, a
+// table made for Debezium) is not looked up at all: its application may
+// delete each row in the transaction that inserts it, so a missing row
+// does not tell that it was published, and replayed events are published
+// again instead.
 
 // currentLSN returns the server's current WAL insert position: every
 // transaction an earlier stream could have received committed before it.

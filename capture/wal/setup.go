@@ -129,7 +129,7 @@ func checkSlot(ctx context.Context, pool *pgxpool.Pool, l schema.Layout, slot st
 		f.Err = errors.New("lost: the WAL it needs was removed (max_slot_wal_keep_size)")
 		f.Fix = "`relay run` recreates it and publishes the outbox backlog first; consider raising max_slot_wal_keep_size"
 	default:
-		if st, _, _, err := newGuard(l, "", true).read(ctx, pool, slot); err == nil {
+		if st, _, _, err := newGuard(l, "", true, false).read(ctx, pool, slot); err == nil {
 			f.What += fmt.Sprintf(" (wal_status %s, %d bytes behind, %d bytes of WAL retained)", st.WALStatus, st.LagBytes, st.RetainedBytes)
 		}
 	}

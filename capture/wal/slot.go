@@ -157,7 +157,8 @@ func checkPublication(ctx context.Context, q schema.Querier, l schema.Layout, pu
 		return fmt.Errorf("inspect publication %s: %w", pub, err)
 	}
 	var table []byte
-	err = q.QueryRow(ctx, `SELECT to_jsonb(t) FROM pg_publication_tables t
+	err = q.QueryRow(ctx, `SELECT to_jsonb(t) || jsonb_build_object('columns', (SELECT jsonb_agg(attname) FROM pg_attribute
+		  WHERE attrelid = format('%I.%I', $2::text, $3::text)::regclass AND attnum > 0 AND NOT attisdropped)) FROM pg_publication_tables t
 		WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`, pub, l.Outbox.Schema, l.Outbox.Name).Scan(&table)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fault.AsPermanent(fmt.Errorf("publication %s exists but does not cover outbox table %s: run ALTER PUBLICATION %s ADD TABLE %s, or set capture.wal.publication to a new name",
@@ -173,11 +174,13 @@ func checkPublication(ctx context.Context, q schema.Querier, l schema.Layout, pu
 }
 
 // checkPublishedColumns rejects a row filter or a column list that hides
-// outbox rows or mapped columns (PostgreSQL 15 and later).
+// outbox rows or mapped columns (PostgreSQL 15 and later); a mapped column
+// the table lacks (see schema.Info.Missing) is not looked for.
 func checkPublishedColumns(table []byte, l schema.Layout, pub string) error {
 	var t struct {
 		RowFilter *string  `json:"rowfilter"`
 		AttNames  []string `json:"attnames"`
+		Columns   []string `json:"columns"` // the table's
 	}
 	if err := json.Unmarshal(table, &t); err != nil {
 		return fmt.Errorf("inspect publication %s: %w", pub, err)
@@ -187,7 +190,7 @@ func checkPublishedColumns(table []byte, l schema.Layout, pub string) error {
 			pub, l.Outbox, *t.RowFilter))
 	}
 	for _, c := range l.Cols.List() {
-		if t.AttNames != nil && !slices.Contains(t.AttNames, c) {
+		if t.AttNames != nil && !slices.Contains(t.AttNames, c) && slices.Contains(t.Columns, c) {
 			return fault.AsPermanent(fmt.Errorf("publication %s does not publish column %s of outbox table %s; set capture.wal.publication to a new name",
 				pub, c, l.Outbox))
 		}

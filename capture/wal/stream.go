@@ -65,7 +65,7 @@ const maxUnarchivedBatches = 24
 const unarchivedBatchBytes = 3
 
 func newStream(src *Source, conn *pgconn.PgConn, start, replayTo pglogrepl.LSN, every time.Duration) *stream {
-	dec := newDecoder(src.layout)
+	dec := newDecoder(src.layout, src.info.Missing)
 	dec.prefix = src.opts.MessagePrefix
 	st := &stream{src: src, conn: conn, dec: dec, every: every, log: src.log,
 		ready: make(chan struct{}, 1), taken: make(chan struct{}, 1), done: make(chan struct{}), flushed: start,
@@ -108,7 +108,7 @@ func (st *stream) next(ctx context.Context) (capture.Batch, error) {
 			}
 		}
 		b := st.take()
-		if b != nil && st.src.opts.MessagePrefix == "" && st.replayed(b) {
+		if b != nil && st.src.opts.MessagePrefix == "" && len(st.src.info.Missing) == 0 && st.replayed(b) {
 			left, err := st.dropArchived(ctx, b)
 			if err != nil {
 				st.fail(err)
@@ -197,6 +197,17 @@ func (st *stream) add(d decoded) bool {
 	if n := len(b.xids); n == 0 || b.xids[n-1] != d.xid {
 		b.xids = append(b.xids, d.xid)
 	}
+	b.add(d)
+	st.atCommit = false
+	full := st.isFull(b)
+	if full {
+		signal(st.ready)
+	}
+	return full
+}
+
+// add appends a decoded row's event or bad row.
+func (b *batch) add(d decoded) {
 	if d.ev != nil {
 		b.bytes += d.ev.Size()
 		b.events = append(b.events, d.ev)
@@ -211,12 +222,6 @@ func (st *stream) add(d decoded) bool {
 		b.bytes += d.bad.size()
 		b.bad = append(b.bad, d.bad)
 	}
-	st.atCommit = false
-	full := st.isFull(b)
-	if full {
-		signal(st.ready)
-	}
-	return full
 }
 
 // commit records the end of a transaction: the open batch, or when it is

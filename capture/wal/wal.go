@@ -10,7 +10,9 @@
 // Next returns a retryable error and the next call resumes from the slot's
 // confirmed position, so events may be delivered again with the same ids.
 // With Options.MessagePrefix it captures the table-free outbox instead:
-// logical decoding messages, with no table (see message.go).
+// logical decoding messages, with no table (see message.go). An outbox
+// table without seq, headers or created_at (one made for Debezium) is
+// captured too, with the differences scan.go and replay.go describe.
 // docs/design.md describes how.
 package wal
 
@@ -165,6 +167,7 @@ func (o *Options) setDefaults() error {
 type Source struct {
 	opts   Options
 	layout schema.Layout // opts.Layout
+	info   schema.Info   // what prepareSource learned of the outbox
 	log    *slog.Logger
 	sql    queries
 	arch   *archiver
@@ -241,10 +244,10 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Source{opts: opts, log: opts.Logger, layout: l, sql: buildQueries(l, opts.ArchiveMode, info, opts.Slot), repl: replConfig(opts),
+	s := &Source{opts: opts, log: opts.Logger, layout: l, info: info, sql: buildQueries(l, opts.ArchiveMode, info, opts.Slot), repl: replConfig(opts),
 		pace: newPacer(), unsettled: map[*drained]bool{}, recreated: map[string]*atomic.Int64{},
 		lead: newLeadership(opts.Pool.Config().ConnConfig.Copy(), l, opts.Logger)}
-	s.guard = *newGuard(l, opts.ArchiveMode, opts.MessagePrefix != "")
+	s.guard = *newGuard(l, opts.ArchiveMode, opts.MessagePrefix != "", len(info.Missing) > 0)
 	s.guard.fails = outage.New(opts.Logger, "replication slot observation failed; the slot metrics keep their last values until it works again",
 		"replication slot observation works again")
 	for _, r := range SlotRecreateReasons {
@@ -267,9 +270,13 @@ func prepareSource(ctx context.Context, opts Options) (schema.Info, error) {
 	if opts.MessagePrefix != "" {
 		return l.MessageInfo(), prepareMessages(ctx, opts.Pool, l, opts.Publication, opts.Failover)
 	}
-	info, err := schema.InspectSource(ctx, opts.Pool, l)
+	info, err := schema.InspectSource(ctx, opts.Pool, l, true)
 	if err != nil {
 		return info, err
+	}
+	if len(info.Missing) > 0 && opts.ArchiveMode != "" && opts.ArchiveMode != schema.ArchiveDelete {
+		return info, fault.AsPermanent(fmt.Errorf("outbox table %s has no column %s: archive.mode %s needs it, use archive.mode delete or add it (see docs/migrating-from-debezium.md)",
+			l.Outbox, strings.Join(info.Missing, ", "), opts.ArchiveMode))
 	}
 	if err := checkServer(ctx, opts.Pool); err != nil {
 		return info, err
@@ -605,7 +612,9 @@ func (s *Source) start(ctx, term context.Context) error {
 			return err
 		}
 		s.draining.Store(true)
-		s.drainClaims.Store(s.drain.src) // a new claim source claims from the first seq
+		if c, ok := s.drain.src.(*claim.Source); ok {
+			s.drainClaims.Store(c) // a new claim source claims from the first seq
+		}
 		s.log.Info("publishing outbox rows committed before the slot existed through the poll path, then streaming",
 			"slot", name, "drain_to_seq", to)
 		return nil
@@ -790,6 +799,13 @@ func currentTimeline(ctx context.Context, q schema.Querier) (int64, error) {
 // outbox (see capture.Holder): the batches completed with them left record
 // them in the slot's pending drain, and drains skip them until Release.
 func (s *Source) Hold(key string) { s.held.Add(key) }
+
+// HoldsInOutbox reports whether the source may be used as a
+// capture.Holder: not for the table-free outbox, nor for an outbox table
+// without a column that a drain of held rows needs (see
+// schema.Info.Missing), whose broken destinations' events the pipeline
+// holds in memory, and the slot with them.
+func (s *Source) HoldsInOutbox() bool { return s.opts.MessagePrefix == "" && len(s.info.Missing) == 0 }
 
 // Release ends the hold of keys (see capture.Holder): the stream ends and,
 // once the batches handed out before have settled (or after releaseWait),

@@ -55,7 +55,7 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logge
 		if cfg.Capture.WAL.Messages() {
 			checkMessages(ctx, pool, cfg, w, report)
 		} else {
-			info, err := schema.Inspect(ctx, pool, l)
+			info, err := schema.InspectFor(ctx, pool, l, cfg.Capture.Mode == "wal")
 			report("outbox table "+l.Outbox.String(), err, "run `relay init`, or fix outbox.table / outbox.columns / outbox.order_by")
 			if err == nil {
 				checkPrivileges(ctx, pool, cfg, info, report)
@@ -129,7 +129,7 @@ func checkPrivileges(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config
 	var missing []schema.Privilege
 	var absent []string
 	if err == nil {
-		needs := slices.DeleteFunc(runPrivileges(cfg, info.SeqSequence), func(p schema.Privilege) bool { return p.Kind == "ROLE" })
+		needs := slices.DeleteFunc(runPrivileges(cfg, info), func(p schema.Privilege) bool { return p.Kind == "ROLE" })
 		missing, absent, err = schema.MissingPrivileges(ctx, pool, needs)
 	}
 	fix := []string{"see the error"}

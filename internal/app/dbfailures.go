@@ -173,7 +173,7 @@ func (g *dbFailures) fix(err error) string {
 // name, or "".
 func (g *dbFailures) tableGrant(name string) string {
 	l := g.layout
-	needs := runPrivileges(g.cfg, "")
+	needs := runPrivileges(g.cfg, schema.Info{})
 	for _, t := range []schema.Table{l.Outbox, l.DeadLetter, l.Archive, l.DrainTable()} {
 		if t.Name != name {
 			continue

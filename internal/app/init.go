@@ -112,7 +112,7 @@ func initTables(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, con
 	if err := steps[0].Run(ctx, conn); err != nil {
 		return err
 	}
-	info, err := schema.Inspect(ctx, conn, l)
+	info, err := schema.InspectFor(ctx, conn, l, cfg.Capture.Mode == "wal")
 	if err != nil {
 		return err
 	}
@@ -130,7 +130,7 @@ func initTables(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, con
 	}
 	fmt.Fprintf(w, "postgres: outbox %s, dead-letter table %s ready\n", l.Outbox, l.DeadLetter)
 	if opts.Role != "" {
-		if err := grantRole(ctx, conn, cfg, info.SeqSequence, opts.Role, w); err != nil {
+		if err := grantRole(ctx, conn, cfg, info, opts.Role, w); err != nil {
 			return err
 		}
 	}
@@ -150,7 +150,7 @@ func initMessages(ctx context.Context, cfg *config.Config, conn *pgxpool.Conn, o
 	fmt.Fprintf(w, "postgres: dead-letter table %s, publication %s and replication slot %s ready for outbox messages with prefix %s\n",
 		l.DeadLetter, wc.Publication, wc.Slot, wc.MessagePrefix)
 	if opts.Role != "" {
-		return grantRole(ctx, conn, cfg, "", opts.Role, w)
+		return grantRole(ctx, conn, cfg, schema.Info{}, opts.Role, w)
 	}
 	return nil
 }
@@ -160,9 +160,9 @@ func initMessages(ctx context.Context, cfg *config.Config, conn *pgxpool.Conn, o
 // when role may replicate already; when granting it is refused for want of
 // superuser, grantRole prints the statement a superuser must run and goes
 // on, so that init fails only on what its own role could do.
-func grantRole(ctx context.Context, conn *pgxpool.Conn, cfg *config.Config, seq, role string, w io.Writer) error {
+func grantRole(ctx context.Context, conn *pgxpool.Conn, cfg *config.Config, info schema.Info, role string, w io.Writer) error {
 	lacking := ""
-	for _, stmt := range schema.GrantSQL(runPrivileges(cfg, seq), role) {
+	for _, stmt := range schema.GrantSQL(runPrivileges(cfg, info), role) {
 		var err error
 		switch {
 		case !strings.HasPrefix(stmt, "ALTER ROLE "):
@@ -243,32 +243,29 @@ func initDryRun(ctx context.Context, cfg *config.Config, l schema.Layout, role s
 		return nil
 	}
 	fmt.Fprintf(w, "\n-- Privileges of role %s for `relay run`, and nothing more:\n", role)
-	for _, stmt := range grantSQL(cfg, existingSequence(ctx, cfg, l), role) {
+	for _, stmt := range grantSQL(cfg, existingInfo(ctx, cfg, l), role) {
 		fmt.Fprintf(w, "%s;\n", stmt)
 	}
 	return nil
 }
 
-// existingSequence returns the seq column's sequence when the database is
-// reachable and the outbox exists, or "" (the default identity sequence
-// name is then assumed).
-func existingSequence(ctx context.Context, cfg *config.Config, l schema.Layout) string {
+// existingInfo returns what schema.InspectFor learns of the outbox when the
+// database is reachable and the outbox exists, or nothing (the default
+// identity sequence name is then assumed).
+func existingInfo(ctx context.Context, cfg *config.Config, l schema.Layout) schema.Info {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	pcfg, err := pgConfig(ctx, cfg.Postgres, 1)
 	if err != nil {
-		return ""
+		return schema.Info{}
 	}
 	conn, err := pgx.ConnectConfig(ctx, pcfg.ConnConfig)
 	if err != nil {
-		return ""
+		return schema.Info{}
 	}
 	defer conn.Close(ctx)
-	info, err := schema.Inspect(ctx, conn, l)
-	if err != nil {
-		return ""
-	}
-	return info.SeqSequence
+	info, _ := schema.InspectFor(ctx, conn, l, cfg.Capture.Mode == "wal")
+	return info
 }
 
 // notify reports whether init installs the insert notify trigger.

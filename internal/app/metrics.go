@@ -233,10 +233,22 @@ type sampled struct {
 	query string
 }
 
-func newBacklogAge(l schema.Layout, archiveMode string) *sampled {
+// newBacklogAge returns the sample of the age of the oldest unpublished
+// row of an outbox with the columns info describes. Without seq the oldest
+// is the row of the oldest inserting transaction; without created_at its
+// age is its transaction's commit time's when track_commit_timestamp is on,
+// else 0.
+func newBacklogAge(l schema.Layout, archiveMode string, info schema.Info) *sampled {
+	at, order := schema.Q(l.Cols.CreatedAt), schema.Q(l.Cols.Seq)
+	if info.Lacks(l.Cols.CreatedAt) {
+		at = `CASE WHEN current_setting('track_commit_timestamp')::bool THEN pg_xact_commit_timestamp(xmin) END`
+	}
+	if info.Lacks(l.Cols.Seq) {
+		order = "age(xmin) DESC"
+	}
 	return &sampled{query: fmt.Sprintf(`SELECT coalesce(extract(epoch FROM now() - (
 		SELECT %s FROM %s WHERE true %s ORDER BY %s LIMIT 1)), 0)::float8`,
-		schema.Q(l.Cols.CreatedAt), l.Outbox.Ident(), l.Unpublished(archiveMode, ""), schema.Q(l.Cols.Seq))}
+		at, l.Outbox.Ident(), l.Unpublished(archiveMode, ""), order)}
 }
 
 // deadLetterCap is the most dead-letter rows newDeadLetterCount counts.

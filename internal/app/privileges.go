@@ -14,11 +14,14 @@ import (
 
 // runPrivileges returns the privileges `relay run` needs with cfg
 // (schema.RunPrivileges), the one list that run's start check, `relay
-// check` and `relay init --role` use; seq is the seq column's sequence, or
-// "" for the name PostgreSQL gives a new identity column's.
-func runPrivileges(cfg *config.Config, seq string) []schema.Privilege {
-	return layoutOf(cfg).RunPrivileges(schema.RunNeeds{WAL: cfg.Capture.Mode == "wal", ArchiveMode: cfg.Archive.Mode,
-		Prune: cfg.Archive.Retention > 0, Sequence: seq, Messages: cfg.Capture.WAL.Messages()})
+// check` and `relay init --role` use; info describes the outbox (its seq
+// column's sequence, or none for the name PostgreSQL gives a new identity
+// column's).
+func runPrivileges(cfg *config.Config, info schema.Info) []schema.Privilege {
+	l := layoutOf(cfg)
+	return l.RunPrivileges(schema.RunNeeds{WAL: cfg.Capture.Mode == "wal", ArchiveMode: cfg.Archive.Mode,
+		Prune: cfg.Archive.Retention > 0, Sequence: info.SeqSequence, NoSeq: info.Lacks(l.Cols.Seq),
+		Messages: cfg.Capture.WAL.Messages()})
 }
 
 // checkGrants returns an error naming every privilege of runPrivileges the
@@ -31,7 +34,7 @@ func runPrivileges(cfg *config.Config, seq string) []schema.Privilege {
 // outbox that schema.Inspect rejects. A database that cannot be reached
 // returns its error, which openWhenReachable waits out.
 func checkGrants(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config) error {
-	info, err := schema.Inspect(ctx, pool, layoutOf(cfg))
+	info, err := schema.InspectFor(ctx, pool, layoutOf(cfg), cfg.Capture.Mode == "wal")
 	if err != nil && !cfg.Capture.WAL.Messages() { // the table-free outbox has no table to inspect
 		if unreachable(err) {
 			return err
@@ -42,7 +45,7 @@ func checkGrants(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config) er
 	if err := pool.QueryRow(ctx, `SELECT current_user`).Scan(&role); err != nil {
 		return fmt.Errorf("read the current role: %w", err)
 	}
-	missing, absent, err := schema.MissingPrivileges(ctx, pool, runPrivileges(cfg, info.SeqSequence))
+	missing, absent, err := schema.MissingPrivileges(ctx, pool, runPrivileges(cfg, info))
 	if err != nil || len(missing) == 0 {
 		return err
 	}
@@ -75,8 +78,8 @@ func grantFix(missing []schema.Privilege, role string) []string {
 // grantSQL returns the statements giving role what `relay run` needs with
 // cfg, for `relay init --role`: the GRANTs and, in wal mode, the
 // replication privilege, with its managed-service alternative.
-func grantSQL(cfg *config.Config, seq, role string) []string {
-	stmts := schema.GrantSQL(runPrivileges(cfg, seq), role)
+func grantSQL(cfg *config.Config, info schema.Info, role string) []string {
+	stmts := schema.GrantSQL(runPrivileges(cfg, info), role)
 	for i, stmt := range stmts {
 		if strings.HasPrefix(stmt, "ALTER ROLE ") {
 			stmts[i] = "-- replication (Amazon RDS/Aurora: GRANT rds_replication TO " + schema.Q(role) +

@@ -52,7 +52,7 @@ func (s *recordedSource) Next(ctx context.Context) (capture.Batch, error) {
 // archive mode mode, looking ids up on pool.
 func unarchivedIn(pool *pgxpool.Pool, l schema.Layout, mode string) sink.Unarchived {
 	return func(ctx context.Context, ids []string) ([]string, error) {
-		info, err := schema.Inspect(ctx, pool, l)
+		info, err := schema.InspectFor(ctx, pool, l, true)
 		if err != nil {
 			return nil, err
 		}

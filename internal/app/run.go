@@ -19,6 +19,7 @@ import (
 	"github.com/outboxrelay/relay/capture/wal"
 	"github.com/outboxrelay/relay/config"
 	"github.com/outboxrelay/relay/internal/outage"
+	"github.com/outboxrelay/relay/internal/schema"
 	"github.com/outboxrelay/relay/pipeline"
 	"github.com/outboxrelay/relay/sink"
 )
@@ -110,7 +111,13 @@ func (r *Relay) open(ctx context.Context) error {
 
 	r.reg = newRegistry()
 	batch, window := limitRate(snk, cfg.Sink.RateLimit, r.reg, log, batch)
-	r.backlog = newBacklogAge(layoutOf(cfg), cfg.Archive.Mode)
+	var info schema.Info // the table-free outbox has none: no backlog sample runs
+	if !cfg.Capture.WAL.Messages() {
+		if info, err = schema.InspectFor(ctx, pool, layoutOf(cfg), cfg.Capture.Mode == "wal"); err != nil {
+			return err
+		}
+	}
+	r.backlog = newBacklogAge(layoutOf(cfg), cfg.Archive.Mode, info)
 	r.dlq = newDeadLetterCount(layoutOf(cfg))
 	r.dbFailures = &dbFailures{Source: tracedSource(tracer, recorded(src, snk, cfg, pool), cfg), log: log, layout: layoutOf(cfg), cfg: cfg,
 		role: pool.Config().ConnConfig.User, initial: cfg.Retry.Initial.D(), max: cfg.Retry.Max.D(),
@@ -183,6 +190,9 @@ func (r *Relay) Close() {
 // them in memory, and the slot with them.
 func holderOf(src capture.Source, cfg *config.Config) capture.Holder {
 	if cfg.Capture.WAL.Messages() {
+		return nil
+	}
+	if o, ok := src.(interface{ HoldsInOutbox() bool }); ok && !o.HoldsInOutbox() {
 		return nil
 	}
 	h, _ := src.(capture.Holder)

@@ -223,14 +223,15 @@ func (rep *statusReport) read(ctx context.Context, tx pgx.Tx, cfg *config.Config
 	if cfg.Capture.WAL.Messages() {
 		return rep.readTableFree(ctx, tx, l, cfg)
 	}
-	if _, err := schema.Inspect(ctx, tx, l); err != nil {
+	info, err := schema.InspectFor(ctx, tx, l, cfg.Capture.Mode == "wal")
+	if err != nil {
 		if errors.Is(err, schema.ErrNoOutbox) {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("outbox table %s does not exist: run relay init", l.Outbox))
 			return nil
 		}
 		return err
 	}
-	if err := rep.readOutbox(ctx, tx, l, cfg.Archive.Mode); err != nil {
+	if err := rep.readOutbox(ctx, tx, l, cfg.Archive.Mode, info); err != nil {
 		return err
 	}
 	if err := rep.readSlot(ctx, tx, cfg.Capture.WAL.Slot); err != nil {
@@ -258,7 +259,7 @@ func (rep *statusReport) readTableFree(ctx context.Context, tx pgx.Tx, l schema.
 	return rep.readDeadLetters(ctx, tx, l)
 }
 
-func (rep *statusReport) readOutbox(ctx context.Context, tx pgx.Tx, l schema.Layout, archiveMode string) error {
+func (rep *statusReport) readOutbox(ctx context.Context, tx pgx.Tx, l schema.Layout, archiveMode string, info schema.Info) error {
 	o := rep.Outbox
 	err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s WHERE true %s LIMIT %d) t`,
 		l.Outbox.Ident(), l.Unpublished(archiveMode, ""), backlogCap+1)).Scan(&o.Unpublished)
@@ -268,7 +269,7 @@ func (rep *statusReport) readOutbox(ctx context.Context, tx pgx.Tx, l schema.Lay
 	if o.Unpublished > backlogCap {
 		o.Unpublished, o.Capped = backlogCap, true
 	}
-	if err := tx.QueryRow(ctx, newBacklogAge(l, archiveMode).query).Scan(&o.OldestAgeSeconds); err != nil {
+	if err := tx.QueryRow(ctx, newBacklogAge(l, archiveMode, info).query).Scan(&o.OldestAgeSeconds); err != nil {
 		return fmt.Errorf("read the oldest unpublished event: %w", err)
 	}
 	return nil

@@ -92,9 +92,14 @@ func (l Layout) CreatePollIndex() string { return l.pollIndex().create(true) }
 // outbox whose column types are types (nil: the contract's): the outbox
 // table, the poll index, the notify trigger (notify) or its removal, the
 // dead-letter table with its indexes, and what archive mode archiveMode
-// needs. Indexes are built CONCURRENTLY.
+// needs. Indexes are built CONCURRENTLY. An outbox without a seq column
+// (types without it, see InspectFor) gets no poll index.
 func (l Layout) InitSteps(notify bool, archiveMode string, types map[string]string) []Step {
-	steps := []Step{tableStep("outbox table", l.Outbox, l.CreateOutbox()), l.pollIndex().step(), l.notifyStep(notify)}
+	steps := []Step{tableStep("outbox table", l.Outbox, l.CreateOutbox())}
+	if _, ok := types[l.Cols.Seq]; ok || types == nil {
+		steps = append(steps, l.pollIndex().step())
+	}
+	steps = append(steps, l.notifyStep(notify))
 	dl := l.CreateDeadLetter(types)
 	steps = append(steps, tableStep("dead-letter table", l.DeadLetter, dl[0]))
 	steps = append(steps, l.orderColumnStep("dead-letter table", l.DeadLetter, types)...)
@@ -207,6 +212,16 @@ func (l Layout) typedColumns(types map[string]string) []string {
 		cols = append(cols, fmt.Sprintf("  %s %s", Q(c), columnType(i, c, types)))
 	}
 	return cols
+}
+
+// DeadLetterTypes returns the type of every column of Columns.List in the
+// dead-letter table that CreateDeadLetter(types) creates.
+func (l Layout) DeadLetterTypes(types map[string]string) map[string]string {
+	out := make(map[string]string, len(types))
+	for i, c := range l.Cols.List() {
+		out[c] = columnType(i, c, types)
+	}
+	return out
 }
 
 // columnType returns the type of column name, the i-th of Columns.List:

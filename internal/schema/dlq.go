@@ -227,6 +227,10 @@ func (l Layout) NextKeys(ctx context.Context, q Querier, f DeadLetterFilter, key
 // transaction. It returns how many rows went back into the outbox
 // (redriven) and how many dead letters it removed.
 func (l Layout) Redrive(ctx context.Context, q Querier, f DeadLetterFilter, resequence bool) (redriven, removed int64, err error) {
+	info, err := InspectFor(ctx, q, l, true) // an outbox lacking a relay column gets the others
+	if err != nil {
+		return 0, 0, err
+	}
 	cond, args := l.where(f)
 	c := l.Cols
 	var ids, aggs []string
@@ -242,7 +246,7 @@ func (l Layout) Redrive(ctx context.Context, q Querier, f DeadLetterFilter, rese
 		RETURNING %[3]s::text AS id, %[7]s AS key
 	)
 	SELECT (SELECT count(*) FROM moved), coalesce(array_agg(id), '{}'), coalesce(array_agg(key), '{}') FROM inserted`,
-		l.DeadLetter.Ident(), cond, Q(c.ID), l.Outbox.Ident(), l.insertColumns(), Q(c.Seq), c.Key("")), args...).Scan(&removed, &ids, &aggs)
+		l.DeadLetter.Ident(), cond, Q(c.ID), l.Outbox.Ident(), l.insertColumns(info.Missing...), Q(c.Seq), c.Key("")), args...).Scan(&removed, &ids, &aggs)
 	if err != nil {
 		return 0, 0, fmt.Errorf("redrive dead letters from %s into %s: %w", l.DeadLetter, l.Outbox, err)
 	}
@@ -256,25 +260,35 @@ func (l Layout) Redrive(ctx context.Context, q Querier, f DeadLetterFilter, rese
 
 // resequence re-inserts the outbox rows of ordering keys keys (see
 // Columns.Key), other than ids, after everything else, keeping their ids
-// and relative order.
+// and relative order (without seq, see Info.Missing, that of their
+// inserting transactions).
 func (l Layout) resequence(ctx context.Context, q Querier, ids, keys []string) error {
+	info, err := InspectFor(ctx, q, l, true)
+	if err != nil {
+		return err
+	}
 	c := l.Cols
-	_, err := q.Exec(ctx, fmt.Sprintf(`WITH moved AS (
+	order := Q(c.Seq)
+	if info.Lacks(c.Seq) {
+		order = "age(xmin) DESC, ctid"
+	}
+	_, err = q.Exec(ctx, fmt.Sprintf(`WITH moved AS (
 		DELETE FROM %[1]s WHERE %[2]s = ANY($1) AND %[3]s::text <> ALL($2) RETURNING *
 	)
 	INSERT INTO %[1]s (%[4]s) SELECT %[4]s FROM moved ORDER BY %[5]s`,
-		l.Outbox.Ident(), c.Key(""), Q(c.ID), l.insertColumns(), Q(c.Seq)), keys, ids)
+		l.Outbox.Ident(), c.Key(""), Q(c.ID), l.insertColumns(info.Missing...), order), keys, ids)
 	if err != nil {
 		return fmt.Errorf("re-sequence parked events in %s: %w", l.Outbox, err)
 	}
 	return nil
 }
 
-// insertColumns lists the outbox columns an INSERT sets: all but seq.
-func (l Layout) insertColumns() string {
+// insertColumns lists the outbox columns an INSERT sets: all but seq and
+// the columns missing from the outbox.
+func (l Layout) insertColumns(missing ...string) string {
 	var cols []string
 	for _, c := range l.Cols.List() {
-		if c != l.Cols.Seq {
+		if c != l.Cols.Seq && !slices.Contains(missing, c) {
 			cols = append(cols, Q(c))
 		}
 	}

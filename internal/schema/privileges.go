@@ -50,6 +50,9 @@ type RunNeeds struct {
 	// Sequence is the quoted name of the sequence behind the seq column;
 	// empty: the name PostgreSQL gives an identity column of a new table.
 	Sequence string
+	// NoSeq is an outbox without a seq column (wal mode, see
+	// Info.Missing): no sequence is read.
+	NoSeq bool
 	// Messages is the table-free outbox of wal mode (capture.wal.source
 	// messages): no outbox, archive or drain table.
 	Messages bool
@@ -111,7 +114,9 @@ func (l Layout) RunPrivileges(n RunNeeds) []Privilege {
 	if seq == "" {
 		seq = sibling(l.Outbox, "_"+l.Cols.Seq+"_seq")
 	}
-	add("SEQUENCE", seq, "the claim reads the seq sequence as its watermark (poll capture, wal mode's table drain)", "SELECT")
+	if !n.NoSeq {
+		add("SEQUENCE", seq, "the claim reads the seq sequence as its watermark (poll capture, wal mode's table drain)", "SELECT")
+	}
 	if n.WAL {
 		add("TABLE", l.DrainTable().Ident(), "wal mode records there the table drain it owes a new or recreated slot (slot loss)",
 			"SELECT", "INSERT", "UPDATE", "DELETE")

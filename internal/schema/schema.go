@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 
@@ -71,22 +72,30 @@ type Info struct {
 	ContentType string
 	// SeqSequence is the regclass text of the sequence behind seq, or empty.
 	SeqSequence string
+	// Missing lists the mapped columns among headers, created_at and seq
+	// that the table lacks, which only InspectWAL accepts; they are not in
+	// Types.
+	Missing []string
 }
+
+// Lacks reports whether the outbox table lacks column col (see Missing).
+func (i Info) Lacks(col string) bool { return slices.Contains(i.Missing, col) }
 
 // ErrNoOutbox is returned by Inspect when the outbox table does not exist.
 var ErrNoOutbox = errors.New("outbox table does not exist")
 
-// InspectSource is Inspect for a capture source: a missing outbox table and
-// a seq column without a sequence are permanent errors (fault.AsPermanent).
-func InspectSource(ctx context.Context, q Querier, l Layout) (Info, error) {
-	info, err := Inspect(ctx, q, l)
+// InspectSource is Inspect for a capture source (InspectWAL with wal): a
+// missing outbox table and a seq column without a sequence are permanent
+// errors (fault.AsPermanent).
+func InspectSource(ctx context.Context, q Querier, l Layout, wal bool) (Info, error) {
+	info, err := inspect(ctx, q, l, wal)
 	if err != nil {
 		if errors.Is(err, ErrNoOutbox) {
 			err = fault.AsPermanent(err)
 		}
 		return Info{}, err
 	}
-	if info.SeqSequence == "" {
+	if info.SeqSequence == "" && !info.Lacks(l.Cols.Seq) {
 		return Info{}, fault.AsPermanent(fmt.Errorf("outbox table %s: column %s has no sequence (declare it GENERATED ALWAYS AS IDENTITY)",
 			l.Outbox, l.Cols.Seq))
 	}
@@ -100,8 +109,20 @@ func InspectSource(ctx context.Context, q Querier, l Layout) (Info, error) {
 var addable = [...]string{5: "jsonb", 6: "timestamptz NOT NULL DEFAULT now()", 7: "bigint GENERATED ALWAYS AS IDENTITY"}
 
 // Inspect checks that the outbox table exists with every mapped column and a
-// supported payload type.
+// supported payload type. Poll capture needs them all; see InspectWAL.
 func Inspect(ctx context.Context, q Querier, l Layout) (Info, error) {
+	return inspect(ctx, q, l, false)
+}
+
+// InspectFor is Inspect, or with wal set the inspection for wal capture,
+// which does without the headers, created_at and seq columns (a table made
+// for Debezium lacks them): those the table lacks are listed in
+// Info.Missing rather than failing.
+func InspectFor(ctx context.Context, q Querier, l Layout, wal bool) (Info, error) {
+	return inspect(ctx, q, l, wal)
+}
+
+func inspect(ctx context.Context, q Querier, l Layout, wal bool) (Info, error) {
 	var exists bool
 	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, l.Outbox.Ident()).Scan(&exists); err != nil {
 		return Info{}, fmt.Errorf("inspect outbox table %s: %w", l.Outbox, err)
@@ -132,6 +153,8 @@ func Inspect(ctx context.Context, q Querier, l Layout) (Info, error) {
 		}
 		if _, ok := info.Types[c]; !ok && c == l.Cols.OrderBy {
 			return Info{}, fmt.Errorf("outbox table %s has no column %q, which outbox.order_by names", l.Outbox, c)
+		} else if !ok && def != "" && wal {
+			info.Missing = append(info.Missing, c)
 		} else if !ok && def != "" {
 			return Info{}, fmt.Errorf("outbox table %s has no column %q: add it (ALTER TABLE %s ADD COLUMN %s %s; inserts need not name it), or map it with outbox.columns",
 				l.Outbox, c, l.Outbox.Ident(), Q(c), def)
@@ -141,6 +164,9 @@ func Inspect(ctx context.Context, q Querier, l Layout) (Info, error) {
 	}
 	if info.ContentType, err = contentType(info.Types[l.Cols.Payload]); err != nil {
 		return Info{}, fmt.Errorf("outbox table %s column %s: %w", l.Outbox, l.Cols.Payload, err)
+	}
+	if info.Lacks(l.Cols.Seq) {
+		return info, nil
 	}
 	var seq *string
 	if err := q.QueryRow(ctx, `SELECT pg_get_serial_sequence($1, $2)`, l.Outbox.Ident(), l.Cols.Seq).Scan(&seq); err != nil {

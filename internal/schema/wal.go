@@ -75,11 +75,15 @@ func (l Layout) CreateSlot(slot string, failover bool) SlotCreation {
 
 // FillDrain returns the statement that sets the bound of slot's pending
 // drain, when not set yet, to the last value of the seq column's sequence,
-// returning it.
+// returning it. An outbox without a seq column (see InspectFor) gets 1 when
+// it holds rows, else 0: its drain takes every row it holds when it starts.
 func (l Layout) FillDrain(slot string) string {
-	return fmt.Sprintf(`UPDATE %s SET drain_to = coalesce(pg_sequence_last_value(pg_get_serial_sequence(%s, %s)::regclass), 0)
-  WHERE slot = %s AND drain_to IS NULL RETURNING drain_to`,
-		l.DrainTable().Ident(), Literal(l.Outbox.Ident()), Literal(l.Cols.Seq), Literal(slot))
+	return fmt.Sprintf(`UPDATE %s SET drain_to = CASE
+    WHEN EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass AND attname = %s AND attnum > 0 AND NOT attisdropped)
+    THEN coalesce(pg_sequence_last_value(pg_get_serial_sequence(%[2]s, %[3]s)::regclass), 0)
+    ELSE (SELECT count(*) FROM (SELECT FROM %[5]s LIMIT 1) o) END
+  WHERE slot = %[4]s AND drain_to IS NULL RETURNING drain_to`,
+		l.DrainTable().Ident(), Literal(l.Outbox.Ident()), Literal(l.Cols.Seq), Literal(slot), l.Outbox.Ident())
 }
 
 // LeaveDrain returns the statement recording that outbox rows up to seq $1

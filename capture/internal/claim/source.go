@@ -224,7 +224,7 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	if opts.Partitions <= 0 {
 		opts.Partitions = 16
 	}
-	info, err := schema.InspectSource(ctx, opts.Pool, opts.Layout)
+	info, err := schema.InspectSource(ctx, opts.Pool, opts.Layout, false)
 	if err != nil {
 		return nil, err
 	}
