@@ -36,15 +36,12 @@ test: deps
 FUZZTIME ?= 5s
 FUZZ_TARGETS = FuzzClean:./internal/rowtext FuzzPublishedByType:./pipeline FuzzRowValuesLogged:./pipeline \
 	FuzzRender:./sink/template FuzzParseHeaders:./event FuzzEnvSecret:./config \
-	FuzzRecordHeaders:./sink/kafka FuzzMessageAttributes:./sink/sqs FuzzMessage:./sink/pubsub
+	FuzzRecordHeaders:./sink/kafka FuzzMessageAttributes:./sink/sqs FuzzMessage:./sink/pubsub FuzzFields:./sink/redis
 # FuzzRedactDSN (internal/redact) runs on its seeds only: a fuzzer still
 # finds garbled, unencoded URLs whose password redact cannot tell from the
 # host (the relay's own messages never echo postgres.url).
 fuzz:
-	@set -e; for t in $(FUZZ_TARGETS); do \
-		echo "fuzz: $${t%%:*} in $${t#*:} for $(FUZZTIME)"; \
-		$(GO) test -run '^$$' -fuzz "^$${t%%:*}$$" -fuzztime $(FUZZTIME) "$${t#*:}"; \
-	done
+	@GO=$(GO) FUZZTIME=$(FUZZTIME) bash scripts/fuzz.sh $(FUZZ_TARGETS)
 
 deps:
 	bash scripts/deps.sh
