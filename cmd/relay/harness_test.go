@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"net/url"
@@ -51,6 +52,8 @@ func TestMain(m *testing.M) {
 		os.Setenv(k, v)
 	}
 	startPubSubFake()
+	flag.Parse()
+	bootRabbitEarly()
 	testenv.Main(m)
 }
 

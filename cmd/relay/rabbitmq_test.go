@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"net/http"
 	"sync"
@@ -27,16 +28,38 @@ var (
 
 func rabbitBroker(t *testing.T) *testenv.RabbitMQ {
 	t.Helper()
-	rabbitOnce.Do(func() {
-		rabbitNode, rabbitErr = testenv.StartRabbitMQ(testenv.RabbitMQOptions{})
-		if rabbitErr == nil {
-			testenv.OnExit(rabbitNode.Shutdown)
-		}
-	})
+	startRabbitNode()
 	if rabbitErr != nil {
 		t.Fatal(rabbitErr)
 	}
 	return rabbitNode
+}
+
+// startRabbitNode starts the shared node once; TestMain's exit function
+// stops it.
+func startRabbitNode() {
+	rabbitOnce.Do(func() {
+		rabbitNode, rabbitErr = testenv.StartRabbitMQ(testenv.RabbitMQOptions{})
+	})
+}
+
+// bootRabbitEarly starts the shared node in the background when the whole
+// package runs, so that it boots while the serial tests run (a boot took
+// over 90 s with both cores busy), and registers its shutdown, which
+// waits for a boot still in progress.
+func bootRabbitEarly() {
+	booted := make(chan struct{})
+	if flag.Lookup("test.run").Value.String() == "" {
+		go func() { startRabbitNode(); close(booted) }()
+	} else {
+		close(booted)
+	}
+	testenv.OnExit(func() {
+		<-booted // a boot a test started ended with its test
+		if rabbitErr == nil && rabbitNode != nil {
+			rabbitNode.Shutdown()
+		}
+	})
 }
 
 // startRabbitMQ declares an exchange and a classic queue bound to it with
