@@ -51,18 +51,25 @@ func TestCloudEventsErrors(t *testing.T) {
 			if strings.Contains(tt.section, "webhook:") {
 				typ = "webhook"
 			}
-			_, err := parse("config.yaml", []byte(sinkCase(typ, tt.section)), env(nil))
-			if err == nil {
-				t.Fatal("no error")
-			}
-			prefix := fmt.Sprintf("config.yaml:%d: %s: ", tt.line, tt.key)
-			if !strings.HasPrefix(err.Error(), prefix+tt.msg) {
-				t.Errorf("got  %q\nwant %q...", err, prefix+tt.msg)
-			}
-			var e *Error
-			if !errors.As(err, &e) || e.Line != tt.line || e.Key != tt.key {
-				t.Errorf("errors.As: got %+v", e)
-			}
+			checkLoadError(t, sinkCase(typ, tt.section), tt.line, tt.key, tt.msg)
 		})
+	}
+}
+
+// checkLoadError parses yaml as config.yaml and fails t unless it is
+// refused with an *Error at line and key whose message starts with msg.
+func checkLoadError(t *testing.T, yaml string, line int, key, msg string) {
+	t.Helper()
+	_, err := parse("config.yaml", []byte(yaml), env(nil))
+	if err == nil {
+		t.Fatal("no error")
+	}
+	prefix := fmt.Sprintf("config.yaml:%d: %s: ", line, key)
+	if !strings.HasPrefix(err.Error(), prefix+msg) {
+		t.Errorf("got  %q\nwant %q...", err, prefix+msg)
+	}
+	var e *Error
+	if !errors.As(err, &e) || e.Line != line || e.Key != key {
+		t.Errorf("errors.As: got %+v", e)
 	}
 }

@@ -1,8 +1,6 @@
 package config
 
 import (
-	"errors"
-	"fmt"
 	"strings"
 	"testing"
 
@@ -81,18 +79,7 @@ func TestDebeziumErrors(t *testing.T) {
 			if strings.Contains(tt.section, "webhook:") {
 				typ = "webhook"
 			}
-			_, err := parse("config.yaml", []byte(sinkCase(typ, tt.section)), env(nil))
-			if err == nil {
-				t.Fatal("no error")
-			}
-			prefix := fmt.Sprintf("config.yaml:%d: %s: ", tt.line, tt.key)
-			if !strings.HasPrefix(err.Error(), prefix+tt.msg) {
-				t.Errorf("got  %q\nwant %q...", err, prefix+tt.msg)
-			}
-			var e *Error
-			if !errors.As(err, &e) || e.Line != tt.line || e.Key != tt.key {
-				t.Errorf("errors.As: got %+v", e)
-			}
+			checkLoadError(t, sinkCase(typ, tt.section), tt.line, tt.key, tt.msg)
 		})
 	}
 }

@@ -1,8 +1,6 @@
 package config
 
 import (
-	"errors"
-	"fmt"
 	"strings"
 	"testing"
 )
@@ -51,18 +49,7 @@ func TestRabbitMQErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := parse("config.yaml", []byte(rabbitCase(tt.section)), env(nil))
-			if err == nil {
-				t.Fatal("no error")
-			}
-			prefix := fmt.Sprintf("config.yaml:%d: %s: ", tt.line, tt.key)
-			if !strings.HasPrefix(err.Error(), prefix+tt.msg) {
-				t.Errorf("got  %q\nwant %q...", err, prefix+tt.msg)
-			}
-			var e *Error
-			if !errors.As(err, &e) || e.Line != tt.line || e.Key != tt.key {
-				t.Errorf("errors.As: got %+v", e)
-			}
+			checkLoadError(t, rabbitCase(tt.section), tt.line, tt.key, tt.msg)
 		})
 	}
 	// The password never shows in an error.
