@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxrelay/relay/internal/schema"
 )
 
 // archiver archives published rows for all batches of a source, grouping
@@ -21,10 +23,14 @@ import (
 // second one only while enough rows (a batch's worth) wait, so that a
 // backlog's archives overlap. Safe for concurrent use.
 type archiver struct {
-	pool   *pgxpool.Pool
-	query  string // archives the rows whose ids are in $1
-	limit  int    // the most ids in one statement
-	enough int    // queued ids that start a statement without lingering
+	pool  *pgxpool.Pool
+	query string // archives the rows whose ids are in $1
+	// bySeq archives by seq values instead (an outbox whose seq column
+	// exists): a short range of the seq index read once, where ids cost an
+	// index descent each.
+	bySeq  *schema.SeqArchive
+	limit  int // the most ids in one statement
+	enough int // queued ids that start a statement without lingering
 	ctx    context.Context
 	wg     sync.WaitGroup // the running statements
 	kick   chan struct{}  // signalled when enough ids are queued
@@ -52,25 +58,27 @@ const archiveLinger = 20 * time.Millisecond
 
 type archiveReq struct {
 	ids  []string
+	seqs []int64 // the rows' seq values, parallel to ids; with bySeq
 	xids []uint32
 	done chan error // buffered
 }
 
 // newArchiver returns an archiver whose statements run until ctx ends,
 // each archiving at most limit ids; a queue of enough ids starts a
-// statement at once.
-func newArchiver(ctx context.Context, pool *pgxpool.Pool, query string, limit, enough int) *archiver {
-	return &archiver{pool: pool, query: query, limit: limit, enough: min(enough, limit), ctx: ctx, kick: make(chan struct{}, 1)}
+// statement at once. With bySeq set it archives by seq values.
+func newArchiver(ctx context.Context, pool *pgxpool.Pool, query string, bySeq *schema.SeqArchive, limit, enough int) *archiver {
+	return &archiver{pool: pool, query: query, bySeq: bySeq, limit: limit, enough: min(enough, limit), ctx: ctx, kick: make(chan struct{}, 1)}
 }
 
 // wait waits for the running statements; cancel the archiver's context
 // first.
 func (a *archiver) wait() { a.wg.Wait() }
 
-// archive archives the rows with the given ids, inserted by transactions
-// xids, and returns once they are archived or ctx ends.
-func (a *archiver) archive(ctx context.Context, ids []string, xids []uint32) error {
-	req := &archiveReq{ids: ids, xids: xids, done: make(chan error, 1)}
+// archive archives the rows with the given ids and seq values (seqs is
+// only read with bySeq), inserted by transactions xids, and returns once
+// they are archived or ctx ends.
+func (a *archiver) archive(ctx context.Context, ids []string, seqs []int64, xids []uint32) error {
+	req := &archiveReq{ids: ids, seqs: seqs, xids: xids, done: make(chan error, 1)}
 	a.mu.Lock()
 	a.queue = append(a.queue, req)
 	a.rows += len(ids)
@@ -100,12 +108,14 @@ func (a *archiver) run() {
 			return
 		}
 		var ids []string
+		var seqs []int64
 		var xids []uint32
 		for _, r := range group {
 			ids = append(ids, r.ids...)
+			seqs = append(seqs, r.seqs...)
 			xids = append(xids, r.xids...)
 		}
-		err := a.exec(a.ctx, ids, xids)
+		err := a.exec(a.ctx, ids, seqs, xids)
 		for _, r := range group {
 			r.done <- err
 		}
@@ -190,10 +200,14 @@ const archiveTimeout = 10 * time.Second
 // one transaction by the application): it waits until the transactions
 // are visible and runs the statement again, which archives the late rows
 // and finds the others gone. The statements are idempotent.
-func (a *archiver) exec(ctx context.Context, ids []string, xids []uint32) error {
+func (a *archiver) exec(ctx context.Context, ids []string, seqs []int64, xids []uint32) error {
 	ctx, cancel := context.WithTimeout(ctx, archiveTimeout)
 	defer cancel()
-	tag, err := a.pool.Exec(ctx, a.query, ids)
+	query, args := a.query, []any{ids}
+	if a.bySeq != nil {
+		query, args = a.bySeq.Of(seqs)
+	}
+	tag, err := a.pool.Exec(ctx, query, args...)
 	if err != nil {
 		return fmt.Errorf("archive %d rows: %w", len(ids), err)
 	}
@@ -203,7 +217,7 @@ func (a *archiver) exec(ctx context.Context, ids []string, xids []uint32) error 
 	if err := waitVisible(ctx, a.pool, xids); err != nil {
 		return err
 	}
-	if _, err := a.pool.Exec(ctx, a.query, ids); err != nil {
+	if _, err := a.pool.Exec(ctx, query, args...); err != nil {
 		return fmt.Errorf("archive %d rows: %w", len(ids), err)
 	}
 	return nil

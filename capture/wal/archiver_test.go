@@ -2,6 +2,7 @@ package wal
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,8 +18,8 @@ import (
 
 // archiveSetup creates an outbox in a fresh database and returns a pool
 // whose connections report their statements to tracer (when not nil), and
-// the delete-mode archive statement.
-func archiveSetup(tb testing.TB, tracer pgx.QueryTracer) (*pgxpool.Pool, string) {
+// the delete-mode archive statements: by id, and by seq.
+func archiveSetup(tb testing.TB, tracer pgx.QueryTracer) (*pgxpool.Pool, string, *schema.SeqArchive) {
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(testenv.NewDB(tb))
 	if err != nil {
@@ -39,40 +40,57 @@ func archiveSetup(tb testing.TB, tracer pgx.QueryTracer) (*pgxpool.Pool, string)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return pool, buildQueries(l, schema.ArchiveDelete, info, "s").archive
+	bySeq := l.ArchiveBySeq(schema.ArchiveDelete)
+	return pool, buildQueries(l, schema.ArchiveDelete, info, "s").archive, &bySeq
 }
 
-// insertRows inserts n outbox rows and returns their ids.
-func insertRows(tb testing.TB, pool *pgxpool.Pool, n int) []string {
+// insertRows inserts n outbox rows and returns their ids and seq values.
+func insertRows(tb testing.TB, pool *pgxpool.Pool, n int) ([]string, []int64) {
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = uuid.NewString()
 	}
-	if _, err := pool.Exec(context.Background(), `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
-		SELECT unnest($1::uuid[]), 'order', 'a', 'created', '{}'`, ids); err != nil {
+	rows, _ := pool.Query(context.Background(), `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+		SELECT unnest($1::uuid[]), 'order', 'a', 'created', '{}' RETURNING id::text, seq`, ids)
+	seqOf := map[string]int64{}
+	var id string
+	var seq int64
+	if _, err := pgx.ForEachRow(rows, []any{&id, &seq}, func() error { seqOf[id] = seq; return nil }); err != nil {
 		tb.Fatal(err)
 	}
-	return ids
+	seqs := make([]int64, n)
+	for i, id := range ids {
+		seqs[i] = seqOf[id]
+	}
+	return ids, seqs
 }
 
-// BenchmarkArchive measures archiving (delete mode) a batch of 500 rows
-// with one statement, as the archiver does after a publish; each op is one
-// batch, its rows inserted untimed beforehand.
+// BenchmarkArchive measures archiving (delete mode) a batch of rows with
+// one statement, as the archiver does after a publish, by id and by seq;
+// each op is one batch, its rows inserted untimed beforehand.
 func BenchmarkArchive(b *testing.B) {
-	ctx := context.Background()
-	pool, query := archiveSetup(b, nil)
-	a := newArchiver(ctx, pool, query, 12000, 500)
-	const n = 500
-	b.ReportAllocs()
-	for b.Loop() {
-		b.StopTimer()
-		ids := insertRows(b, pool, n)
-		b.StartTimer()
-		if err := a.exec(ctx, ids, nil); err != nil {
-			b.Fatal(err)
+	for _, n := range []int{60, 500} {
+		for _, key := range []string{"id", "seq"} {
+			b.Run(fmt.Sprintf("%s/%d", key, n), func(b *testing.B) {
+				ctx := context.Background()
+				pool, query, bySeq := archiveSetup(b, nil)
+				if key == "id" {
+					bySeq = nil
+				}
+				a := newArchiver(ctx, pool, query, bySeq, 12000, 500)
+				b.ReportAllocs()
+				for b.Loop() {
+					b.StopTimer()
+					ids, seqs := insertRows(b, pool, n)
+					b.StartTimer()
+					if err := a.exec(ctx, ids, seqs, nil); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/row")
+			})
 		}
 	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/row")
 }
 
 // statementCounter counts the statements run on a pool's connections.
@@ -91,15 +109,15 @@ func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQu
 func TestArchiverGroupsAStreamOfBatches(t *testing.T) {
 	ctx := context.Background()
 	counter := &statementCounter{}
-	pool, query := archiveSetup(t, counter)
-	ids := insertRows(t, pool, 60)
-	a := newArchiver(ctx, pool, query, 12000, 500)
+	pool, query, bySeq := archiveSetup(t, counter)
+	ids, seqs := insertRows(t, pool, 60)
+	a := newArchiver(ctx, pool, query, bySeq, 12000, 500)
 	counter.n.Store(0)
 	errs := make(chan error, len(ids))
 	var wg sync.WaitGroup
 	start := time.Now()
-	for _, id := range ids {
-		wg.Go(func() { errs <- a.archive(ctx, []string{id}, nil) })
+	for i, id := range ids {
+		wg.Go(func() { errs <- a.archive(ctx, []string{id}, seqs[i:i+1], nil) })
 		time.Sleep(time.Millisecond)
 	}
 	wg.Wait()

@@ -110,7 +110,7 @@ func (b *batch) archive(ctx context.Context, o capture.Outcome) error {
 		if len(published) == 0 {
 			return nil
 		}
-		return b.src.arch.archive(ctx, published, b.xids)
+		return b.src.arch.archive(ctx, published, b.publishedSeqs(o.Published), b.xids)
 	}
 	wctx, cancel := context.WithTimeout(ctx, archiveTimeout)
 	err := waitVisible(wctx, b.src.opts.Pool, b.xids)
@@ -120,7 +120,7 @@ func (b *batch) archive(ctx context.Context, o capture.Outcome) error {
 	}
 	err = b.settle(ctx, o.Dead, b.bad, published, false)
 	if err != nil && pgerr.Of(err) != nil && ctx.Err() == nil {
-		err = b.settleApart(ctx, o.Dead, published)
+		err = b.settleApart(ctx, o.Dead, published, b.publishedSeqs(o.Published))
 	}
 	if err != nil {
 		return fmt.Errorf("archive %d rows and dead-letter %d: %w", len(published), len(o.Dead)+len(b.bad), err)
@@ -221,10 +221,10 @@ func (b *batch) settle(ctx context.Context, dead []capture.DeadEvent, bad []*bad
 // first failure, nil when every row settled, and stops at a failure that
 // says the next row would wait as long (pgerr.Stalled: a lock or
 // statement timeout, the database out of reach).
-func (b *batch) settleApart(ctx context.Context, dead []capture.DeadEvent, published []string) error {
+func (b *batch) settleApart(ctx context.Context, dead []capture.DeadEvent, published []string, seqs []int64) error {
 	var first error
 	if len(published) > 0 {
-		first = b.src.arch.archive(ctx, published, b.xids)
+		first = b.src.arch.archive(ctx, published, seqs, b.xids)
 	}
 	keep := func(err error) bool {
 		if first == nil {
@@ -405,6 +405,22 @@ func (b *batch) storedID(ev *event.Event) string {
 		return id
 	}
 	return ev.ID
+}
+
+// publishedSeqs returns the seq values of published, events of the batch.
+func (b *batch) publishedSeqs(published []*event.Event) []int64 {
+	if len(published) == len(b.events) {
+		return b.seqs
+	}
+	of := make(map[*event.Event]int64, len(b.events))
+	for i, ev := range b.events {
+		of[ev] = b.seqs[i]
+	}
+	seqs := make([]int64, len(published))
+	for i, ev := range published {
+		seqs[i] = of[ev]
+	}
+	return seqs
 }
 
 // seqIndex maps the dead events to their seq values.

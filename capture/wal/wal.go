@@ -282,7 +282,12 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	}
 	bg, stop := context.WithCancel(context.Background())
 	s.stop = stop
-	s.arch = newArchiver(bg, opts.Pool, s.sql.archive, maxUnarchivedBatches*opts.BatchSize, opts.BatchSize)
+	var bySeq *schema.SeqArchive
+	if !info.Lacks(l.Cols.Seq) {
+		a := l.ArchiveBySeq(opts.ArchiveMode)
+		bySeq = &a
+	}
+	s.arch = newArchiver(bg, opts.Pool, s.sql.archive, bySeq, maxUnarchivedBatches*opts.BatchSize, opts.BatchSize)
 	s.wg.Go(func() { s.lead.run(bg) })
 	s.wg.Go(func() { s.watchSlot(bg) })
 	return s, nil

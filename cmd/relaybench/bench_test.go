@@ -199,13 +199,15 @@ func TestPayloadSize(t *testing.T) {
 }
 
 // TestImpactSmoke runs the impact phase for about two seconds per run: no
-// relay, then per mode its floors and its relay, each handling every
-// committed event, the relays with ratios to their floors.
+// relay (inserting rows, emitting messages), then per mode its floors and
+// its relay, each handling every committed event, the relays with ratios
+// to their floors, and a summary judging the targets.
 func TestImpactSmoke(t *testing.T) {
 	var log bytes.Buffer
 	opts := Options{
 		Events: 1000, Aggregates: 500, Payload: 200, Modes: []string{"poll", "wal"}, Sinks: []string{"nats"},
 		Phases: []string{"impact"}, Relays: 1, ImpactFor: 2 * time.Second, ImpactClients: 4, ImpactSink: "nats", ImpactFloors: true,
+		ImpactModes: []string{"poll", "wal", "messages"}, ImpactRounds: 1, ImpactSyncCommit: "off",
 		RelayBin: relayBin, Log: &log, Args: []string{"relaybench", "(impact smoke test)"},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // about a minute on an idle machine
@@ -217,7 +219,7 @@ func TestImpactSmoke(t *testing.T) {
 	var table bytes.Buffer
 	printTable(&table, res)
 	t.Logf("\n%s", table.String())
-	want := []string{"none", floorPoll, floorPollPublish, "poll", floorWAL, floorWALDelete, "wal"}
+	want := []string{"none", noneMessages, floorPoll, floorPollPublish, "poll", floorWAL, floorWALDelete, "wal", "messages"}
 	if res.Impact == nil || len(res.Impact.Runs) != len(want) || res.Impact.Pinning == "" {
 		t.Fatalf("impact: %+v", res.Impact)
 	}
@@ -225,12 +227,13 @@ func TestImpactSmoke(t *testing.T) {
 		if r.Relay != want[i] || r.Transactions == 0 || r.TPS <= 0 || r.Latency.P99 <= 0 || !r.Complete || r.WALBytes <= 0 {
 			t.Errorf("impact run %d (want %s): %+v", i, want[i], r)
 		}
-		if r.Relay != "none" && (r.EventsRelayed != r.Transactions || r.relaySyscalls <= 0 || r.TPSRatio <= 0 || r.PostgresPer100k <= 0) {
+		if !noRelay(r.Relay) && (r.EventsRelayed != r.Transactions || r.relaySyscalls <= 0 || r.TPSRatio <= 0 || r.PostgresPer100k <= 0) {
 			t.Errorf("impact run %s: handled %d of %d, %d syscalls, TPS ratio %.2f, postgres CPU %.2f s/100k",
 				r.Relay, r.EventsRelayed, r.Transactions, r.relaySyscalls, r.TPSRatio, r.PostgresPer100k)
 		}
-		// Every run but the wal floor's removes the rows it handled.
-		if deletes := r.DeletesPer100k > 0; r.Relay != "none" && deletes != (r.Relay != floorWAL) {
+		// Every run but the wal floor's and the table-free relay's removes
+		// the rows it handled.
+		if deletes := r.DeletesPer100k > 0; !noRelay(r.Relay) && deletes != (r.Relay != floorWAL && !emits(r.Relay)) {
 			t.Errorf("impact run %s: %.0f deletes/100k", r.Relay, r.DeletesPer100k)
 		}
 		if floor := floorOf(r.Relay); r.Floor != floor || (floor != "" && (r.TPSToFloor <= 0 || r.PostgresToFloor <= 0)) {
@@ -238,7 +241,15 @@ func TestImpactSmoke(t *testing.T) {
 				r.Relay, r.Floor, floor, r.TPSToFloor, r.PostgresToFloor)
 		}
 	}
-	for _, s := range []string{"IMPACT ON THE APPLICATION", "poll floor (DELETE … RETURNING)", "poll floor + publish", "wal floor (pg_recvlogical, rows stay)", "TPS × floor"} {
+	if len(res.Impact.Summary) != len(want) {
+		t.Fatalf("impact summary: %+v", res.Impact.Summary)
+	}
+	for _, s := range res.Impact.Summary {
+		if judged := s.TPSTarget != "" && s.CPUTarget != ""; judged != (s.Relay == "poll" || walRelay(s.Relay)) || (s.KeepsUp != "") != walRelay(s.Relay) {
+			t.Errorf("impact summary %s: targets %q %q %q", s.Relay, s.TPSTarget, s.CPUTarget, s.KeepsUp)
+		}
+	}
+	for _, s := range []string{"IMPACT ON THE APPLICATION", "IMPACT SUMMARY", "table-free relay (messages)", "poll floor (DELETE … RETURNING)", "poll floor + publish", "wal floor (pg_recvlogical, rows stay)", "TPS × floor"} {
 		if !strings.Contains(table.String(), s) {
 			t.Errorf("no %q in the impact table:\n%s", s, table.String())
 		}

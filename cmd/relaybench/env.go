@@ -76,6 +76,7 @@ type env struct {
 	nc       *nats.Conn
 	js       jetstream.JetStream
 	relayBin string
+	prevBin  string // the previous release's relay (-impact-previous), built by the impact phase
 	pgBin    string
 	kafka    *kafkatest.Cluster // kfake, started on first use
 	rabbit   *testenv.RabbitMQ  // started on first use
@@ -150,6 +151,27 @@ func (e *env) buildRelay(ctx context.Context) error {
 	return nil
 }
 
+// buildPrevious builds cmd/relay as of git revision rev into the
+// temporary directory, from a detached worktree of the module's
+// repository that it removes afterwards, and returns the binary's path.
+func (e *env) buildPrevious(ctx context.Context, rev string) (string, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return "", err
+	}
+	src, bin := filepath.Join(e.dir, "previous-src"), filepath.Join(e.dir, "relay-previous")
+	if out, err := exec.CommandContext(ctx, "git", "-C", root, "worktree", "add", "--detach", src, rev).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("git worktree add %s: %w\n%s", rev, err, out)
+	}
+	defer exec.Command("git", "-C", root, "worktree", "remove", "--force", src).Run()
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/relay")
+	cmd.Dir = src
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/relay at %s: %w\n%s", rev, err, out)
+	}
+	return bin, nil
+}
+
 // moduleRoot finds the directory of go.mod from the working directory up.
 func moduleRoot() (string, error) {
 	out, err := exec.Command("go", "env", "GOMOD").Output()
@@ -206,7 +228,9 @@ type database struct {
 	walLinger    time.Duration
 	kafkaLinger  time.Duration
 	batchSize    int
-	notify       bool // capture.poll.notify
+	notify       bool   // capture.poll.notify
+	walSource    string // capture.wal.source; empty: the relay's default (table)
+	archiveMode  string // archive.mode; empty: the relay's default (delete)
 }
 
 // slot is the relay's replication slot in wal mode: slots belong to the
@@ -267,6 +291,13 @@ func (d *database) configCopy(tag string) (string, int, error) {
 	if d.walLinger > 0 {
 		wal = fmt.Sprintf("\n    linger: %s", d.walLinger)
 	}
+	if d.walSource != "" {
+		wal += "\n    source: " + d.walSource
+	}
+	archive := ""
+	if d.archiveMode != "" {
+		archive = "archive:\n  mode: " + d.archiveMode + "\n"
+	}
 	cfg := fmt.Sprintf(`postgres:
   url: %q
 capture:
@@ -276,12 +307,12 @@ capture:
     publication: %s%s
 sink:
 %s
-http:
+%shttp:
   listen: 127.0.0.1:%d
 log:
   level: warn
 shutdown_timeout: 10s
-`, d.dsn, d.mode, poll, d.slot(), benchPublication, wal, snk, port)
+`, d.dsn, d.mode, poll, d.slot(), benchPublication, wal, snk, archive, port)
 	path := filepath.Join(d.dir, tag+".yaml")
 	return path, port, os.WriteFile(path, []byte(cfg), 0o600)
 }
@@ -344,9 +375,15 @@ func (e *env) dropDatabase(d *database) {
 
 // relayCmd runs a relay command to completion and returns its output.
 func (e *env) relayCmd(ctx context.Context, args ...string) (string, error) {
+	return e.relayCmdOf(ctx, e.relayBin, args...)
+}
+
+// relayCmdOf runs a command of relay binary bin to completion and returns
+// its output.
+func (e *env) relayCmdOf(ctx context.Context, bin string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, e.relayBin, args...).CombinedOutput()
+	out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("relay %s: %w\n%s", strings.Join(args, " "), err, out)
 	}
@@ -359,7 +396,12 @@ var errNotAvailable = errors.New("not available yet")
 // initRelay runs `relay init` for d. A config this build rejects as not
 // implemented yields an error wrapping errNotAvailable.
 func (e *env) initRelay(ctx context.Context, d *database) error {
-	out, err := e.relayCmd(ctx, "init", "--config", d.cfgPath)
+	return e.initWith(ctx, e.relayBin, d)
+}
+
+// initWith is initRelay with relay binary bin.
+func (e *env) initWith(ctx context.Context, bin string, d *database) error {
+	out, err := e.relayCmdOf(ctx, bin, "init", "--config", d.cfgPath)
 	if err != nil && strings.Contains(out, "not implemented") {
 		return fmt.Errorf("%w: %s", errNotAvailable, firstLine(out))
 	}
@@ -529,11 +571,18 @@ type relayProc struct {
 // startRelay starts `relay run` on d's config; relay i > 0 gets a copy of
 // the config with its own http.listen port.
 func (e *env) startRelay(d *database, tag string) (*relayProc, error) {
-	path, port, err := d.configCopy(tag)
-	if err != nil {
-		return nil, err
+	return e.startRelayBin(e.relayBin)(d, tag)
+}
+
+// startRelayBin returns a relayStarter running `relay run` of binary bin.
+func (e *env) startRelayBin(bin string) relayStarter {
+	return func(d *database, tag string) (*relayProc, error) {
+		path, port, err := d.configCopy(tag)
+		if err != nil {
+			return nil, err
+		}
+		return e.startProc(tag, port, bin, "run", "--config", path)
 	}
-	return e.startProc(tag, port, e.relayBin, "run", "--config", path)
 }
 
 // relayGODEBUG is the GODEBUG the relay's container image sets (see the

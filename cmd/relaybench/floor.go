@@ -38,11 +38,15 @@ const (
 var floorsOf = map[string][]string{"poll": {floorPoll, floorPollPublish}, "wal": {floorWAL, floorWALDelete}}
 
 // floorOf returns the run that run's ratios to the floor are taken against:
-// its mode's first floor for a relay, floorWAL for floorWALDelete (the
-// archive's share), floorPoll for floorPollPublish (the publishing's share),
-// empty otherwise.
+// its mode's first floor for a relay (floorWAL for the messages and
+// partition relays, the mode's for a previous release's), floorWAL for
+// floorWALDelete (the archive's share), floorPoll for floorPollPublish (the
+// publishing's share), empty otherwise.
 func floorOf(run string) string {
+	run, _ = runBase(run)
 	switch run {
+	case "messages", "partition":
+		return floorWAL
 	case floorWALDelete:
 		return floorWAL
 	case floorPollPublish:

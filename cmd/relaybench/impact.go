@@ -2,18 +2,22 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/outboxrelay/relay/helpers/outbox"
 	xrate "golang.org/x/time/rate"
 )
 
@@ -36,13 +40,22 @@ type Impact struct {
 	Pinned  bool   `json:"pinned"`
 	// RateLimit is -impact-rate: the most transactions per second of all
 	// clients together; 0: as fast as they commit.
-	RateLimit int            `json:"rate_limit,omitempty"`
-	Runs      []ImpactResult `json:"runs"`
+	RateLimit int `json:"rate_limit,omitempty"`
+	// Rounds is how many times the list of runs ran, interleaved.
+	Rounds int `json:"rounds"`
+	// SyncCommit is the clients' synchronous_commit.
+	SyncCommit string `json:"synchronous_commit"`
+	// Previous is the git revision of the previous release's relay runs.
+	Previous string         `json:"previous_release,omitempty"`
+	Runs     []ImpactResult `json:"runs"`
+	// Summary has one row per run of a round: the means over the rounds,
+	// with the targets of each relay.
+	Summary []ImpactSummary `json:"summary"`
 }
 
 // ImpactResult is one run of the impact phase: Clients connections each
 // committing `UPDATE accounts …; INSERT INTO outbox …` transactions in a
-// loop for Seconds, with Relay ("none", "poll" or "wal") relaying the
+// loop for Seconds, with Relay ("none", "poll", "wal", … see impactRuns) relaying the
 // outbox into Sink (NATS JetStream, or kfake with -impact-sink kafka), or
 // with a floor (floor_poll, floor_wal, floor_wal_delete: What) handling the
 // outbox in its place. The costs per 100,000 events are over the load and
@@ -50,26 +63,30 @@ type Impact struct {
 // calls are in the relay's fields, and it counts every committed event as
 // relayed once it caught up.
 type ImpactResult struct {
-	Relay           string      `json:"relay"`
-	What            string      `json:"what,omitempty"`
-	Sink            string      `json:"sink,omitempty"`
-	Clients         int         `json:"clients"`
-	Seconds         float64     `json:"seconds"`
-	Transactions    int64       `json:"transactions"`
-	TPS             float64     `json:"tps"`
-	Latency         Percentiles `json:"commit_latency"`
-	EventsRelayed   int64       `json:"events_relayed"`
-	Complete        bool        `json:"complete"` // every committed event reached the stream
-	CatchUpSeconds  float64     `json:"catch_up_seconds"`
-	RelayCPUSeconds float64     `json:"relay_cpu_seconds"`
-	RelayCPUPer100k float64     `json:"relay_cpu_seconds_per_100k"`
-	PostgresPer100k float64     `json:"postgres_cpu_seconds_per_100k"`
-	WALBytes        int64       `json:"wal_bytes"`
-	WALBytesPer100k float64     `json:"wal_bytes_per_100k"`
-	DeadTuples      int64       `json:"outbox_n_dead_tup"`
-	DeadPer100k     float64     `json:"outbox_dead_tuples_per_100k"`
-	DeletesPer100k  float64     `json:"outbox_deletes_per_100k"`
-	UpdatesPer100k  float64     `json:"outbox_updates_per_100k"`
+	Relay          string      `json:"relay"`
+	Round          int         `json:"round"`
+	What           string      `json:"what,omitempty"`
+	Sink           string      `json:"sink,omitempty"`
+	Clients        int         `json:"clients"`
+	Seconds        float64     `json:"seconds"`
+	Transactions   int64       `json:"transactions"`
+	TPS            float64     `json:"tps"`
+	Latency        Percentiles `json:"commit_latency"`
+	EventsRelayed  int64       `json:"events_relayed"`
+	Complete       bool        `json:"complete"` // every committed event reached the stream
+	CatchUpSeconds float64     `json:"catch_up_seconds"`
+	// BehindAtEnd is how many committed events the relay had not relayed
+	// when the load ended.
+	BehindAtEnd     int64   `json:"behind_at_load_end"`
+	RelayCPUSeconds float64 `json:"relay_cpu_seconds"`
+	RelayCPUPer100k float64 `json:"relay_cpu_seconds_per_100k"`
+	PostgresPer100k float64 `json:"postgres_cpu_seconds_per_100k"`
+	WALBytes        int64   `json:"wal_bytes"`
+	WALBytesPer100k float64 `json:"wal_bytes_per_100k"`
+	DeadTuples      int64   `json:"outbox_n_dead_tup"`
+	DeadPer100k     float64 `json:"outbox_dead_tuples_per_100k"`
+	DeletesPer100k  float64 `json:"outbox_deletes_per_100k"`
+	UpdatesPer100k  float64 `json:"outbox_updates_per_100k"`
 	// OtherCommitsPer100k counts the database's committed transactions
 	// other than the application's: the relay's (archives, claims, checks)
 	// and a few of the bench's own queries.
@@ -96,67 +113,149 @@ type ImpactResult struct {
 }
 
 // impact runs the application's load without a relay, then per mode with
-// its floors (-impact-floors) and with its relay, each in a fresh database
-// (impact phase).
+// its floors (-impact-floors) and with its relay, each in a fresh database,
+// and the previous release's relays (-impact-previous); the whole list
+// -impact-rounds times, interleaved (impact phase).
 func (b *bench) impact(ctx context.Context) error {
 	if !b.opts.has("impact") {
 		return nil
 	}
-	im := &Impact{RateLimit: b.opts.ImpactRate}
+	im := &Impact{RateLimit: b.opts.ImpactRate, Rounds: max(b.opts.ImpactRounds, 1), SyncCommit: b.opts.ImpactSyncCommit,
+		Previous: b.opts.ImpactPrevious}
 	b.res.Impact = im
+	if im.Previous != "" {
+		bin, err := b.buildPrevious(ctx, im.Previous)
+		if err != nil {
+			return fmt.Errorf("impact, previous release %s: %w", im.Previous, err)
+		}
+		b.prevBin = bin
+	}
 	restore := b.pin(im)
 	defer restore()
 	b.opts.logf("impact: %s", im.Pinning)
-	for _, run := range impactRuns(b.modes, b.opts.ImpactFloors) {
-		r, err := b.impactRun(ctx, run)
-		if base := im.Runs; len(base) > 0 && base[0].TPS > 0 && base[0].Latency.P99 > 0 {
-			r.TPSRatio, r.P99Ratio = r.TPS/base[0].TPS, r.Latency.P99/base[0].Latency.P99
-		}
-		im.Runs = append(im.Runs, r)
-		floorRatios(im.Runs)
-		if err != nil {
-			return fmt.Errorf("impact, %s: %w", runLabel(run), err)
-		}
-		produce := ""
-		if r.ProduceRequestsPer100k > 0 {
-			produce = fmt.Sprintf(", %.0f Kafka produce requests /100k", r.ProduceRequestsPer100k)
-		}
-		b.opts.logf("impact, %s: %.0f TPS, p50 %.2f ms, p99 %.2f ms, %d events relayed, relay CPU %.2f s/100k, postgres CPU %.2f s/100k, %.0f syscalls and %.0f context switches /100k%s",
-			runLabel(run), r.TPS, r.Latency.P50, r.Latency.P99, r.EventsRelayed, r.RelayCPUPer100k, r.PostgresPer100k, r.RelaySyscallsPer100k, r.RelaySwitchesPer100k, produce)
+	modes := b.opts.ImpactModes
+	if len(modes) == 0 {
+		modes = b.modes
 	}
+	runs := impactRuns(modes, b.opts.ImpactFloors, im.Previous != "")
+	for round := 1; round <= im.Rounds; round++ {
+		for _, run := range runs {
+			r, err := b.impactRun(ctx, run)
+			r.Round = round
+			im.Runs = append(im.Runs, r)
+			impactRatios(im.Runs)
+			if err != nil {
+				return fmt.Errorf("impact, %s: %w", runLabel(run), err)
+			}
+			b.logImpact(run, r)
+		}
+	}
+	im.Summary = summarize(im.Runs)
 	return nil
 }
 
-// impactRuns returns the impact phase's runs in order: no relay, then per
-// mode its floors (with floors) and its relay.
-func impactRuns(modes []string, floors bool) []string {
+// logImpact logs the figures of impact run r.
+func (b *bench) logImpact(run string, r ImpactResult) {
+	produce := ""
+	if r.ProduceRequestsPer100k > 0 {
+		produce = fmt.Sprintf(", %.0f Kafka produce requests /100k", r.ProduceRequestsPer100k)
+	}
+	b.opts.logf("impact, round %d, %s: %.0f TPS (%.2f× no relay), p50 %.2f ms, p99 %.2f ms, %d events relayed, %d behind at the load's end, relay CPU %.2f s/100k, postgres CPU %.2f s/100k, %.0f syscalls and %.0f context switches /100k%s",
+		r.Round, runLabel(run), r.TPS, r.TPSRatio, r.Latency.P50, r.Latency.P99, r.EventsRelayed, r.BehindAtEnd, r.RelayCPUPer100k, r.PostgresPer100k, r.RelaySyscallsPer100k, r.RelaySwitchesPer100k, produce)
+}
+
+// noneMessages is the impact run without a relay whose clients emit the
+// table-free outbox's messages instead of inserting rows: the messages
+// relay's TPS is compared with it.
+const noneMessages = "none_messages"
+
+// previousSuffix marks the runs of the previous release's relay
+// (-impact-previous): "poll" + previousSuffix.
+const previousSuffix = "@previous"
+
+// impactRuns returns one round of the impact phase's runs in order: no
+// relay (and no relay emitting messages, with the messages mode), then per
+// mode its floors (with floors) and its relay, then with previous the
+// previous release's poll and wal relays.
+func impactRuns(modes []string, floors, previous bool) []string {
 	runs := []string{"none"}
+	if slices.Contains(modes, "messages") {
+		runs = append(runs, noneMessages)
+	}
 	for _, m := range modes {
 		if floors {
 			runs = append(runs, floorsOf[m]...)
 		}
 		runs = append(runs, m)
 	}
+	for _, m := range []string{"poll", "wal"} {
+		if previous && slices.Contains(modes, m) {
+			runs = append(runs, m+previousSuffix)
+		}
+	}
 	return runs
 }
 
+// runBase returns the relay of run without the previous release's suffix,
+// and whether run is the previous release's.
+func runBase(run string) (string, bool) {
+	base, prev := strings.CutSuffix(run, previousSuffix)
+	return base, prev
+}
+
+// impactMode returns the capture mode of run's database: poll for the
+// runs without a relay and the poll floors and relays, wal otherwise.
+func impactMode(run string) string {
+	base, _ := runBase(run)
+	switch base {
+	case "none", noneMessages, floorPoll, floorPollPublish, "poll":
+		return "poll"
+	}
+	return "wal"
+}
+
+// noRelay reports whether run runs nothing beside the application.
+func noRelay(run string) bool { return run == "none" || run == noneMessages }
+
+// emits reports whether run's clients emit messages (the table-free
+// outbox) rather than insert rows.
+func emits(run string) bool { return run == noneMessages || run == "messages" }
+
+// walRelay reports whether run is a relay in wal mode.
+func walRelay(run string) bool { return impactMode(run) == "wal" && !isFloor(run) }
+
 // runLabel names run in the table and the log.
 func runLabel(run string) string {
-	if l, ok := map[string]string{"none": "no relay", floorPoll: "poll floor (DELETE … RETURNING)",
-		floorPollPublish: "poll floor + publish", floorWAL: "wal floor (pg_recvlogical, rows stay)", floorWALDelete: "wal floor + DELETE every 20 ms"}[run]; ok {
+	if l, ok := map[string]string{"none": "no relay", noneMessages: "no relay, messages emitted", floorPoll: "poll floor (DELETE … RETURNING)",
+		floorPollPublish: "poll floor + publish", floorWAL: "wal floor (pg_recvlogical, rows stay)", floorWALDelete: "wal floor + DELETE every 20 ms",
+		"messages": "table-free relay (messages)", "partition": "wal relay, archive.mode partition"}[run]; ok {
 		return l
+	}
+	if base, prev := runBase(run); prev {
+		return base + " relay, previous release"
 	}
 	return run + " relay"
 }
 
-// floorRatios sets the ratios of each run that has a floor (floorOf) to
-// that floor's run, once both were measured.
-func floorRatios(runs []ImpactResult) {
+// impactRatios sets, for each run, its ratios to the run without a relay
+// of its round (emitting messages like it or not) and to its floor's run
+// of its round (floorOf), once both were measured.
+func impactRatios(runs []ImpactResult) {
 	for i := range runs {
 		r := &runs[i]
-		for _, f := range runs {
-			if f.Relay == floorOf(r.Relay) && f.TPS > 0 && f.PostgresPer100k > 0 {
-				r.Floor, r.TPSToFloor, r.PostgresToFloor = f.Relay, r.TPS/f.TPS, r.PostgresPer100k/f.PostgresPer100k
+		base := "none"
+		if emits(r.Relay) {
+			base = noneMessages
+		}
+		for _, o := range runs {
+			if o.Round != r.Round {
+				continue
+			}
+			if o.Relay == base && o.TPS > 0 && o.Latency.P99 > 0 && r.Relay != base {
+				r.TPSRatio, r.P99Ratio = r.TPS/o.TPS, r.Latency.P99/o.Latency.P99
+			}
+			if o.Relay == floorOf(r.Relay) && o.TPS > 0 && o.PostgresPer100k > 0 {
+				r.Floor, r.TPSToFloor, r.PostgresToFloor = o.Relay, r.TPS/o.TPS, r.PostgresPer100k/o.PostgresPer100k
 			}
 		}
 	}
@@ -240,11 +339,14 @@ func processExists(pid int) bool {
 // database's committed transactions (pg_stat_database.xact_commit).
 type outboxStats struct{ dead, del, upd, commits int64 }
 
+// The outbox's figures are summed over its partitions, and are 0 without
+// an outbox table (the table-free outbox).
 func readOutboxStats(ctx context.Context, d *database) (outboxStats, error) {
 	var s outboxStats
-	err := d.pool.QueryRow(ctx, `SELECT n_dead_tup, n_tup_del, n_tup_upd,
+	err := d.pool.QueryRow(ctx, `SELECT coalesce(sum(n_dead_tup), 0), coalesce(sum(n_tup_del), 0), coalesce(sum(n_tup_upd), 0),
 		(SELECT xact_commit FROM pg_stat_database WHERE datname = current_database())
-		FROM pg_stat_user_tables WHERE relname = 'outbox'`).
+		FROM pg_stat_user_tables WHERE relid = to_regclass('outbox')
+			OR relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass('outbox'))`).
 		Scan(&s.dead, &s.del, &s.upd, &s.commits)
 	return s, err
 }
@@ -318,7 +420,7 @@ func (b *bench) startSide(ctx context.Context, d *database, run string) (*impact
 	s := &impactSide{run: run}
 	var err error
 	switch {
-	case run == "none":
+	case noRelay(run):
 	case isFloor(run):
 		if s.procs, err = b.startFloor(ctx, d, run); err == nil && run == floorPollPublish {
 			s.sink0, err = b.sinkCount(ctx, d)
@@ -329,7 +431,7 @@ func (b *bench) startSide(ctx context.Context, d *database, run string) (*impact
 			return s, err
 		}
 		s.procs = []*relayProc{p}
-		if run == "wal" {
+		if walRelay(run) {
 			if err := decoderCatchUp(ctx, d, s.procs); err != nil {
 				return s, err
 			}
@@ -344,8 +446,13 @@ func (b *bench) startSide(ctx context.Context, d *database, run string) (*impact
 // side's CPU seconds, system calls and context switches over both, in res.
 func (b *bench) measureLoad(ctx context.Context, d *database, side *impactSide, res *ImpactResult) error {
 	side0, cpu0, count0, produce0 := side.cpu(), sampleCPU(), side.counters(), b.produceRequests()
-	if err := b.applicationLoad(ctx, d, res); err != nil {
+	if err := b.applicationLoad(ctx, d, emits(side.run), res); err != nil {
 		return err
+	}
+	if len(side.procs) > 0 && !isFloor(side.run) {
+		if n, err := b.sinkCount(ctx, d); err == nil {
+			res.BehindAtEnd = res.Transactions - int64(n-side.sink0)
+		}
 	}
 	if err := b.waitHandled(ctx, d, side, res); err != nil {
 		return err
@@ -362,11 +469,11 @@ func (b *bench) measureLoad(ctx context.Context, d *database, side *impactSide, 
 // outbox's statistics before (st0) and after (st1) it.
 func (res *ImpactResult) perEvent(st0, st1 outboxStats) {
 	events := res.EventsRelayed
-	if res.Relay == "none" {
+	if noRelay(res.Relay) {
 		events = res.Transactions
 	}
 	per := func(v float64) float64 { return v * 100_000 / max(float64(events), 1) }
-	if res.Relay != "none" {
+	if !noRelay(res.Relay) {
 		res.RelayCPUPer100k = per(res.RelayCPUSeconds)
 		res.RelaySyscallsPer100k, res.RelaySwitchesPer100k = per(float64(res.relaySyscalls)), per(float64(res.relaySwitches))
 		res.ProduceRequestsPer100k = per(float64(res.produceRequests))
@@ -381,24 +488,29 @@ func (res *ImpactResult) perEvent(st0, st1 outboxStats) {
 }
 
 // impactDatabase creates the fresh database of one impact run with `relay
-// init` (the outbox of run's mode: a floor's mode's, poll's for "none")
-// and the application's accounts table, vacuumed.
+// init` of run's relay (the previous release's for its runs; poll mode
+// for the runs without a relay) and the application's accounts table,
+// vacuumed.
 func (b *bench) impactDatabase(ctx context.Context, run string) (*database, error) {
-	mode := map[string]string{"none": "poll", floorPoll: "poll", floorPollPublish: "poll", floorWAL: "wal", floorWALDelete: "wal"}[run]
-	if mode == "" {
-		mode = run
-	}
-	d, err := b.newSinkDatabase(ctx, "impact_"+run, mode, b.opts.ImpactSink)
+	base, _ := runBase(run)
+	d, err := b.newSinkDatabase(ctx, "impact_"+strings.ReplaceAll(run, previousSuffix, "_previous"), impactMode(run), b.opts.ImpactSink)
 	if err != nil {
 		return nil, err
 	}
+	switch base {
+	case "messages":
+		d.walSource = "messages"
+	case "partition":
+		d.archiveMode = "partition"
+	}
 	for _, step := range []func() error{
-		func() error { return b.initRelay(ctx, d) },
+		func() (err error) { d.cfgPath, d.port, err = d.configCopy(d.name); return err },
+		func() error { return b.initWith(ctx, b.binOf(run), d) },
 		func() error { return d.exec(ctx, accountsDDL) },
 		func() error {
 			return d.exec(ctx, `INSERT INTO accounts (id) SELECT generate_series(1, $1)`, accountRows)
 		},
-		func() error { return prepareBacklog(ctx, d) }, // vacuums the outbox
+		func() error { return vacuumOutbox(ctx, d) },
 		func() error { return d.exec(ctx, "VACUUM ANALYZE accounts") },
 	} {
 		if err := step(); err != nil {
@@ -409,12 +521,36 @@ func (b *bench) impactDatabase(ctx context.Context, run string) (*database, erro
 	return d, nil
 }
 
+// vacuumOutbox runs prepareBacklog (VACUUM ANALYZE outbox, CHECKPOINT) when
+// d has an outbox table, and a CHECKPOINT otherwise (the table-free outbox).
+func vacuumOutbox(ctx context.Context, d *database) error {
+	var exists bool
+	if err := d.pool.QueryRow(ctx, `SELECT to_regclass('outbox') IS NOT NULL`).Scan(&exists); err != nil {
+		return err
+	}
+	if !exists {
+		return d.exec(ctx, "CHECKPOINT")
+	}
+	return prepareBacklog(ctx, d)
+}
+
+// binOf returns the relay binary of run: the previous release's for its
+// runs, else the bench's.
+func (b *bench) binOf(run string) string {
+	if _, prev := runBase(run); prev {
+		return b.prevBin
+	}
+	return b.relayBin
+}
+
 // impactRelay starts the relay of an impact run on d and waits until it is
 // ready. With -cpuprofile the relay is this binary re-executed as a
 // profiling relay, writing DIR/impact-<run>/cpu.pprof and allocs.pprof.
 func (b *bench) impactRelay(ctx context.Context, d *database, run string) (*relayProc, error) {
 	start := relayStarter(b.startRelay)
-	if b.opts.ProfileDir != "" {
+	if _, prev := runBase(run); prev {
+		start = b.startRelayBin(b.prevBin)
+	} else if b.opts.ProfileDir != "" {
 		dir := filepath.Join(b.opts.ProfileDir, "impact-"+run)
 		var err error
 		if start, err = b.selfRelay(dir); err != nil {
@@ -498,7 +634,7 @@ func (s *impactSide) stop() error {
 // or the floor caught up (waitFloor); without a relay it returns at once.
 func (b *bench) waitHandled(ctx context.Context, d *database, side *impactSide, res *ImpactResult) error {
 	switch {
-	case side.run == "none":
+	case noRelay(side.run):
 		res.Complete = true
 		return nil
 	case isFloor(side.run) && side.run != floorPollPublish:
@@ -524,12 +660,14 @@ func (b *bench) waitRelayed(ctx context.Context, d *database, side *impactSide, 
 	return nil
 }
 
-// applicationLoad runs opts.ImpactClients connections, each committing
-// `UPDATE accounts; INSERT INTO outbox` transactions in a loop for
-// opts.ImpactFor, together at most opts.ImpactRate a second when it is
-// set, and records their count, rate and commit latencies
-// (from BEGIN to the end of COMMIT) in res.
-func (b *bench) applicationLoad(ctx context.Context, d *database, res *ImpactResult) error {
+// applicationLoad runs opts.ImpactClients connections with
+// synchronous_commit opts.ImpactSyncCommit, each committing `UPDATE
+// accounts; INSERT INTO outbox` transactions (with emit, the INSERT is an
+// outbox message of the table-free outbox) in a loop for opts.ImpactFor,
+// together at most opts.ImpactRate a second when it is set, and records
+// their count, rate and commit latencies (from BEGIN to the end of COMMIT)
+// in res.
+func (b *bench) applicationLoad(ctx context.Context, d *database, emit bool, res *ImpactResult) error {
 	clients := b.opts.ImpactClients
 	conns := make([]*pgx.Conn, clients)
 	defer func() {
@@ -539,8 +677,15 @@ func (b *bench) applicationLoad(ctx context.Context, d *database, res *ImpactRes
 			}
 		}
 	}()
+	cfg, err := pgx.ParseConfig(d.dsn)
+	if err != nil {
+		return err
+	}
+	if b.opts.ImpactSyncCommit != "" {
+		cfg.RuntimeParams["synchronous_commit"] = b.opts.ImpactSyncCommit
+	}
 	for i := range conns {
-		c, err := pgx.Connect(ctx, d.dsn)
+		c, err := pgx.ConnectConfig(ctx, cfg)
 		if err != nil {
 			return err
 		}
@@ -554,7 +699,7 @@ func (b *bench) applicationLoad(ctx context.Context, d *database, res *ImpactRes
 		if err := lim.Wait(ctx); err != nil {
 			return err
 		}
-		return accountTransaction(ctx, conns[w], rng, uint32(w), i, b.opts.Aggregates, b.opts.Payload)
+		return accountTransaction(ctx, conns[w], rng, uint32(w), i, b.opts.Aggregates, b.opts.Payload, emit)
 	})
 	res.Transactions = n
 	res.Seconds = el.Seconds()
@@ -564,12 +709,18 @@ func (b *bench) applicationLoad(ctx context.Context, d *database, res *ImpactRes
 }
 
 // accountTransaction commits one application transaction: an account's
-// balance update and one outbox event.
-func accountTransaction(ctx context.Context, c *pgx.Conn, rng *rand.Rand, tag uint32, idx, aggregates, payload int) error {
+// balance update and one outbox event, a row or with emit a message of the
+// table-free outbox (helpers/outbox.Emit).
+func accountTransaction(ctx context.Context, c *pgx.Conn, rng *rand.Rand, tag uint32, idx, aggregates, payload int, emit bool) error {
 	agg := rng.IntN(aggregates)
 	id := benchID(tag, idx, rng)
 	return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, updateAccount, 1+rng.IntN(accountRows)); err != nil {
+			return err
+		}
+		if emit {
+			_, err := outbox.Emit(ctx, tx, outbox.Event{ID: id, AggregateType: aggType, AggregateID: aggregateID(agg), EventType: "step",
+				Payload: json.RawMessage(payloadFor(agg, idx, payload)), Headers: map[string]string{"source": "relaybench"}})
 			return err
 		}
 		_, err := tx.Exec(ctx, insertOne, pgtype.UUID{Bytes: id, Valid: true}, aggType, aggregateID(agg), "step",
@@ -585,14 +736,18 @@ func printImpact(w io.Writer, r *Results) {
 		return
 	}
 	fmt.Fprintf(w, "\n%s\n", im.Pinning)
+	fmt.Fprintf(w, "the clients' sessions run with synchronous_commit %s; %d round(s) of every run, interleaved\n", dash(im.SyncCommit), im.Rounds)
+	if im.Previous != "" {
+		fmt.Fprintf(w, "previous release: the relay built at %s\n", im.Previous)
+	}
 	if im.RateLimit > 0 {
 		fmt.Fprintf(w, "the clients commit at most %d transactions per second together\n", im.RateLimit)
 	}
-	t := newTable(w, "IMPACT ON THE APPLICATION", "clients", "TPS", "TPS ×", "TPS × floor", "p50 ms", "p99 ms", "p99 ×", "events relayed",
+	t := newTable(w, "IMPACT ON THE APPLICATION", "round", "clients", "TPS", "TPS ×", "TPS × floor", "p50 ms", "p99 ms", "p99 ×", "events relayed",
 		"relay CPU s/100k", "postgres CPU s/100k", "PG CPU × floor", "WAL MB/100k", "dead tup/100k", "del/100k", "upd/100k", "relay commits/100k", "other CPU s")
 	for _, x := range im.Runs {
 		tps, p99, relayed, relayCPU := "1.00×", "1.00×", "-", "-"
-		if x.Relay != "none" {
+		if !noRelay(x.Relay) {
 			tps, p99 = fmt.Sprintf("%.2f×", x.TPSRatio), fmt.Sprintf("%.2f×", x.P99Ratio)
 			relayed, relayCPU = fmt.Sprint(x.EventsRelayed), f2(x.RelayCPUPer100k)
 		}
@@ -600,11 +755,12 @@ func printImpact(w io.Writer, r *Results) {
 		if !x.Complete {
 			name += " (INCOMPLETE)"
 		}
-		t.row(name, fmt.Sprint(x.Clients), f0(x.TPS), tps, ratioCell(x.TPSToFloor), f2(x.Latency.P50), f2(x.Latency.P99), p99, relayed, relayCPU,
+		t.row(name, fmt.Sprint(x.Round), fmt.Sprint(x.Clients), f0(x.TPS), tps, ratioCell(x.TPSToFloor), f2(x.Latency.P50), f2(x.Latency.P99), p99, relayed, relayCPU,
 			f2(x.PostgresPer100k), ratioCell(x.PostgresToFloor), f1(x.WALBytesPer100k/1e6), f0(x.DeadPer100k), f0(x.DeletesPer100k), f0(x.UpdatesPer100k),
 			f0(x.OtherCommitsPer100k), f1(x.CPU.OtherSeconds))
 	}
 	t.flush()
+	printImpactSummary(w, im)
 	fmt.Fprintln(w, "floors: what any relay costs the database at least, their own CPU in the relay CPU column; "+
 		"× floor compares a relay with its mode's first floor, the wal floor + DELETE with the wal floor")
 }
@@ -615,4 +771,119 @@ func ratioCell(v float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f×", v)
+}
+
+// ImpactSummary is one run of the impact phase averaged over its rounds,
+// with the targets of a relay of this build: the application's TPS ratio
+// at least the wal floor's less 0.03, the relay's CPU per event at most
+// 1.5 times the wal floor's, and for a wal relay fewer events behind when
+// the load ends than the clients commit in a second.
+type ImpactSummary struct {
+	Relay           string  `json:"relay"`
+	Rounds          int     `json:"rounds"`
+	TPS             float64 `json:"tps"`
+	TPSRatio        float64 `json:"tps_ratio_to_no_relay"`
+	TPSRatioMin     float64 `json:"tps_ratio_min"`
+	TPSRatioMax     float64 `json:"tps_ratio_max"`
+	P99Ratio        float64 `json:"p99_ratio_to_no_relay"`
+	RelayCPUPer100k float64 `json:"relay_cpu_seconds_per_100k"`
+	PostgresPer100k float64 `json:"postgres_cpu_seconds_per_100k"`
+	WALBytesPer100k float64 `json:"wal_bytes_per_100k"`
+	DeadPer100k     float64 `json:"outbox_dead_tuples_per_100k"`
+	DeletesPer100k  float64 `json:"outbox_deletes_per_100k"`
+	BehindAtEnd     float64 `json:"behind_at_load_end"`
+	// TPSTarget, CPUTarget and KeepsUp are "met", "missed", or empty when
+	// the target does not apply or its floor was not measured.
+	TPSTarget string `json:"tps_target,omitempty"`
+	CPUTarget string `json:"cpu_target,omitempty"`
+	KeepsUp   string `json:"keeps_up,omitempty"`
+}
+
+// summarize averages runs per relay over the rounds, in the order of the
+// first round, and judges the targets of this build's relays.
+func summarize(runs []ImpactResult) []ImpactSummary {
+	var out []ImpactSummary
+	for _, r := range runs {
+		if r.Round != 1 {
+			continue
+		}
+		var s ImpactSummary
+		s.Relay, s.TPSRatioMin = r.Relay, math.Inf(1)
+		for _, x := range runs {
+			if x.Relay != r.Relay {
+				continue
+			}
+			s.Rounds++
+			s.TPS += x.TPS
+			s.TPSRatio += x.TPSRatio
+			s.TPSRatioMin, s.TPSRatioMax = min(s.TPSRatioMin, x.TPSRatio), max(s.TPSRatioMax, x.TPSRatio)
+			s.P99Ratio += x.P99Ratio
+			s.RelayCPUPer100k += x.RelayCPUPer100k
+			s.PostgresPer100k += x.PostgresPer100k
+			s.WALBytesPer100k += x.WALBytesPer100k
+			s.DeadPer100k += x.DeadPer100k
+			s.DeletesPer100k += x.DeletesPer100k
+			s.BehindAtEnd += float64(x.BehindAtEnd)
+		}
+		n := float64(s.Rounds)
+		for _, v := range []*float64{&s.TPS, &s.TPSRatio, &s.P99Ratio, &s.RelayCPUPer100k, &s.PostgresPer100k, &s.WALBytesPer100k,
+			&s.DeadPer100k, &s.DeletesPer100k, &s.BehindAtEnd} {
+			*v /= n
+		}
+		out = append(out, s)
+	}
+	judge(out)
+	return out
+}
+
+// judge sets the targets of the summaries of this build's relays against
+// the wal floor's summary.
+func judge(sums []ImpactSummary) {
+	var floor *ImpactSummary
+	for i := range sums {
+		if sums[i].Relay == floorWAL {
+			floor = &sums[i]
+		}
+	}
+	verdict := func(ok bool) string { return map[bool]string{true: "met", false: "missed"}[ok] }
+	for i := range sums {
+		s := &sums[i]
+		if _, prev := runBase(s.Relay); prev || isFloor(s.Relay) || noRelay(s.Relay) {
+			continue
+		}
+		if floor != nil {
+			s.TPSTarget = verdict(s.TPSRatio >= floor.TPSRatio-0.03)
+			s.CPUTarget = verdict(s.RelayCPUPer100k <= 1.5*floor.RelayCPUPer100k)
+		}
+		if walRelay(s.Relay) && s.Rounds > 0 {
+			s.KeepsUp = verdict(s.BehindAtEnd < s.TPS)
+		}
+	}
+}
+
+// printImpactSummary prints the impact phase's runs averaged over the
+// rounds, with the targets.
+func printImpactSummary(w io.Writer, im *Impact) {
+	fmt.Fprintf(w, "summary: the mean of %d round(s); targets: TPS × at least the wal floor's less 0.03, relay CPU at most 1.5 × the wal floor's, "+
+		"a wal relay fewer events behind at the load's end than a second of load\n", im.Rounds)
+	t := newTable(w, "IMPACT SUMMARY", "TPS", "TPS ×", "TPS × range", "p99 ×", "relay CPU s/100k", "postgres CPU s/100k", "WAL MB/100k", "dead tup/100k", "del/100k",
+		"behind at end", "TPS target", "CPU target", "keeps up")
+	for _, s := range im.Summary {
+		tps, rng, p99, cpu := "1.00×", "-", "1.00×", "-"
+		if !noRelay(s.Relay) {
+			tps, rng, p99 = fmt.Sprintf("%.2f×", s.TPSRatio), fmt.Sprintf("%.2f–%.2f", s.TPSRatioMin, s.TPSRatioMax), fmt.Sprintf("%.2f×", s.P99Ratio)
+			cpu = f2(s.RelayCPUPer100k)
+		}
+		t.row(runLabel(s.Relay), f0(s.TPS), tps, rng, p99, cpu, f2(s.PostgresPer100k), f1(s.WALBytesPer100k/1e6), f0(s.DeadPer100k),
+			f0(s.DeletesPer100k), f0(s.BehindAtEnd), dash(s.TPSTarget), dash(s.CPUTarget), dash(s.KeepsUp))
+	}
+	t.flush()
+}
+
+// dash returns s, or "-" when it is empty.
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

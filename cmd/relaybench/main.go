@@ -69,8 +69,20 @@ type Options struct {
 	ImpactSink    string        // sink of the impact phase's relays: nats or kafka (kfake)
 	ImpactRate    int           // the most application transactions per second of the impact phase; 0: as fast as they go
 	ImpactFloors  bool          // also run the floors of each mode in the impact phase (floorsOf)
-	Log           io.Writer
-	Args          []string // the command line, for the results
+	// ImpactModes are the relays of the impact phase: poll, wal, messages
+	// (wal mode's table-free outbox) and partition (wal mode with
+	// archive.mode partition).
+	ImpactModes []string
+	// ImpactRounds is how many times the impact phase runs its whole list
+	// of runs, interleaved.
+	ImpactRounds int
+	// ImpactSyncCommit is the application sessions' synchronous_commit.
+	ImpactSyncCommit string
+	// ImpactPrevious is a git revision whose relay the impact phase also
+	// runs in poll and wal mode; empty: none.
+	ImpactPrevious string
+	Log            io.Writer
+	Args           []string // the command line, for the results
 }
 
 func main() {
@@ -132,6 +144,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	o.Modes = splitList(*lists.modes)
 	o.Phases = splitList(*lists.phases)
 	o.Sinks = splitList(*lists.sinks)
+	o.ImpactModes = splitList(*lists.impactModes)
 	if o.ImpactSink != "nats" && o.ImpactSink != "kafka" {
 		fmt.Fprintf(stderr, "relaybench: -impact-sink: unknown sink %q (nats, kafka)\n", o.ImpactSink)
 		return o, fmt.Errorf("usage")
@@ -141,6 +154,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 		got, known []string
 	}{{"sinks", "sink", o.Sinks, []string{"nats", "kafka", "rabbitmq", "pubsub"}},
 		{"modes", "mode", o.Modes, []string{"poll", "wal"}},
+		{"impact-modes", "mode", o.ImpactModes, []string{"poll", "wal", "messages", "partition"}},
 		{"phases", "phase", o.Phases, []string{"drain", "baselines", "steady", "scaling", "impact"}}} {
 		for _, v := range c.got {
 			if !slices.Contains(c.known, v) {
@@ -149,8 +163,8 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 			}
 		}
 	}
-	if o.Events <= 0 || o.Aggregates <= 0 || o.Payload < 40 || o.Writers < 0 || o.Relays <= 0 || o.ImpactClients <= 0 || o.ImpactRate < 0 {
-		fmt.Fprintln(stderr, "relaybench: -events, -aggregates, -relays and -impact-clients must be positive, -writers and -impact-rate not negative, -payload at least 40")
+	if o.Events <= 0 || o.Aggregates <= 0 || o.Payload < 40 || o.Writers < 0 || o.Relays <= 0 || o.ImpactClients <= 0 || o.ImpactRate < 0 || o.ImpactRounds <= 0 {
+		fmt.Fprintln(stderr, "relaybench: -events, -aggregates, -relays, -impact-clients and -impact-rounds must be positive, -writers and -impact-rate not negative, -payload at least 40")
 		return o, fmt.Errorf("usage")
 	}
 	return o, nil
@@ -158,8 +172,8 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 
 // listFlags are the flags parseFlags turns into Options after parsing.
 type listFlags struct {
-	modes, sinks, phases *string
-	rss                  *bool
+	modes, sinks, phases, impactModes *string
+	rss                               *bool
 }
 
 // defineFlags defines every flag of fs into o, and returns those parsed
@@ -197,6 +211,10 @@ func defineFlags(fs *flag.FlagSet, o *Options) listFlags {
 	fs.IntVar(&o.ImpactRate, "impact-rate", 0, "the most transactions per second of all -phases impact clients together, e.g. 2000 for the relay's CPU at that rate (0: as fast as the database commits them)")
 	fs.BoolVar(&o.ImpactFloors, "impact-floors", true, "also run the floors of each mode in -phases impact: a raw DELETE … RETURNING poller (poll), pg_recvlogical into /dev/null without and with a DELETE every 20 ms (wal)")
 	fs.StringVar(&o.ImpactSink, "impact-sink", "nats", "sink of the relays of -phases impact: nats (embedded JetStream) or kafka (kfake)")
+	l.impactModes = fs.String("impact-modes", "poll,wal,messages,partition", "relays of -phases impact, comma separated: poll, wal, messages (wal mode's table-free outbox, the clients emit messages instead of inserting rows), partition (wal mode, archive.mode partition)")
+	fs.IntVar(&o.ImpactRounds, "impact-rounds", 1, "how many times -phases impact runs its list of runs, interleaved; the summary averages the rounds")
+	fs.StringVar(&o.ImpactSyncCommit, "impact-sync-commit", "off", "synchronous_commit of the -phases impact clients' sessions")
+	fs.StringVar(&o.ImpactPrevious, "impact-previous", "", "a git revision (e.g. a release tag) whose relay -phases impact also builds and runs in poll and wal mode")
 	fs.IntVar(&o.ImpactClients, "impact-clients", 16, "application connections of -phases impact, each committing UPDATE accounts + INSERT INTO outbox transactions in a loop")
 	return l
 }

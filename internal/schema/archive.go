@@ -3,6 +3,7 @@ package schema
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/outboxrelay/relay/fault"
@@ -34,6 +35,28 @@ func (l Layout) ArchiveByKey(mode, key, keyType string) string {
 func (l Layout) ArchiveByKeyRange(mode, key, keyType string) string {
 	k := Q(key)
 	return l.archive(mode, fmt.Sprintf("%s BETWEEN $2::%s AND $3::%s AND (%s = ANY($1::%s[])) IS TRUE", k, keyType, keyType, k, keyType))
+}
+
+// SeqArchive is the pair of statements archiving outbox rows by their seq
+// values (see ArchiveByKey and ArchiveByKeyRange), for an outbox whose
+// seq values are unique.
+type SeqArchive struct{ list, rng string }
+
+// ArchiveBySeq returns the statements archiving the outbox rows by seq
+// per archive mode mode.
+func (l Layout) ArchiveBySeq(mode string) SeqArchive {
+	return SeqArchive{list: l.ArchiveByKey(mode, l.Cols.Seq, "bigint"), rng: l.ArchiveByKeyRange(mode, l.Cols.Seq, "bigint")}
+}
+
+// Of returns the statement archiving the rows of seqs, not empty, and its
+// arguments: the range form when seqs fill at least a quarter of the range
+// from their least to their greatest.
+func (a SeqArchive) Of(seqs []int64) (string, []any) {
+	lo, hi := slices.Min(seqs), slices.Max(seqs)
+	if hi-lo < 4*int64(len(seqs)) {
+		return a.rng, []any{seqs, lo, hi}
+	}
+	return a.list, []any{seqs}
 }
 
 // archive returns mode's statement archiving the outbox rows matching

@@ -123,3 +123,29 @@ func idsOf(t *testing.T, conn *pgx.Conn, query string) []string {
 	}
 	return ids
 }
+
+// TestSeqArchiveDensity: seqs that fill at least a quarter of their range
+// are archived with the range statement, sparser ones key by key.
+func TestSeqArchiveDensity(t *testing.T) {
+	q := SeqArchive{list: "keys", rng: "range"}
+	for _, tc := range []struct {
+		seqs []int64
+		want string
+	}{
+		{[]int64{7}, "range"},
+		{[]int64{5, 6, 7, 9}, "range"},
+		{[]int64{13, 10, 22, 12}, "range"},
+		{[]int64{40, 10, 20, 30}, "keys"},
+		{[]int64{1, 100}, "keys"},
+		{[]int64{9, 1, 5}, "range"},
+		{[]int64{1, 2, 3, 1000}, "keys"},
+	} {
+		sql, args := q.Of(tc.seqs)
+		if sql != tc.want {
+			t.Errorf("%v: %s, want %s", tc.seqs, sql, tc.want)
+		}
+		if sql == "range" && (args[1] != slices.Min(tc.seqs) || args[2] != slices.Max(tc.seqs)) {
+			t.Errorf("%v: range %v..%v", tc.seqs, args[1], args[2])
+		}
+	}
+}

@@ -21,7 +21,8 @@ import (
 
 // queries are the source's SQL, built once with quoted identifiers.
 type queries struct {
-	bound, boundOnly, lockWork, claim, claimAll, claimOne, claimOneAll, skipped, skippedAll, archive, archiveRange, deadLetter, dropDead string
+	bound, boundOnly, lockWork, claim, claimAll, claimOne, claimOneAll, skipped, skippedAll, deadLetter, dropDead string
+	archive                                                                                                       schema.SeqArchive
 	// deadLetterCut is deadLetter keeping only the first characters of
 	// long values (see schema.Layout.DeadLetterRow), for a row the
 	// dead-letter table refused as it was.
@@ -99,8 +100,7 @@ func buildQueries(l schema.Layout, archiveMode string, park bool, types map[stri
 		claimOneAll:   claimSQL("", 4, "0"),
 		skipped:       skippedSQL(partitionFilter, 6),
 		skippedAll:    skippedSQL("", 4),
-		archive:       l.ArchiveByKey(archiveMode, c.Seq, "bigint"),
-		archiveRange:  l.ArchiveByKeyRange(archiveMode, c.Seq, "bigint"),
+		archive:       l.ArchiveBySeq(archiveMode),
 		dropDead:      fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1::bigint[])`, t, seq),
 		deadLetter:    deadLetterSQL(l, types, false),
 		deadLetterCut: deadLetterSQL(l, types, true),
@@ -170,17 +170,6 @@ func (q queries) claimOf(parts []int32, n int, cursor, bound int64, limit int, s
 		claim = q.claimOne
 	}
 	return claim, q.skipped, []any{cursor, bound, limit, n, parts, skip, held}
-}
-
-// archiveOf returns the statement archiving the rows of seqs, not empty,
-// and its arguments: the range form when seqs fill at least a quarter of
-// the range from their least to their greatest.
-func (q queries) archiveOf(seqs []int64) (string, []any) {
-	lo, hi := slices.Min(seqs), slices.Max(seqs)
-	if hi-lo < 4*int64(len(seqs)) {
-		return q.archiveRange, []any{seqs, lo, hi}
-	}
-	return q.archive, []any{seqs}
 }
 
 // coversAll reports whether parts holds every partition of n.
@@ -756,7 +745,7 @@ func (b *batch) archiveStatement(published []*event.Event) statement {
 	for i, ev := range published {
 		seqs[i] = int64(ev.Position)
 	}
-	sql, args := b.s.sql.archiveOf(seqs)
+	sql, args := b.s.sql.archive.Of(seqs)
 	return statement{sql, args}
 }
 
