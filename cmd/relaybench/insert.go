@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -38,6 +39,11 @@ type InsertResult struct {
 	PostgresPer100k float64     `json:"postgres_cpu_seconds_per_100k"`
 	WALBytes        int64       `json:"wal_bytes"`
 	WALPerInsert    float64     `json:"wal_bytes_per_insert"`
+	// WALByKind is WALPerInsert by resource manager (Heap, Btree,
+	// Transaction, …) with full-page images as "full-page images", from
+	// pg_walinspect; empty when the extension is missing.
+	WALByKind map[string]float64 `json:"wal_bytes_per_insert_by_kind,omitempty"`
+	walKinds  map[string]int64
 	// Rows and SizeBytes are the table's rows after the run and the size
 	// of its heap and indexes (of every partition), SizePer100k that size
 	// per 100,000 rows.
@@ -205,12 +211,13 @@ func (b *bench) insertRun(ctx context.Context, v insertVariant) (InsertResult, e
 		END LOOP; END$$`); err != nil {
 		return res, err
 	}
+	inspect := d.exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_walinspect") == nil
 	conns, err := b.insertConns(ctx, d, v)
 	defer closeConns(conns)
 	if err != nil {
 		return res, err
 	}
-	wal0, err := walLSN(ctx, d)
+	lsn0, err := d.currentLSN(ctx)
 	if err != nil {
 		return res, err
 	}
@@ -222,13 +229,20 @@ func (b *bench) insertRun(ctx context.Context, v insertVariant) (InsertResult, e
 		return res, err
 	}
 	res.CPU = cpuBetween(cpu0, sampleCPU(), 0)
-	wal1, err := walLSN(ctx, d)
+	lsn1, err := d.currentLSN(ctx)
 	if err != nil {
 		return res, err
 	}
 	res.Inserts, res.Seconds, res.Latency = n, el.Seconds(), hist.summary()
 	res.PerSecond = newRate(n, el).PerSecond
-	res.WALBytes = wal1 - wal0
+	if err := d.pool.QueryRow(ctx, `SELECT ($2::pg_lsn - $1::pg_lsn)::bigint`, lsn0, lsn1).Scan(&res.WALBytes); err != nil {
+		return res, err
+	}
+	if inspect {
+		if res.walKinds, err = walKinds(ctx, d, lsn0, lsn1); err != nil {
+			return res, err
+		}
+	}
 	err = d.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox),
 		(SELECT sum(pg_total_relation_size(r))::bigint FROM (`+outboxLeaves+`) AS leaves (r))`).Scan(&res.Rows, &res.SizeBytes)
 	res.perInsert()
@@ -242,6 +256,50 @@ func (res *InsertResult) perInsert() {
 	res.WALPerInsert = float64(res.WALBytes) / n
 	res.PostgresPer100k = res.CPU.PostgresSeconds * 100_000 / n
 	res.SizePer100k = float64(res.SizeBytes) * 100_000 / max(float64(res.Rows), 1)
+	if len(res.walKinds) > 0 {
+		res.WALByKind = map[string]float64{}
+		for k, v := range res.walKinds {
+			res.WALByKind[k] = float64(v) / n
+		}
+	}
+}
+
+// fullPages is the WALByKind entry of the full-page images.
+const fullPages = "full-page images"
+
+// walKinds returns the WAL between lsn0 and lsn1 by resource manager,
+// records only, and the full-page images of all apart, once the WAL up to
+// lsn1 is flushed (pg_walinspect reads only flushed WAL).
+func walKinds(ctx context.Context, d *database, lsn0, lsn1 string) (map[string]int64, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var flushed bool
+		if err := d.pool.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn() >= $1::pg_lsn`, lsn1).Scan(&flushed); err != nil {
+			return nil, err
+		}
+		if flushed {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("WAL up to %s not flushed after 30s", lsn1)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	rows, err := d.pool.Query(ctx, `SELECT kind, record_size, fpi_size
+		FROM pg_get_wal_stats($1::pg_lsn, $2::pg_lsn) AS s (kind, count, count_pct, record_size, record_pct, fpi_size)
+		WHERE count > 0`, lsn0, lsn1)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	var kind string
+	var rec, fpi int64
+	_, err = pgx.ForEachRow(rows, []any{&kind, &rec, &fpi}, func() error {
+		out[kind] += rec
+		out[fullPages] += fpi
+		return nil
+	})
+	return out, err
 }
 
 // insertConns opens opts.InsertClients connections to d with
@@ -291,16 +349,28 @@ func printInsert(w io.Writer, r *Results) {
 	}
 	fmt.Fprintf(w, "\n%s; %d clients, single-row INSERT transactions, synchronous_commit off\n", ic.Pinning, ic.Clients)
 	t := newTable(w, "WHAT AN OUTBOX ROW COSTS THE INSERT", "inserts/s", "p99 ms", "postgres CPU s/100k", "WAL B/insert", "WAL ×",
-		"MB/100k rows", "size ×", "other CPU s", "gives up")
+		"heap", "btree", "commit", "FPI", "other", "MB/100k rows", "size ×", "other CPU s", "gives up")
 	base := ic.Variants[0]
 	for _, v := range ic.Variants {
 		loses := v.Loses
 		if loses == "" {
 			loses = "nothing"
 		}
-		t.row(v.Variant, f0(v.PerSecond), f2(v.Latency.P99), f2(v.PostgresPer100k), f0(v.WALPerInsert),
-			ratioCell(v.WALPerInsert/max(base.WALPerInsert, 1)), f1(v.SizePer100k/1e6), ratioCell(v.SizePer100k/max(base.SizePer100k, 1)),
-			f1(v.CPU.OtherSeconds), loses)
+		cells := []string{v.Variant, f0(v.PerSecond), f2(v.Latency.P99), f2(v.PostgresPer100k), f0(v.WALPerInsert),
+			ratioCell(v.WALPerInsert / max(base.WALPerInsert, 1))}
+		cells = append(cells, walKindCells(v)...)
+		t.row(append(cells, f1(v.SizePer100k/1e6), ratioCell(v.SizePer100k/max(base.SizePer100k, 1)), f1(v.CPU.OtherSeconds), loses)...)
 	}
 	t.flush()
+}
+
+// walKindCells returns the heap, btree, commit, full-page image and other
+// WAL bytes per insert of v, "-" each when they were not measured.
+func walKindCells(v InsertResult) []string {
+	k := v.WALByKind
+	if len(k) == 0 {
+		return []string{"-", "-", "-", "-", "-"}
+	}
+	heap, btree, commit, fpi := k["Heap"]+k["Heap2"], k["Btree"], k["Transaction"], k[fullPages]
+	return []string{f1(heap), f1(btree), f1(commit), f1(fpi), f1(v.WALPerInsert - heap - btree - commit - fpi)}
 }
