@@ -39,11 +39,16 @@ type InsertResult struct {
 	PostgresPer100k float64     `json:"postgres_cpu_seconds_per_100k"`
 	WALBytes        int64       `json:"wal_bytes"`
 	WALPerInsert    float64     `json:"wal_bytes_per_insert"`
-	// WALByKind is WALPerInsert by resource manager (Heap, Btree,
-	// Transaction, …) with full-page images as "full-page images", from
-	// pg_walinspect; empty when the extension is missing.
-	WALByKind map[string]float64 `json:"wal_bytes_per_insert_by_kind,omitempty"`
-	walKinds  map[string]int64
+	// OwnWALPerInsert is the part of WALPerInsert that is this database's:
+	// the records of its relations and those of no relation (commits),
+	// without the WAL page headers and what the cluster's other databases
+	// wrote meanwhile (autovacuum). WALByKind is it by resource manager
+	// (Heap, Btree, Transaction, …), full-page images apart under
+	// fullPages. Both are from pg_walinspect; 0 and empty when the
+	// extension is missing.
+	OwnWALPerInsert float64            `json:"own_wal_bytes_per_insert,omitempty"`
+	WALByKind       map[string]float64 `json:"own_wal_bytes_per_insert_by_kind,omitempty"`
+	walKinds        map[string]int64
 	// Rows and SizeBytes are the table's rows after the run and the size
 	// of its heap and indexes (of every partition), SizePer100k that size
 	// per 100,000 rows.
@@ -204,11 +209,15 @@ func (b *bench) insertRun(ctx context.Context, v insertVariant) (InsertResult, e
 			return res, err
 		}
 	}
-	// Autovacuum would write WAL of its own while the load runs.
+	// Autovacuum would write WAL of its own while the load runs: off on
+	// the outbox, and nothing left for it in the catalogs the DDL changed.
 	if err := d.exec(ctx, `DO $$DECLARE r regclass; BEGIN
 		FOR r IN `+outboxLeaves+` LOOP
 			EXECUTE format('ALTER TABLE %s SET (autovacuum_enabled = false)', r);
 		END LOOP; END$$`); err != nil {
+		return res, err
+	}
+	if err := d.exec(ctx, "VACUUM"); err != nil {
 		return res, err
 	}
 	inspect := d.exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_walinspect") == nil
@@ -260,6 +269,7 @@ func (res *InsertResult) perInsert() {
 		res.WALByKind = map[string]float64{}
 		for k, v := range res.walKinds {
 			res.WALByKind[k] = float64(v) / n
+			res.OwnWALPerInsert += float64(v) / n
 		}
 	}
 }
@@ -267,27 +277,24 @@ func (res *InsertResult) perInsert() {
 // fullPages is the WALByKind entry of the full-page images.
 const fullPages = "full-page images"
 
-// walKinds returns the WAL between lsn0 and lsn1 by resource manager,
-// records only, and the full-page images of all apart, once the WAL up to
-// lsn1 is flushed (pg_walinspect reads only flushed WAL).
+// walKinds returns the WAL between lsn0 and lsn1 of d's relations and of
+// no relation by resource manager, records only, and their full-page
+// images apart, once the WAL up to lsn1 is flushed (pg_walinspect reads
+// only flushed WAL).
 func walKinds(ctx context.Context, d *database, lsn0, lsn1 string) (map[string]int64, error) {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var flushed bool
-		if err := d.pool.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn() >= $1::pg_lsn`, lsn1).Scan(&flushed); err != nil {
-			return nil, err
-		}
-		if flushed {
-			break
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("WAL up to %s not flushed after 30s", lsn1)
-		}
-		time.Sleep(20 * time.Millisecond)
+	err := waitFor(ctx, 30*time.Second, nil, func() (flushed bool, err error) {
+		err = d.pool.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn() >= $1::pg_lsn`, lsn1).Scan(&flushed)
+		return flushed, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("wait for the WAL up to %s to be flushed: %w", lsn1, err)
 	}
-	rows, err := d.pool.Query(ctx, `SELECT kind, record_size, fpi_size
-		FROM pg_get_wal_stats($1::pg_lsn, $2::pg_lsn) AS s (kind, count, count_pct, record_size, record_pct, fpi_size)
-		WHERE count > 0`, lsn0, lsn1)
+	// A block reference reads "blkref #0: rel <tablespace>/<database>/<relation> …".
+	rows, err := d.pool.Query(ctx, `SELECT rm, sum(rl)::bigint, sum(fl)::bigint
+		FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn) AS r (s, e, p, xid, rm, rt, rl, ml, fl, descr, br)
+		WHERE coalesce(br, '') = '' OR br LIKE '%rel %/' ||
+			(SELECT oid FROM pg_database WHERE datname = current_database())::text || '/%'
+		GROUP BY rm`, lsn0, lsn1)
 	if err != nil {
 		return nil, err
 	}
@@ -348,29 +355,29 @@ func printInsert(w io.Writer, r *Results) {
 		return
 	}
 	fmt.Fprintf(w, "\n%s; %d clients, single-row INSERT transactions, synchronous_commit off\n", ic.Pinning, ic.Clients)
-	t := newTable(w, "WHAT AN OUTBOX ROW COSTS THE INSERT", "inserts/s", "p99 ms", "postgres CPU s/100k", "WAL B/insert", "WAL ×",
-		"heap", "btree", "commit", "FPI", "other", "MB/100k rows", "size ×", "other CPU s", "gives up")
+	t := newTable(w, "WHAT AN OUTBOX ROW COSTS THE INSERT", "inserts/s", "p99 ms", "postgres CPU s/100k", "WAL B/insert",
+		"own B/insert", "own ×", "heap", "btree", "commit", "FPI", "MB/100k rows", "size ×", "other CPU s", "gives up")
 	base := ic.Variants[0]
 	for _, v := range ic.Variants {
 		loses := v.Loses
 		if loses == "" {
 			loses = "nothing"
 		}
-		cells := []string{v.Variant, f0(v.PerSecond), f2(v.Latency.P99), f2(v.PostgresPer100k), f0(v.WALPerInsert),
-			ratioCell(v.WALPerInsert / max(base.WALPerInsert, 1))}
-		cells = append(cells, walKindCells(v)...)
+		cells := []string{v.Variant, f0(v.PerSecond), f2(v.Latency.P99), f2(v.PostgresPer100k), f0(v.WALPerInsert)}
+		cells = append(cells, walKindCells(v, base)...)
 		t.row(append(cells, f1(v.SizePer100k/1e6), ratioCell(v.SizePer100k/max(base.SizePer100k, 1)), f1(v.CPU.OtherSeconds), loses)...)
 	}
 	t.flush()
 }
 
-// walKindCells returns the heap, btree, commit, full-page image and other
-// WAL bytes per insert of v, "-" each when they were not measured.
-func walKindCells(v InsertResult) []string {
+// walKindCells returns v's own WAL bytes per insert, its ratio to base's,
+// and its heap, btree, commit and full-page image parts, "-" each when
+// they were not measured.
+func walKindCells(v, base InsertResult) []string {
 	k := v.WALByKind
 	if len(k) == 0 {
-		return []string{"-", "-", "-", "-", "-"}
+		return []string{"-", "-", "-", "-", "-", "-"}
 	}
-	heap, btree, commit, fpi := k["Heap"]+k["Heap2"], k["Btree"], k["Transaction"], k[fullPages]
-	return []string{f1(heap), f1(btree), f1(commit), f1(fpi), f1(v.WALPerInsert - heap - btree - commit - fpi)}
+	return []string{f1(v.OwnWALPerInsert), ratioCell(v.OwnWALPerInsert / max(base.OwnWALPerInsert, 1)),
+		f1(k["Heap"] + k["Heap2"]), f1(k["Btree"]), f1(k["Transaction"]), f1(k[fullPages])}
 }
