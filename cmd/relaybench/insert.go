@@ -88,22 +88,21 @@ func insertVariants() []insertVariant {
 	l := benchLayout
 	table, seqIdx := l.CreateOutbox(), l.CreatePollIndex()
 	plain := fmt.Sprintf(`CREATE INDEX outbox_seq_plain_idx ON outbox (%s)`, schema.Q(l.Cols.Seq))
-	withHeaders := func(v insertVariant, h any) insertVariant { v.headers = h; return v }
 	def := insertVariant{name: "default", what: "relay init: id uuid PRIMARY KEY, UNIQUE (seq), seq identity, jsonb",
 		ddl: []string{table, seqIdx}, headers: eventHeaders}
 	return []insertVariant{
 		def,
 		{name: "seq_plain", what: "seq index not UNIQUE", loses: "the watermark without pg_locks: every claim reads the open writers",
 			ddl: []string{table, plain}, headers: eventHeaders},
-		{name: "id_only", what: "no seq index, id PRIMARY KEY only", loses: "the poll index (each claim sorts the outbox) and the watermark without pg_locks",
+		{name: "id_only", what: "no seq index, id PRIMARY KEY only", loses: "the poll index: claims and poll archives read the whole outbox, every claim reads pg_locks",
 			ddl: []string{table}, headers: eventHeaders},
-		{name: "seq_only", what: "no id index (id uuid NOT NULL), UNIQUE (seq)", loses: "unique ids, and archiving by id reads the whole table",
+		{name: "seq_only", what: "no id index (id uuid NOT NULL), UNIQUE (seq)", loses: "unique ids; wal mode's archives by id read the whole outbox",
 			ddl: []string{replaced(table, "uuid PRIMARY KEY", "uuid NOT NULL"), seqIdx}, headers: eventHeaders},
 		{name: "bigserial", what: "seq bigserial instead of identity", ddl: []string{replaced(table, "bigint GENERATED ALWAYS AS IDENTITY", "bigserial"), seqIdx},
 			headers: eventHeaders},
-		withHeaders(insertVariant{name: "headers_null", what: "default table, headers NULL", ddl: def.ddl}, nil),
-		withHeaders(insertVariant{name: "headers_empty", what: "default table, headers '{}'", ddl: def.ddl}, "{}"),
-		{name: "payload_json", what: "payload json instead of jsonb", loses: "the contract: payload is jsonb (docs/reference.md)",
+		{name: "headers_null", what: "default table, headers NULL", ddl: def.ddl, headers: nil},
+		{name: "headers_empty", what: "default table, headers '{}'", ddl: def.ddl, headers: "{}"},
+		{name: "payload_json", what: "payload json instead of jsonb", loses: "the contract's jsonb (relay init creates it)",
 			ddl: []string{replaced(table, schema.Q(l.Cols.Payload)+" jsonb", schema.Q(l.Cols.Payload)+" json"), seqIdx}, headers: eventHeaders},
 		{name: "notify", what: "default + the insert notify trigger (capture.poll.notify)", ddl: append(slices.Clone(def.ddl), l.CreateNotifyTrigger()...),
 			headers: eventHeaders},
