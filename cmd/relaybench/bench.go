@@ -37,6 +37,7 @@ type Results struct {
 	Steady           []SteadyResult            `json:"steady,omitempty"`
 	RSS              []RSSResult               `json:"rss,omitempty"` // -rss
 	Impact           *Impact                   `json:"impact,omitempty"`
+	Insert           *InsertCost               `json:"insert,omitempty"`
 	Targets          []Target                  `json:"targets,omitempty"`
 	Error            string                    `json:"error,omitempty"`
 }
@@ -102,7 +103,7 @@ func run1(ctx context.Context, opts Options, res *Results) error {
 	// while the drains wrote gigabytes of WAL in other databases would have
 	// to decode through all of it first.
 	phases := []func(context.Context) error{b.setUp, b.commitRates, b.steadyState, b.natsDrains,
-		b.sinkDrains, b.baselines, b.ratios, b.profiles, b.peakRSS, b.scaling, b.impact}
+		b.sinkDrains, b.baselines, b.ratios, b.profiles, b.peakRSS, b.scaling, b.impact, b.insertCost}
 	for _, phase := range phases {
 		if err := phase(ctx); err != nil {
 			return err

@@ -319,3 +319,37 @@ func TestImpactProfileKafka(t *testing.T) {
 		t.Errorf("cpu profile: %v, %v", fi, err)
 	}
 }
+
+// TestInsertSmoke runs the insert phase for a second on the default outbox
+// and on the partition ring: every committed insert is a row, and each run
+// has its WAL bytes and size.
+func TestInsertSmoke(t *testing.T) {
+	var log bytes.Buffer
+	opts := Options{
+		Events: 1000, Aggregates: 500, Payload: 200, Modes: []string{"poll"}, Phases: []string{"insert"}, Relays: 1,
+		InsertFor: time.Second, InsertClients: 2, InsertVariants: []string{"default", "ring8"}, Background: 0,
+		RelayBin: relayBin, Log: &log, Args: []string{"relaybench", "(insert smoke test)"},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, opts)
+	if err != nil {
+		t.Fatalf("bench: %v\nlog:\n%s", err, log.String())
+	}
+	var table bytes.Buffer
+	printTable(&table, res)
+	t.Logf("\n%s", table.String())
+	if res.Insert == nil || len(res.Insert.Variants) != 2 || res.Insert.Pinning == "" {
+		t.Fatalf("insert: %+v", res.Insert)
+	}
+	for i, v := range res.Insert.Variants {
+		// Each client inserted one row before the load.
+		if v.Variant != opts.InsertVariants[i] || v.Inserts == 0 || v.Rows != v.Inserts+int64(opts.InsertClients) ||
+			v.WALPerInsert <= 0 || v.SizeBytes <= 0 || v.PostgresPer100k <= 0 {
+			t.Errorf("insert variant %d (want %s): %+v", i, opts.InsertVariants[i], v)
+		}
+	}
+	if !strings.Contains(table.String(), "WHAT AN OUTBOX ROW COSTS THE INSERT") {
+		t.Errorf("no insert table:\n%s", table.String())
+	}
+}

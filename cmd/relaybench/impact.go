@@ -130,7 +130,8 @@ func (b *bench) impact(ctx context.Context) error {
 		}
 		b.prevBin = bin
 	}
-	restore := b.pin(im)
+	var restore func()
+	im.Pinned, im.Pinning, restore = b.pin()
 	defer restore()
 	b.opts.logf("impact: %s", im.Pinning)
 	modes := b.opts.ImpactModes
@@ -263,40 +264,34 @@ func impactRatios(runs []ImpactResult) {
 
 // pin pins the PostgreSQL server (the postmaster, its processes and the
 // backends it forks later) to CPU 0 and this process (NATS, the clients and
-// the relays and floors it starts later) to the other CPUs when taskset exists and the
-// machine has two CPUs or more. It records what it did in im and returns
-// what undoes it.
-func (b *bench) pin(im *Impact) func() {
+// the relays and floors it starts later) to the other CPUs when taskset
+// exists and the machine has two CPUs or more. It returns whether it did,
+// what it did (or why not), and what undoes it.
+func (b *bench) pin() (bool, string, func()) {
+	none := func() {}
 	cpus := b.res.Machine.CPUs
 	pm := int(postmaster.Load())
 	_, err := exec.LookPath("taskset")
 	switch {
 	case err != nil:
-		im.Pinning = "not pinned: taskset not found"
-		return func() {}
+		return false, "not pinned: taskset not found", none
 	case cpus < 2:
-		im.Pinning = "not pinned: one CPU"
-		return func() {}
+		return false, "not pinned: one CPU", none
 	case pm == 0:
-		im.Pinning = "not pinned: the postmaster's pid is unknown"
-		return func() {}
+		return false, "not pinned: the postmaster's pid is unknown", none
 	}
 	all, rest := fmt.Sprintf("0-%d", cpus-1), fmt.Sprintf("1-%d", cpus-1)
 	if cpus == 2 {
 		rest = "1"
 	}
 	if err := taskset("0", serverPids(pm)...); err != nil {
-		im.Pinning = "not pinned: " + err.Error()
-		return func() {}
+		return false, "not pinned: " + err.Error(), none
 	}
 	if err := taskset(rest, os.Getpid()); err != nil {
 		_ = taskset(all, serverPids(pm)...)
-		im.Pinning = "not pinned: " + err.Error()
-		return func() {}
+		return false, "not pinned: " + err.Error(), none
 	}
-	im.Pinned = true
-	im.Pinning = fmt.Sprintf("pinned with taskset: PostgreSQL on CPU 0, the bench (clients, NATS) and the relay or floor on CPUs %s", rest)
-	return func() {
+	return true, fmt.Sprintf("pinned with taskset: PostgreSQL on CPU 0, the bench (clients, NATS) and the relay or floor on CPUs %s", rest), func() {
 		_ = taskset(all, serverPids(pm)...)
 		_ = taskset(all, os.Getpid())
 	}

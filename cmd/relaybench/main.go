@@ -11,7 +11,9 @@
 //   - steady state: open-loop single-row transactions at 25, 50 and 100 % of
 //     the single-row commit rate measured first, with latency from the
 //     intended send time to broker acknowledgement and to consumer receipt;
-//   - cost: the relay's peak RSS and CPU seconds per 100,000 events.
+//   - cost: the relay's peak RSS and CPU seconds per 100,000 events;
+//   - with -phases insert: what each outbox table variant (indexes, column
+//     types, trigger, partitions) costs a single-row INSERT.
 //
 // It prints one table and writes every figure to a JSON file. See
 // docs/benchmarks.md.
@@ -19,7 +21,8 @@
 //	go run ./cmd/relaybench [-events N] [-aggregates N] [-payload BYTES]
 //	    [-out results.json] [-modes poll,wal] [-quick] [-steady 15s]
 //	    [-cpuprofile DIR] [-relay-gomaxprocs N] [-impact-sink nats|kafka] [-impact-rate N]
-//	    [-impact-floors=false]
+//	    [-impact-floors=false] [-insert-for 10s] [-insert-clients 8]
+//	    [-insert-variants default,ring8]
 package main
 
 import (
@@ -81,6 +84,12 @@ type Options struct {
 	// ImpactPrevious is a git revision whose relay the impact phase also
 	// runs in poll and wal mode; empty: none.
 	ImpactPrevious string
+	// InsertFor, InsertClients and InsertVariants are the length of each
+	// run of the insert phase, its connections and the table variants it
+	// measures (empty: all, see insertVariants).
+	InsertFor      time.Duration
+	InsertClients  int
+	InsertVariants []string
 	Log            io.Writer
 	Args           []string // the command line, for the results
 }
@@ -145,6 +154,11 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	o.Phases = splitList(*lists.phases)
 	o.Sinks = splitList(*lists.sinks)
 	o.ImpactModes = splitList(*lists.impactModes)
+	o.InsertVariants = splitList(*lists.insertVariants)
+	if _, err := selectedVariants(o.InsertVariants); err != nil {
+		fmt.Fprintf(stderr, "relaybench: -insert-variants: %v\n", err)
+		return o, fmt.Errorf("usage")
+	}
 	if o.ImpactSink != "nats" && o.ImpactSink != "kafka" {
 		fmt.Fprintf(stderr, "relaybench: -impact-sink: unknown sink %q (nats, kafka)\n", o.ImpactSink)
 		return o, fmt.Errorf("usage")
@@ -155,7 +169,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	}{{"sinks", "sink", o.Sinks, []string{"nats", "kafka", "rabbitmq", "pubsub"}},
 		{"modes", "mode", o.Modes, []string{"poll", "wal"}},
 		{"impact-modes", "mode", o.ImpactModes, []string{"poll", "wal", "messages", "partition"}},
-		{"phases", "phase", o.Phases, []string{"drain", "baselines", "steady", "scaling", "impact"}}} {
+		{"phases", "phase", o.Phases, []string{"drain", "baselines", "steady", "scaling", "impact", "insert"}}} {
 		for _, v := range c.got {
 			if !slices.Contains(c.known, v) {
 				fmt.Fprintf(stderr, "relaybench: -%s: unknown %s %q (%s)\n", c.flag, c.what, v, strings.Join(c.known, ", "))
@@ -163,8 +177,8 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 			}
 		}
 	}
-	if o.Events <= 0 || o.Aggregates <= 0 || o.Payload < 40 || o.Writers < 0 || o.Relays <= 0 || o.ImpactClients <= 0 || o.ImpactRate < 0 || o.ImpactRounds <= 0 {
-		fmt.Fprintln(stderr, "relaybench: -events, -aggregates, -relays, -impact-clients and -impact-rounds must be positive, -writers and -impact-rate not negative, -payload at least 40")
+	if o.Events <= 0 || o.Aggregates <= 0 || o.Payload < 40 || o.Writers < 0 || o.Relays <= 0 || o.ImpactClients <= 0 || o.ImpactRate < 0 || o.ImpactRounds <= 0 || o.InsertClients <= 0 {
+		fmt.Fprintln(stderr, "relaybench: -events, -aggregates, -relays, -impact-clients, -impact-rounds and -insert-clients must be positive, -writers and -impact-rate not negative, -payload at least 40")
 		return o, fmt.Errorf("usage")
 	}
 	return o, nil
@@ -172,8 +186,8 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 
 // listFlags are the flags parseFlags turns into Options after parsing.
 type listFlags struct {
-	modes, sinks, phases, impactModes *string
-	rss                               *bool
+	modes, sinks, phases, impactModes, insertVariants *string
+	rss                                               *bool
 }
 
 // defineFlags defines every flag of fs into o, and returns those parsed
@@ -184,10 +198,11 @@ func defineFlags(fs *flag.FlagSet, o *Options) listFlags {
 	fs.IntVar(&o.Payload, "payload", 200, "payload size in bytes (a JSON object padded to this size)")
 	fs.StringVar(&o.Out, "out", "results.json", "JSON file for every figure; empty: none")
 	l := listFlags{
-		modes:  fs.String("modes", "poll,wal", "capture modes to measure, comma separated (wal is reported as not available when this build rejects it)"),
-		sinks:  fs.String("sinks", "nats,kafka", "sinks of the backlog drains, comma separated: nats (embedded JetStream), kafka (kfake, franz-go's in-process fake broker), rabbitmq (a rabbitmq-server node, quorum queue), pubsub (pstest, Google's in-process Pub/Sub fake); steady state uses nats"),
-		phases: fs.String("phases", "drain,baselines,steady", "what to measure, comma separated: drain, baselines, steady, scaling (payload size, aggregates and poll relays curves; not in the default run), impact (the application's TPS and commit latency without a relay and with one per mode; not in the default run)"),
-		rss:    fs.Bool("rss", false, "also drain 1,000,000 events per mode into NATS for the relay's peak RSS (takes minutes)"),
+		modes:          fs.String("modes", "poll,wal", "capture modes to measure, comma separated (wal is reported as not available when this build rejects it)"),
+		sinks:          fs.String("sinks", "nats,kafka", "sinks of the backlog drains, comma separated: nats (embedded JetStream), kafka (kfake, franz-go's in-process fake broker), rabbitmq (a rabbitmq-server node, quorum queue), pubsub (pstest, Google's in-process Pub/Sub fake); steady state uses nats"),
+		phases:         fs.String("phases", "drain,baselines,steady", "what to measure, comma separated: drain, baselines, steady, scaling (payload size, aggregates and poll relays curves; not in the default run), impact (the application's TPS and commit latency without a relay and with one per mode; not in the default run), insert (what each outbox table variant costs a single-row INSERT; not in the default run)"),
+		insertVariants: fs.String("insert-variants", "", "outbox table variants of -phases insert, comma separated (default: all): "+strings.Join(variantNames(insertVariants()), ", ")),
+		rss:            fs.Bool("rss", false, "also drain 1,000,000 events per mode into NATS for the relay's peak RSS (takes minutes)"),
 	}
 	fs.DurationVar(&o.Steady, "steady", 15*time.Second, "length of each steady-state rate (25, 50, 100 % of the commit rate)")
 	fs.DurationVar(&o.CommitFor, "commit-for", 3*time.Second, "length of the single-row commit-rate measurement")
@@ -216,6 +231,8 @@ func defineFlags(fs *flag.FlagSet, o *Options) listFlags {
 	fs.StringVar(&o.ImpactSyncCommit, "impact-sync-commit", "off", "synchronous_commit of the -phases impact clients' sessions")
 	fs.StringVar(&o.ImpactPrevious, "impact-previous", "", "a git revision (e.g. a release tag) whose relay -phases impact also builds and runs in poll and wal mode")
 	fs.IntVar(&o.ImpactClients, "impact-clients", 16, "application connections of -phases impact, each committing UPDATE accounts + INSERT INTO outbox transactions in a loop")
+	fs.DurationVar(&o.InsertFor, "insert-for", 10*time.Second, "length of each run of -phases insert (one per outbox table variant)")
+	fs.IntVar(&o.InsertClients, "insert-clients", 8, "connections of -phases insert, each committing single-row INSERT transactions with synchronous_commit off")
 	return l
 }
 

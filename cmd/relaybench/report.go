@@ -22,6 +22,7 @@ func printTable(w io.Writer, r *Results) {
 	printRSS(w, r)
 	printScaling(w, r)
 	printImpact(w, r)
+	printInsert(w, r)
 	printTargets(w, r)
 	if r.Error != "" {
 		fmt.Fprintf(w, "\nINCOMPLETE: %s\n", firstLine(r.Error))

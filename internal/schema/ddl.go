@@ -14,7 +14,9 @@ var contractTypes = []string{"uuid", "text", "text", "text", "jsonb", "jsonb", "
 
 // CreateOutbox returns the statement creating the outbox table of docs/reference.md
 // when it is missing, with the order column (Columns.OrderBy) as a
-// nullable text column when one is set.
+// nullable text column when one is set. Its primary key keeps event ids
+// unique and serves wal capture's look-ups by id; the seq column's index is
+// pollIndex.
 func (l Layout) CreateOutbox() string {
 	return l.createOutbox("uuid PRIMARY KEY", "bigint GENERATED ALWAYS AS IDENTITY", "")
 }
