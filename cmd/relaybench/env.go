@@ -64,6 +64,10 @@ const (
 	pubsubTopic   = "bench-events"
 	benchFilter   = "bench.>"
 	aggType       = "order"
+	// benchPartitionRows is archive.partition_rows of the partition relay's
+	// config: small enough that a run of the impact phase truncates
+	// partitions.
+	benchPartitionRows = 10_000
 	// benchPublication is capture.wal.publication of the relay configs.
 	benchPublication = "relay_bench"
 )
@@ -297,6 +301,9 @@ func (d *database) configCopy(tag string) (string, int, error) {
 	archive := ""
 	if d.archiveMode != "" {
 		archive = "archive:\n  mode: " + d.archiveMode + "\n"
+	}
+	if d.archiveMode == "partition" {
+		archive += fmt.Sprintf("  partition_rows: %d\n", benchPartitionRows)
 	}
 	cfg := fmt.Sprintf(`postgres:
   url: %q
