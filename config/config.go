@@ -485,7 +485,11 @@ type Webhook struct {
 
 // Archive says what happens to a row once its publish was acknowledged.
 type Archive struct {
-	// Mode is delete, mark or move. Default delete.
+	// Mode is delete, mark, move or partition. Default delete. partition
+	// (wal capture of an outbox table only) never deletes published rows:
+	// the outbox is a ring of Partitions list partitions of PartitionRows
+	// seqs each, and the relay truncates a partition once every row in it
+	// was published or dead-lettered.
 	Mode string `yaml:"mode"`
 	// Table is the archive table for move. Default public.outbox_archive.
 	Table string `yaml:"table"`
@@ -493,6 +497,13 @@ type Archive struct {
 	// with published_at; move: rows of the archive table), checked every
 	// minute. Default 0: keep them.
 	Retention Duration `yaml:"retention"`
+	// Partitions is the number of partitions of archive mode partition's
+	// ring, 3 to 64. Default 8; only that mode takes it.
+	Partitions int `yaml:"partitions"`
+	// PartitionRows is how many consecutive seqs one partition of the ring
+	// takes before the next one does, at least 1000. Default 100000; only
+	// archive mode partition takes it.
+	PartitionRows int `yaml:"partition_rows"`
 }
 
 // Retry sets the backoff for failed publishes.

@@ -78,6 +78,10 @@ func setDefaults(c *Config) {
 	orDefault(&c.Sink.Webhook.Timeout, Duration(5*time.Second))
 	orDefault(&c.Archive.Mode, "delete")
 	orDefault(&c.Archive.Table, "public.outbox_archive")
+	if c.Archive.Mode == "partition" {
+		orDefault(&c.Archive.Partitions, 8)
+		orDefault(&c.Archive.PartitionRows, 100000)
+	}
 	orDefault(&c.Retry.Initial, Duration(100*time.Millisecond))
 	orDefault(&c.Retry.Max, Duration(30*time.Second))
 	orDefault(&c.Retry.MaxAttempts, 10)
@@ -113,8 +117,9 @@ func (l *loader) validate(c *Config) {
 	l.checkCapture(c.Capture)
 	l.checkSink(c.Sink)
 	l.checkFormat(c)
-	l.choice("archive.mode", c.Archive.Mode, "delete", "mark", "move")
+	l.choice("archive.mode", c.Archive.Mode, "delete", "mark", "move", "partition")
 	l.table("archive.table", c.Archive.Table)
+	l.checkPartitionArchive(c)
 	l.checkRetry(c.Retry)
 	l.table("dead_letter.table", c.DeadLetter.Table)
 	l.checkTablesDistinct(c)
@@ -129,6 +134,42 @@ func (l *loader) validate(c *Config) {
 	l.choice("log.format", c.Log.Format, "text", "json")
 	l.choice("log.level", c.Log.Level, "debug", "info", "warn", "error")
 	l.otlpEndpoint("tracing.otlp_endpoint", c.Tracing.OTLPEndpoint)
+}
+
+// The bounds of archive.partitions and archive.partition_rows.
+const (
+	minRingPartitions = 3
+	maxRingPartitions = 64
+	minPartitionRows  = 1000
+)
+
+// checkPartitionArchive checks archive mode partition: wal capture of an
+// outbox table, and the ring's size; its keys with another mode are a
+// mistake.
+func (l *loader) checkPartitionArchive(c *Config) {
+	a := c.Archive
+	if a.Mode != "partition" {
+		for _, key := range []string{"archive.partitions", "archive.partition_rows"} {
+			if _, set := l.lines[key]; set {
+				l.invalid(key, "is only used by archive.mode partition, got archive.mode %s: remove the key", a.Mode)
+			}
+		}
+		return
+	}
+	switch {
+	case c.Capture.Mode == "poll":
+		l.invalid("archive.mode", "partition needs capture.mode: wal (poll capture marks a row published by removing it): use archive.mode delete")
+	case c.Capture.WAL.Messages():
+		l.invalid("archive.mode", "partition needs an outbox table; capture.wal.source messages has none: remove archive.mode")
+	case c.Sink.Type == "kafka" && c.Sink.Kafka.Transactional:
+		l.invalid("archive.mode", "partition keeps published rows in the outbox, where sink.kafka.transactional looks events up to tell published from unpublished: use archive.mode delete or remove sink.kafka.transactional")
+	}
+	if a.Partitions < minRingPartitions || a.Partitions > maxRingPartitions {
+		l.invalid("archive.partitions", "must be between %d and %d, got %d", minRingPartitions, maxRingPartitions, a.Partitions)
+	}
+	if a.PartitionRows < minPartitionRows {
+		l.invalid("archive.partition_rows", "must be at least %d, got %d", minPartitionRows, a.PartitionRows)
+	}
 }
 
 // otlpEndpoint checks an optional OTLP endpoint: host:port with a host and
