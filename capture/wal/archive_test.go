@@ -203,7 +203,7 @@ func TestSetupThenRun(t *testing.T) {
 
 	dry := setup(t, layout)
 	slot := newSlotName()
-	for _, stmt := range wal.SetupSQL(table.Layout(layout), slot, "dry_pub", false) {
+	for _, stmt := range wal.SetupSQL(table.Layout(layout), slot, "dry_pub", false, false) {
 		mustExec(t, dry, stmt)
 	}
 	if err := findingErr(wal.Check(ctx, dry, table.Layout(layout), slot, "dry_pub", false)); err != nil {

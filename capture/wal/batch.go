@@ -96,7 +96,7 @@ func (b *batch) Complete(ctx context.Context, o capture.Outcome) error {
 func (b *batch) Abandon(context.Context) {}
 
 func (b *batch) archive(ctx context.Context, o capture.Outcome) error {
-	if b.src.opts.MessagePrefix != "" {
+	if b.src.opts.MessagePrefix != "" || b.src.opts.ring() {
 		return b.deadLetterMessages(ctx, o)
 	}
 	if err := b.recordLeft(ctx, o); err != nil {
@@ -129,16 +129,18 @@ func (b *batch) archive(ctx context.Context, o capture.Outcome) error {
 }
 
 // deadLetterMessages settles a batch of the table-free outbox (see
-// message.go): nothing is archived, and the dead events and bad messages
-// are written from their values to the dead-letter table in one
-// transaction of at most archiveTimeout, again with long values cut when
-// the table refuses them as they are (see settleApart). A batch whose
-// outcome leaves events (the pipeline holds none in this mode: it has no
-// capture.Holder) fails, so that the slot is not confirmed past them and
-// they are streamed again.
+// message.go) or of archive mode partition's ring outbox, whose rows stay
+// until their partition is truncated (see truncate.go): nothing is
+// archived, and the dead events and bad messages or rows are written from
+// their values to the dead-letter table in one transaction of at most
+// archiveTimeout, again with long values cut when the table refuses them
+// as they are (see settleApart). A batch whose outcome leaves events (the
+// pipeline holds none in these modes: the source is no capture.Holder)
+// fails, so that the slot is not confirmed past them and they are
+// streamed again.
 func (b *batch) deadLetterMessages(ctx context.Context, o capture.Outcome) error {
 	if left := o.Left(b.events); len(left) > 0 {
-		return fmt.Errorf("%d outbox messages left neither published nor dead-lettered; streaming them again", len(left))
+		return fmt.Errorf("%d outbox events left neither published nor dead-lettered; streaming them again", len(left))
 	}
 	if len(o.Dead)+len(b.bad) == 0 {
 		return nil
@@ -151,7 +153,7 @@ func (b *batch) deadLetterMessages(ctx context.Context, o capture.Outcome) error
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("dead-letter %d outbox messages: %w", len(o.Dead)+len(b.bad), err)
+		return fmt.Errorf("dead-letter %d outbox events: %w", len(o.Dead)+len(b.bad), err)
 	}
 	return nil
 }

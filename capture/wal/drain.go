@@ -9,6 +9,7 @@ import (
 
 	"github.com/outboxrelay/relay/capture"
 	"github.com/outboxrelay/relay/capture/internal/claim"
+	"github.com/outboxrelay/relay/internal/schema"
 )
 
 // drain publishes the outbox rows with seq ≤ to by claiming them from the
@@ -37,8 +38,12 @@ func (s *Source) newDrain(ctx context.Context, to int64) (*drain, error) {
 	if len(s.info.Missing) > 0 {
 		return &drain{owner: s, src: newScan(s), to: to, settled: make(chan struct{}, 1), began: time.Now()}, nil
 	}
+	mode := s.opts.ArchiveMode
+	if s.opts.ring() {
+		mode = schema.ArchiveDelete // drained rows are not in the slot's stream: the truncator cannot tell they were published
+	}
 	src, err := claim.New(ctx, claim.Options{Pool: s.opts.Pool, Layout: s.layout, BatchSize: s.opts.BatchSize,
-		MaxBatchBytes: s.opts.MaxBatchBytes, ArchiveMode: s.opts.ArchiveMode, MaxSeq: to, Held: &s.held, Logger: s.log})
+		MaxBatchBytes: s.opts.MaxBatchBytes, ArchiveMode: mode, MaxSeq: to, Held: &s.held, Logger: s.log})
 	if err != nil {
 		return nil, fmt.Errorf("drain: %w", err)
 	}

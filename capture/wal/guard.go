@@ -114,6 +114,8 @@ func newGuard(l schema.Layout, archiveMode string, messages, lacking bool) *guar
 	switch {
 	case messages:
 		rows = "false"
+	case archiveMode == schema.ArchivePartition:
+		rows = "coalesce(pg_current_wal_lsn() > s.confirmed_flush_lsn, false)"
 	case lacking:
 		rows = fmt.Sprintf(`(EXISTS (SELECT 1 FROM %s WHERE true %s) AND NOT EXISTS (SELECT 1 FROM %s WHERE slot = $1))`,
 			l.Outbox.Ident(), l.Unpublished(archiveMode, ""), l.DrainTable().Ident())

@@ -28,7 +28,8 @@ import (
 // table made for Debezium) is not looked up at all: its application may
 // delete each row in the transaction that inserts it, so a missing row
 // does not tell that it was published, and replayed events are published
-// again instead.
+// again instead. Neither is the ring outbox of archive mode partition,
+// which keeps published rows until it truncates their partition.
 
 // currentLSN returns the server's current WAL insert position: every
 // transaction an earlier stream could have received committed before it.

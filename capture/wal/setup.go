@@ -14,13 +14,14 @@ import (
 )
 
 // SetupSQL returns the statements Setup runs, for `relay init --dry-run`:
-// the drain table, the publication (only when missing) and the slot with
-// its pending drain (only when the slot is missing).
-func SetupSQL(tl table.Layout, slot, publication string, failover bool) []string {
+// the drain table, the publication (only when missing; with viaRoot for a
+// partitioned outbox) and the slot with its pending drain (only when the
+// slot is missing).
+func SetupSQL(tl table.Layout, slot, publication string, failover, viaRoot bool) []string {
 	l := schema.Layout(tl)
 	stmts := []string{
 		l.DrainTableStep().SQL(),
-		"-- publication " + publication + ", when missing:\n" + l.CreatePublication(publication),
+		"-- publication " + publication + ", when missing:\n" + l.CreatePublication(publication, viaRoot),
 	}
 	c := l.CreateSlot(slot, failover)
 	c.RecordDrain = "-- replication slot " + slot + ", when missing:\n" + c.RecordDrain

@@ -130,14 +130,20 @@ func finishDrain(ctx context.Context, q schema.Querier, l schema.Layout, slot st
 }
 
 // ensurePublication creates the publication when it is missing and checks
-// that it publishes every insert into the outbox with every mapped column.
-// A publication that does not is a permanent error naming both.
+// that it publishes every insert into the outbox with every mapped column,
+// and for a partitioned outbox under the outbox's name
+// (publish_via_partition_root). A publication that does not is a permanent
+// error naming both.
 func ensurePublication(ctx context.Context, q schema.Querier, l schema.Layout, pub string) error {
 	err := checkPublication(ctx, q, l, pub)
 	if !errors.Is(err, errNoPublication) {
 		return err
 	}
-	if _, err := q.Exec(ctx, l.CreatePublication(pub)); err != nil && !hasCode(err, codeDuplicateObject) {
+	viaRoot, err := partitioned(ctx, q, l)
+	if err != nil {
+		return err
+	}
+	if _, err := q.Exec(ctx, l.CreatePublication(pub, viaRoot)); err != nil && !hasCode(err, codeDuplicateObject) {
 		return permanentIfDenied(fmt.Errorf("publication %s does not exist and creating it failed (run `relay init` as the owner of %s): %w", pub, l.Outbox, err))
 	}
 	return checkPublication(ctx, q, l, pub)
@@ -145,16 +151,33 @@ func ensurePublication(ctx context.Context, q schema.Querier, l schema.Layout, p
 
 var errNoPublication = errors.New("publication does not exist")
 
+// partitioned reports whether the outbox is a partitioned table.
+func partitioned(ctx context.Context, q schema.Querier, l schema.Layout) (bool, error) {
+	var p bool
+	err := q.QueryRow(ctx, `SELECT coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)), false)`, l.Outbox.Ident()).Scan(&p)
+	if err != nil {
+		return false, fmt.Errorf("inspect outbox table %s: %w", l.Outbox, err)
+	}
+	return p, nil
+}
+
 // checkPublication returns errNoPublication when pub is missing, and a
-// permanent error when it does not cover the outbox's inserts.
+// permanent error when it does not cover the outbox's inserts, or those
+// of a partitioned outbox under its partitions' names.
 func checkPublication(ctx context.Context, q schema.Querier, l schema.Layout, pub string) error {
-	var inserts bool
-	err := q.QueryRow(ctx, `SELECT pubinsert FROM pg_publication WHERE pubname = $1`, pub).Scan(&inserts)
+	var inserts, viaRoot bool
+	err := q.QueryRow(ctx, `SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1`, pub).Scan(&inserts, &viaRoot)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("%w: %s", errNoPublication, pub)
 	}
 	if err != nil {
 		return fmt.Errorf("inspect publication %s: %w", pub, err)
+	}
+	if p, err := partitioned(ctx, q, l); err != nil {
+		return err
+	} else if p && !viaRoot {
+		return fault.AsPermanent(fmt.Errorf("publication %s publishes the inserts into partitioned outbox table %s under its partitions' names: "+
+			"run ALTER PUBLICATION %s SET (publish_via_partition_root = true), or set capture.wal.publication to a new name", pub, l.Outbox, schema.Q(pub)))
 	}
 	var table []byte
 	err = q.QueryRow(ctx, `SELECT to_jsonb(t) || jsonb_build_object('columns', (SELECT jsonb_agg(attname) FROM pg_attribute

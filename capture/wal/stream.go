@@ -108,7 +108,7 @@ func (st *stream) next(ctx context.Context) (capture.Batch, error) {
 			}
 		}
 		b := st.take()
-		if b != nil && st.src.opts.MessagePrefix == "" && len(st.src.info.Missing) == 0 && st.replayed(b) {
+		if b != nil && st.src.opts.MessagePrefix == "" && len(st.src.info.Missing) == 0 && !st.src.opts.ring() && st.replayed(b) {
 			left, err := st.dropArchived(ctx, b)
 			if err != nil {
 				st.fail(err)

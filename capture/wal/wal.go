@@ -68,8 +68,17 @@ type Options struct {
 	// missing. Required.
 	Publication string
 	// ArchiveMode is what happens to published rows: schema.ArchiveDelete,
-	// ArchiveMark or ArchiveMove. Default delete.
+	// ArchiveMark, ArchiveMove or ArchivePartition. Default delete. With
+	// ArchivePartition published rows stay in the outbox, a ring of
+	// Partitions list partitions of PartitionRows seqs each (see
+	// schema.Ring), and the leader truncates a partition once every row in
+	// it was published or dead-lettered (see truncate.go); the source is
+	// then no capture.Holder (see HoldsInOutbox).
 	ArchiveMode string
+	// Partitions and PartitionRows are the ring of ArchivePartition, which
+	// the outbox must be; unused with the other modes.
+	Partitions    int
+	PartitionRows int64
 	// BatchSize is the most rows in one batch. Default 500.
 	BatchSize int
 	// MaxBatchBytes ends a batch once its events hold this many bytes
@@ -127,6 +136,9 @@ const DedicatedConns = 2 + claim.DedicatedConns
 
 var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 
+// ring reports whether the outbox is archive mode partition's ring.
+func (o *Options) ring() bool { return o.ArchiveMode == schema.ArchivePartition }
+
 func (o *Options) setDefaults() error {
 	if !slotName.MatchString(o.Slot) {
 		return fmt.Errorf("replication slot name %q must match %s", o.Slot, slotName)
@@ -136,6 +148,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.ArchiveMode == "" {
 		o.ArchiveMode = schema.ArchiveDelete
+	}
+	if o.ring() && (o.MessagePrefix != "" || o.Partitions < 1 || o.PartitionRows < 1) {
+		return errors.New("archive mode partition needs an outbox table and the ring's partitions and partition rows")
 	}
 	if o.BatchSize <= 0 {
 		o.BatchSize = 500
@@ -226,6 +241,12 @@ type Source struct {
 
 	drainedMu sync.Mutex
 	unsettled map[*drained]bool // drained batches not completed or abandoned
+
+	// partitions are the ring outbox's partitions, quoted, in the order of
+	// their values (ArchivePartition only); truncated counts their
+	// truncations and lockWaits the truncations given up for a lock.
+	partitions           []string
+	truncated, lockWaits atomic.Int64
 }
 
 // New checks the database (wal_level, the replication privilege, the
@@ -244,7 +265,13 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Source{opts: opts, log: opts.Logger, layout: l, info: info, sql: buildQueries(l, opts.ArchiveMode, info, opts.Slot), repl: replConfig(opts),
+	var partitions []string
+	if opts.ring() {
+		if partitions, err = schema.InspectRing(ctx, opts.Pool, l, schema.Ring{Partitions: opts.Partitions, Rows: opts.PartitionRows}); err != nil {
+			return nil, err
+		}
+	}
+	s := &Source{partitions: partitions, opts: opts, log: opts.Logger, layout: l, info: info, sql: buildQueries(l, opts.ArchiveMode, info, opts.Slot), repl: replConfig(opts),
 		pace: newPacer(), unsettled: map[*drained]bool{}, recreated: map[string]*atomic.Int64{},
 		lead: newLeadership(opts.Pool.Config().ConnConfig.Copy(), l, opts.Logger)}
 	s.guard = *newGuard(l, opts.ArchiveMode, opts.MessagePrefix != "", len(info.Missing) > 0)
@@ -708,6 +735,9 @@ func (s *Source) openStream(ctx, term context.Context, start pglogrepl.LSN) (*st
 		defer stop(nil)
 		st.run(sctx)
 	})
+	if s.opts.ring() {
+		s.wg.Go(func() { s.truncateRing(sctx) })
+	}
 	s.log.Info("streaming from replication slot", "slot", s.opts.Slot, "lsn", start.String(), "status_interval", every)
 	return st, nil
 }
@@ -803,9 +833,12 @@ func (s *Source) Hold(key string) { s.held.Add(key) }
 // HoldsInOutbox reports whether the source may be used as a
 // capture.Holder: not for the table-free outbox, nor for an outbox table
 // without a column that a drain of held rows needs (see
-// schema.Info.Missing), whose broken destinations' events the pipeline
-// holds in memory, and the slot with them.
-func (s *Source) HoldsInOutbox() bool { return s.opts.MessagePrefix == "" && len(s.info.Missing) == 0 }
+// schema.Info.Missing), nor for archive mode partition, whose published
+// rows stay in the outbox beside the held ones. For these the pipeline
+// holds a broken destination's events in memory, and the slot with them.
+func (s *Source) HoldsInOutbox() bool {
+	return s.opts.MessagePrefix == "" && len(s.info.Missing) == 0 && !s.opts.ring()
+}
 
 // Release ends the hold of keys (see capture.Holder): the stream ends and,
 // once the batches handed out before have settled (or after releaseWait),

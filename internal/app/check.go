@@ -56,7 +56,10 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logge
 			checkMessages(ctx, pool, cfg, w, report)
 		} else {
 			info, err := schema.InspectFor(ctx, pool, l, cfg.Capture.Mode == "wal")
-			report("outbox table "+l.Outbox.String(), err, "run `relay init`, or fix outbox.table / outbox.columns / outbox.order_by")
+			if err == nil {
+				err = inspectRing(ctx, pool, cfg, &info)
+			}
+			report("outbox table "+l.Outbox.String(), err, "run `relay init`, or fix outbox.table / outbox.columns / outbox.order_by / archive.partitions / archive.partition_rows")
 			if err == nil {
 				checkPrivileges(ctx, pool, cfg, info, report)
 				warnOutbox(ctx, pool, cfg, w)
@@ -67,6 +70,9 @@ func Check(ctx context.Context, cfg *config.Config, w io.Writer, log *slog.Logge
 				report(f.What, f.Err, f.Fix)
 			}
 			warnWAL(ctx, pool, w)
+		}
+		if cfg.Archive.Mode == schema.ArchivePartition && cfg.Sink.HeldMaxAge == 0 {
+			warnHeldInMemory(w, "archive.mode partition")
 		}
 		pool.Close()
 	}
@@ -97,10 +103,17 @@ func checkMessages(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, 
 		fmt.Fprintf(w, "WARN  %s: %v\n      fix: %s\n", f.What, f.Err, f.Fix)
 	}
 	if cfg.Sink.HeldMaxAge == 0 {
-		fmt.Fprintf(w, "WARN  sink.held_max_age: 0 with capture.wal.source messages: %s\n      fix: %s\n",
-			"a broken destination holds its events in memory and the slot with them, for as long as it stays broken (no table to leave them in); once the window is full every destination waits",
-			"set sink.held_max_age (e.g. 15m) so that its events are dead-lettered and the slot moves on")
+		warnHeldInMemory(w, "capture.wal.source messages")
 	}
+}
+
+// warnHeldInMemory warns that with setting (which leaves no table to hold a
+// broken destination's events in) and sink.held_max_age 0 the slot waits
+// for a broken destination as long as it stays broken.
+func warnHeldInMemory(w io.Writer, setting string) {
+	fmt.Fprintf(w, "WARN  sink.held_max_age: 0 with %s: %s\n      fix: %s\n", setting,
+		"a broken destination holds its events in memory and the slot with them, for as long as it stays broken (no table to leave them in); once the window is full every destination waits",
+		"set sink.held_max_age (e.g. 15m) so that its events are dead-lettered and the slot moves on")
 }
 
 // serverRoom fails when the server's max_connections, less the slots

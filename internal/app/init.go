@@ -108,7 +108,7 @@ func Init(ctx context.Context, cfg *config.Config, opts InitOptions, w io.Writer
 // publication and slot, and with opts.Role the grants.
 func initTables(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, conn *pgxpool.Conn, opts InitOptions, w io.Writer) error {
 	l := layoutOf(cfg)
-	steps := l.InitSteps(notify(cfg), cfg.Archive.Mode, nil)
+	steps := initSteps(cfg, l, nil)
 	if err := steps[0].Run(ctx, conn); err != nil {
 		return err
 	}
@@ -117,10 +117,13 @@ func initTables(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, con
 		return err
 	}
 	// The other tables take the existing outbox's column types.
-	for _, s := range l.InitSteps(notify(cfg), cfg.Archive.Mode, info.Types)[1:] {
+	for _, s := range initSteps(cfg, l, info.Types)[1:] {
 		if err := runStep(ctx, pool, conn, s, opts); err != nil {
 			return err
 		}
+	}
+	if err := inspectRing(ctx, conn, cfg, &info); err != nil {
+		return err
 	}
 	if cfg.Capture.Mode == "wal" {
 		if err := wal.Setup(ctx, conn, table.Layout(l), cfg.Capture.WAL.Slot, cfg.Capture.WAL.Publication, cfg.Capture.WAL.Failover); err != nil {
@@ -228,11 +231,12 @@ func initDryRun(ctx context.Context, cfg *config.Config, l schema.Layout, role s
 	if wc := cfg.Capture.WAL; wc.Messages() {
 		stmts = wal.SetupMessagesSQL(table.Layout(l), wc.Slot, wc.Publication, wc.Failover)
 	} else {
-		for _, s := range l.InitSteps(notify(cfg), cfg.Archive.Mode, nil) {
+		for _, s := range initSteps(cfg, l, nil) {
 			stmts = append(stmts, s.SQL())
 		}
 		if cfg.Capture.Mode == "wal" {
-			stmts = append(stmts, wal.SetupSQL(table.Layout(l), wc.Slot, wc.Publication, wc.Failover)...)
+			_, ring := ringOf(cfg)
+			stmts = append(stmts, wal.SetupSQL(table.Layout(l), wc.Slot, wc.Publication, wc.Failover, ring)...)
 		}
 	}
 	for _, stmt := range stmts {
@@ -264,8 +268,21 @@ func existingInfo(ctx context.Context, cfg *config.Config, l schema.Layout) sche
 		return schema.Info{}
 	}
 	defer conn.Close(ctx)
-	info, _ := schema.InspectFor(ctx, conn, l, cfg.Capture.Mode == "wal")
+	info, err := schema.InspectFor(ctx, conn, l, cfg.Capture.Mode == "wal")
+	if err == nil {
+		_ = inspectRing(ctx, conn, cfg, &info) // else the partitions get the names init gives them
+	}
 	return info
+}
+
+// initSteps returns what `relay init` creates for cfg (schema.Layout's
+// InitSteps, or InitRingSteps with archive.mode partition) on an outbox
+// whose column types are types (nil: the contract's).
+func initSteps(cfg *config.Config, l schema.Layout, types map[string]string) []schema.Step {
+	if r, ok := ringOf(cfg); ok {
+		return l.InitRingSteps(r, types)
+	}
+	return l.InitSteps(notify(cfg), cfg.Archive.Mode, types)
 }
 
 // notify reports whether init installs the insert notify trigger.

@@ -105,6 +105,25 @@ func registerStats(reg prometheus.Registerer, st *pipeline.Stats, src any, backl
 	}
 }
 
+// registerTruncations exposes relay_outbox_truncations_total and
+// relay_outbox_truncate_lock_timeouts_total of archive mode partition, when
+// src truncates (wal capture).
+func registerTruncations(reg prometheus.Registerer, src any) {
+	t, ok := src.(interface {
+		Truncations() int64
+		TruncateLockTimeouts() int64
+	})
+	if !ok {
+		return
+	}
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Name: "outbox_truncations_total",
+		Help: "Partitions of the outbox ring (archive.mode partition) truncated once every row in them was published or dead-lettered."},
+		func() float64 { return float64(t.Truncations()) }))
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Name: "outbox_truncate_lock_timeouts_total",
+		Help: "Truncations of an outbox partition put off to the next second because its lock was not granted within 100ms."},
+		func() float64 { return float64(t.TruncateLockTimeouts()) }))
+}
+
 // registerHeaderDrops exposes relay_row_headers_dropped_total, one series
 // per reason, labelled with the sink type.
 func registerHeaderDrops(reg prometheus.Registerer, drops *sink.HeaderDrops, sinkType string) {

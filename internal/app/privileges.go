@@ -19,9 +19,33 @@ import (
 // column's).
 func runPrivileges(cfg *config.Config, info schema.Info) []schema.Privilege {
 	l := layoutOf(cfg)
+	var partitions []string
+	if r, ok := ringOf(cfg); ok {
+		partitions = l.RingPartitions(r, info)
+	}
 	return l.RunPrivileges(schema.RunNeeds{WAL: cfg.Capture.Mode == "wal", ArchiveMode: cfg.Archive.Mode,
 		Prune: cfg.Archive.Retention > 0, Sequence: info.SeqSequence, NoSeq: info.Lacks(l.Cols.Seq),
-		Messages: cfg.Capture.WAL.Messages()})
+		Partitions: partitions, Messages: cfg.Capture.WAL.Messages()})
+}
+
+// ringOf returns the ring outbox of archive.mode partition; ok is false
+// with another mode.
+func ringOf(cfg *config.Config) (r schema.Ring, ok bool) {
+	if cfg.Archive.Mode != schema.ArchivePartition {
+		return r, false
+	}
+	return schema.Ring{Partitions: cfg.Archive.Partitions, Rows: int64(cfg.Archive.PartitionRows)}, true
+}
+
+// inspectRing checks, with archive.mode partition, that the outbox is the
+// ring of cfg and sets info.Partitions (schema.Layout.RingInfo); it does
+// nothing with another mode.
+func inspectRing(ctx context.Context, q schema.Querier, cfg *config.Config, info *schema.Info) error {
+	r, ok := ringOf(cfg)
+	if !ok {
+		return nil
+	}
+	return layoutOf(cfg).RingInfo(ctx, q, r, info)
 }
 
 // checkGrants returns an error naming every privilege of runPrivileges the
@@ -40,6 +64,9 @@ func checkGrants(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config) er
 			return err
 		}
 		return nil
+	}
+	if err := inspectRing(ctx, pool, cfg, &info); err != nil {
+		return nil // the source reports an outbox that is not the ring
 	}
 	var role string
 	if err := pool.QueryRow(ctx, `SELECT current_user`).Scan(&role); err != nil {

@@ -140,6 +140,9 @@ func (r *Relay) open(ctx context.Context) error {
 	r.source = src
 	registerStats(r.reg, r.pipeline.Stats(), src, r.backlog, r.capturing, cfg.Sink.HeldMaxAge.D())
 	registerTables(r.reg, cfg.Capture.Mode, r.dlq)
+	if cfg.Archive.Mode == schema.ArchivePartition {
+		registerTruncations(r.reg, src)
+	}
 	r.reg.MustRegister(newDestinationCollector(r.pipeline.Destinations))
 	registerHeaderDrops(r.reg, snk.drops, cfg.Sink.Type)
 	registerRunBreaks(r.reg, snk.runBreaks)
@@ -161,7 +164,7 @@ func (r *Relay) Stats() *pipeline.Stats { return r.pipeline.Stats() }
 func (r *Relay) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return r.pipeline.Run(ctx) })
-	if !r.cfg.Capture.WAL.Messages() { // no outbox table: the backlog is the slot's lag
+	if !r.cfg.Capture.WAL.Messages() && r.cfg.Archive.Mode != schema.ArchivePartition { // no outbox table, or one that keeps published rows: the backlog is the slot's lag
 		g.Go(func() error { return r.backlog.watch(gctx, r.pool, backlogInterval) })
 	}
 	g.Go(func() error { return r.dlq.watch(gctx, r.pool, backlogInterval) })
@@ -237,7 +240,8 @@ func openSource(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, log
 	if cfg.Capture.Mode == "wal" {
 		return wal.New(ctx, wal.Options{Pool: pool, Layout: table.Layout(l),
 			Slot: cfg.Capture.WAL.Slot, Publication: cfg.Capture.WAL.Publication,
-			ArchiveMode: cfg.Archive.Mode, BatchSize: cfg.Capture.Poll.BatchSize, MaxBatchBytes: cfg.Capture.MaxBatchBytes,
+			ArchiveMode: cfg.Archive.Mode, Partitions: cfg.Archive.Partitions, PartitionRows: int64(cfg.Archive.PartitionRows),
+			BatchSize: cfg.Capture.Poll.BatchSize, MaxBatchBytes: cfg.Capture.MaxBatchBytes,
 			Failover: cfg.Capture.WAL.Failover, Linger: cfg.Capture.WAL.Linger.D(), MessagePrefix: messagePrefix(cfg), Logger: log})
 	}
 	return poll.New(ctx, poll.Options{

@@ -16,22 +16,28 @@ var contractTypes = []string{"uuid", "text", "text", "text", "jsonb", "jsonb", "
 // when it is missing, with the order column (Columns.OrderBy) as a
 // nullable text column when one is set.
 func (l Layout) CreateOutbox() string {
+	return l.createOutbox("uuid PRIMARY KEY", "bigint GENERATED ALWAYS AS IDENTITY", "")
+}
+
+// createOutbox returns the statement of CreateOutbox with the definitions
+// id and seq of those columns, followed by tail.
+func (l Layout) createOutbox(id, seq, tail string) string {
 	c := l.Cols
 	order := ""
 	if c.OrderBy != "" {
 		order = ",\n  " + Q(c.OrderBy) + " text"
 	}
 	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
-  %s uuid PRIMARY KEY,
+  %s %s,
   %s text NOT NULL,
   %s text NOT NULL,
   %s text NOT NULL,
   %s jsonb NOT NULL,
   %s jsonb,
   %s timestamptz NOT NULL DEFAULT now(),
-  %s bigint GENERATED ALWAYS AS IDENTITY%s
-)`, l.Outbox.Ident(), Q(c.ID), Q(c.AggregateType), Q(c.AggregateID), Q(c.EventType),
-		Q(c.Payload), Q(c.Headers), Q(c.CreatedAt), Q(c.Seq), order)
+  %s %s%s
+)%s`, l.Outbox.Ident(), Q(c.ID), id, Q(c.AggregateType), Q(c.AggregateID), Q(c.EventType),
+		Q(c.Payload), Q(c.Headers), Q(c.CreatedAt), Q(c.Seq), seq, order, tail)
 }
 
 // orderColumnStep returns the init step adding the order column
@@ -99,7 +105,14 @@ func (l Layout) InitSteps(notify bool, archiveMode string, types map[string]stri
 	if _, ok := types[l.Cols.Seq]; ok || types == nil {
 		steps = append(steps, l.pollIndex().step())
 	}
-	steps = append(steps, l.notifyStep(notify))
+	return append(steps, l.commonSteps(notify, archiveMode, types)...)
+}
+
+// commonSteps are the steps of InitSteps after the outbox table and its
+// poll index: the notify trigger or its removal, the dead-letter table
+// with its indexes, and what archive mode archiveMode needs.
+func (l Layout) commonSteps(notify bool, archiveMode string, types map[string]string) []Step {
+	steps := []Step{l.notifyStep(notify)}
 	dl := l.CreateDeadLetter(types)
 	steps = append(steps, tableStep("dead-letter table", l.DeadLetter, dl[0]))
 	steps = append(steps, l.orderColumnStep("dead-letter table", l.DeadLetter, types)...)

@@ -14,7 +14,8 @@ type Privilege struct {
 	Kind string
 	// Object is the quoted name as GRANT takes it.
 	Object string
-	// Priv is SELECT, INSERT, UPDATE, DELETE, USAGE or REPLICATION.
+	// Priv is SELECT, INSERT, UPDATE, DELETE, TRUNCATE, USAGE or
+	// REPLICATION.
 	Priv string
 	// Column, when set, makes it a column privilege (quoted).
 	Column string
@@ -53,6 +54,9 @@ type RunNeeds struct {
 	// NoSeq is an outbox without a seq column (wal mode, see
 	// Info.Missing): no sequence is read.
 	NoSeq bool
+	// Partitions are the quoted partitions of archive mode partition's
+	// ring outbox, which the relay truncates.
+	Partitions []string
 	// Messages is the table-free outbox of wal mode (capture.wal.source
 	// messages): no outbox, archive or drain table.
 	Messages bool
@@ -72,7 +76,8 @@ func (n RunNeeds) claimWhy() string {
 // SELECT and DELETE on the outbox, UPDATE on any one column (SELECT … FOR
 // UPDATE needs it; granted on the id column) in both modes, as wal mode's
 // table drain claims like poll mode; UPDATE on published_at (mark), INSERT
-// on the archive table (move; SELECT and DELETE too when pruning); SELECT,
+// on the archive table (move; SELECT and DELETE too when pruning), TRUNCATE
+// on each partition of the ring outbox (partition); SELECT,
 // INSERT, DELETE on the dead-letter table; SELECT on the seq sequence (the
 // claim watermark); in wal mode all four on the drain table and the
 // replication privilege (Kind ROLE).
@@ -107,6 +112,9 @@ func (l Layout) RunPrivileges(n RunNeeds) []Privilege {
 		if n.Prune {
 			add("TABLE", l.Archive.Ident(), "archive.retention prunes archived rows", "SELECT", "DELETE")
 		}
+	}
+	for _, p := range n.Partitions {
+		add("TABLE", p, "archive.mode partition truncates a partition of the outbox once every row in it was published", "TRUNCATE")
 	}
 	add("TABLE", l.DeadLetter.Ident(), "events that fail for good are dead-lettered, counted and their aggregates parked",
 		"SELECT", "INSERT", "DELETE")

@@ -76,6 +76,10 @@ type Info struct {
 	// that the table lacks, which only InspectWAL accepts; they are not in
 	// Types.
 	Missing []string
+	// Partitions are the quoted partitions of archive mode partition's
+	// ring outbox in the order of their values, once InspectRing found
+	// them (see Layout.RingInfo); Inspect leaves them empty.
+	Partitions []string
 }
 
 // Lacks reports whether the outbox table lacks column col (see Missing).

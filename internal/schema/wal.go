@@ -37,9 +37,15 @@ func EnsureDrainTable(ctx context.Context, q Querier, l Layout) error {
 }
 
 // CreatePublication returns the statement creating publication pub for
-// the inserts into the outbox table.
-func (l Layout) CreatePublication(pub string) string {
-	return fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')`, Q(pub), l.Outbox.Ident())
+// the inserts into the outbox table; with viaRoot (a partitioned outbox)
+// they are published as the outbox's, not its partitions' (PostgreSQL 13
+// and later).
+func (l Layout) CreatePublication(pub string, viaRoot bool) string {
+	with := "publish = 'insert'"
+	if viaRoot {
+		with += ", publish_via_partition_root = true"
+	}
+	return fmt.Sprintf(`CREATE PUBLICATION %s FOR TABLE %s WITH (%s)`, Q(pub), l.Outbox.Ident(), with)
 }
 
 // SlotCreation is what creates a logical replication slot with a pending
