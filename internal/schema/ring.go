@@ -141,7 +141,7 @@ func InspectRing(ctx context.Context, q Querier, l Layout, r Ring) ([]string, er
 		return nil, fault.AsPermanent(fmt.Errorf("outbox table %s is a ring of %s partitions of %s rows, but the config says archive.partitions %d and archive.partition_rows %d: set them to the table's",
 			l.Outbox, m[3], m[2], r.Partitions, r.Rows))
 	}
-	rows, err := q.Query(ctx, `SELECT format('%I.%I', n.nspname, c.relname), coalesce(pg_get_expr(c.relpartbound, c.oid), '')
+	rows, err := q.Query(ctx, `SELECT n.nspname, c.relname, coalesce(pg_get_expr(c.relpartbound, c.oid), '')
 		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE i.inhparent = $1::regclass`, l.Outbox.Ident())
 	if err != nil {
@@ -152,7 +152,9 @@ func InspectRing(ctx context.Context, q Querier, l Layout, r Ring) ([]string, er
 	}
 	parts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (part, error) {
 		var p part
-		err := row.Scan(&p.name, &p.bound)
+		var nsp, rel string
+		err := row.Scan(&nsp, &rel, &p.bound)
+		p.name = pgx.Identifier{nsp, rel}.Sanitize()
 		return p, err
 	})
 	if err != nil {
