@@ -248,7 +248,7 @@ func TestErrors(t *testing.T) {
 		{"sqs external_id without role", sinkCase("sqs", "  sqs:\n    region: r\n    queue: q\n    external_id: e-1\n"), 10, "sink.sqs.external_id", "has no effect without sink.sqs.role_arn"},
 		{"sqs role_session_name bad", sinkCase("sqs", "  sqs:\n    region: r\n    queue: q\n    role_arn: arn:aws-cn:iam::123456789012:role/a/b\n    role_session_name: a b\n"), 11, "sink.sqs.role_session_name", `must be 2 to 64 characters of letters, digits and +=,.@_-, got "a b"`},
 		// Choices, ranges and names.
-		{"archive.mode", minimal + "archive:\n  mode: keep\n", 8, "archive.mode", `must be delete, mark or move, got "keep"`},
+		{"archive.mode", minimal + "archive:\n  mode: keep\n", 8, "archive.mode", `must be delete, mark, move or partition, got "keep"`},
 		{"log.format", minimal + "log:\n  format: xml\n", 8, "log.format", `must be text or json, got "xml"`},
 		{"log.level", minimal + "log:\n  level: trace\n", 8, "log.level", `must be debug, info, warn or error, got "trace"`},
 		{"max_conns too small", strings.Replace(minimal, "/app\n", "/app\n  max_conns: 1\n", 1), 3, "postgres.max_conns", "must be at least 2, got 1"},
