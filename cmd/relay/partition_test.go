@@ -21,8 +21,8 @@ const (
 	ringRows       = 1000
 )
 
-// truncated matches a scrape whose relay_outbox_truncations_total is not 0.
-var truncated = regexp.MustCompile(`(?m)^relay_outbox_truncations_total(\{[^}]*\})? [1-9]`)
+// truncationsCounted matches a scrape whose relay_outbox_truncations_total is not 0.
+var truncationsCounted = regexp.MustCompile(`(?m)^relay_outbox_truncations_total(\{[^}]*\})? [1-9]`)
 
 // partitionStack returns a wal-mode stack in archive mode partition whose
 // relay runs as a role with only the grants `relay init --dry-run --role`
@@ -72,7 +72,7 @@ func TestPartitionKill(t *testing.T) {
 		if i == 0 {
 			s.waitPublishing()
 		} else {
-			waitFor(t, func() bool { return truncated.MatchString(get(addr, "/metrics")) })
+			waitFor(t, func() bool { return truncationsCounted.MatchString(get(addr, "/metrics")) })
 		}
 		time.Sleep(time.Duration(rand.IntN(300)) * time.Millisecond)
 		relay.kill()
@@ -119,7 +119,7 @@ func TestPartitionBrokerOutage(t *testing.T) {
 	waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
 	s.waitDrained(90 * time.Second)
 	s.waitRingTruncated()
-	if !truncated.MatchString(get(addr, "/metrics")) {
+	if !truncationsCounted.MatchString(get(addr, "/metrics")) {
 		t.Errorf("relay_outbox_truncations_total is 0 after the ring was truncated:\n%s", relayLines(get(addr, "/metrics")))
 	}
 	if !truncationLogged(relay.logs.String()) {
