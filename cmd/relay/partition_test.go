@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/outboxrelay/relay/internal/testenv"
 )
 
@@ -206,4 +208,54 @@ func (s *stack) checkNoDeletes(relay *relayProc) {
 		s.t.Errorf("%d outbox rows deleted one by one in archive mode partition, want 0 (a drain in the last run's log: %v)",
 			deleted, strings.Contains(relay.logs.String(), "through the poll path"))
 	}
+}
+
+// TestPartitionWrapAndRedrive writes 6,000 events, a malformed one among
+// them, before the relay starts, so that the 4×1000 ring wraps: every
+// partition holds rows of two turns. The relay publishes them all in
+// per-aggregate order, dead-letters the malformed one and truncates the
+// ring behind them. The dead-lettered row is still in the newest partition
+// when it is repaired and redriven: it goes back into the outbox and is
+// published with its id. (Before, redrive took the row left in the outbox
+// for the redriven copy: it removed the dead letter and inserted nothing;
+// and it needs USAGE on the seq sequence, which it names first.)
+func TestPartitionWrapAndRedrive(t *testing.T) {
+	t.Parallel()
+	s, addr := partitionStack(t)
+	ctx := context.Background()
+	// relay dlq redrive first names the grants it lacks, as an insert
+	// into the ring needs the sequence too.
+	out, code := runRelay(t, "dlq", "redrive", "--config", s.cfgPath, "--all")
+	for _, want := range []string{`INSERT ON TABLE "public"."outbox"`, `GRANT USAGE ON SEQUENCE "public"."outbox_seq_seq"`} {
+		if code != 1 || !strings.Contains(out, want) {
+			t.Fatalf("dlq redrive without the grants: exit %d, want 1 naming %s:\n%s", code, want, out)
+		}
+	}
+	if _, err := s.pool.Exec(ctx, "GRANT INSERT ON outbox TO "+s.role+"; GRANT USAGE ON SEQUENCE outbox_seq_seq TO "+s.role); err != nil {
+		t.Fatal(err)
+	}
+	s.produce(ctx, 2000, 50, 2)
+	poison := uuid.NewString()
+	if _, err := s.pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
+		VALUES ($1, 'order', 'poison-1', 'step', '{"aggregate":"poison-1","step":1}', '["not", "a", "map"]')`, poison); err != nil {
+		t.Fatal(err)
+	}
+	s.wire.Written(poison, "poison-1", 1)
+	s.stream.Written(poison, "poison-1", 1)
+	s.produce(ctx, 4000, 50, 2)
+	relay := s.start()
+	waitFor(t, func() bool { return len(s.wire.Check().Missing) == 1 && s.deadLetters() == 1 })
+	s.waitRingTruncated()
+	if _, err := s.pool.Exec(ctx, `UPDATE outbox_dead_letter SET headers = '{"trace":"t"}' WHERE id = $1`, poison); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := runRelay(t, "dlq", "redrive", "--config", s.cfgPath, "--id", poison); code != 0 || !strings.Contains(out, "redrove 1") {
+		t.Fatalf("dlq redrive of a dead letter whose row the ring still holds: exit %d, want 0 and redrove 1\n%s", code, out)
+	}
+	s.produce(ctx, 500, 50, 2)
+	waitFor(t, func() bool { return readyz(addr) == http.StatusOK })
+	s.waitDrained(60 * time.Second)
+	s.waitRingTruncated()
+	s.finish(relay, addr)
+	t.Logf("archive mode partition, ring wrapped before the start, one event dead-lettered and redriven: %s", s.wire.Check())
 }
