@@ -96,7 +96,8 @@ func TestPartitionKill(t *testing.T) {
 // partition: /readyz follows the broker, nothing is dead-lettered or lost,
 // the relay drains by itself once NATS is back, truncates the published
 // partitions (counted in relay_outbox_truncations_total and logged with the
-// partition's name) and deletes no row.
+// partition's name) and deletes no row; relay status does not count the
+// published rows the ring holds as unpublished.
 func TestPartitionBrokerOutage(t *testing.T) {
 	t.Parallel()
 	s, addr := partitionStack(t)
@@ -126,6 +127,11 @@ func TestPartitionBrokerOutage(t *testing.T) {
 	}
 	if !truncationLogged(relay.logs.String()) {
 		t.Errorf("no INFO line names a truncated outbox partition")
+	}
+	// The rows the ring still holds are published: relay status does not
+	// count them as a backlog, whose age would make the relay unhealthy.
+	if out, code := runRelay(t, "status", "--config", s.cfgPath, "--max-age", "1s"); code != 0 || strings.Contains(out, "unpublished,") {
+		t.Errorf("relay status with the ring's rows all published: exit %d, want 0 and no unpublished rows:\n%s", code, out)
 	}
 	s.finish(relay, addr)
 	if n := s.deadLetters(); n != 0 {
