@@ -16,7 +16,7 @@ import (
 // dropped), publishes from the table what the slot cannot stream (the rows
 // committed meanwhile and the published rows not yet truncated, again with
 // their ids), loses nothing, keeps per-aggregate order and truncates the
-// ring again.
+// ring again once the drain is over.
 func TestPartitionSlotLoss(t *testing.T) {
 	t.Parallel()
 	s, addr := partitionStack(t)
@@ -26,7 +26,9 @@ func TestPartitionSlotLoss(t *testing.T) {
 	s.waitDrained(90 * time.Second)
 	s.loseSlot(func() { s.produce(ctx, 500, 100, 4) })
 	waitMetrics(t, addr, `relay_replication_slot_recreated_total{reason="dropped"} 1`)
-	s.produce(ctx, 500, 100, 4)
+	// Seqs 3001 to 4500: the drain deletes what it publishes, so the
+	// partition of seqs 3000 to 3999 is emptied only by a truncation.
+	s.produce(ctx, 1500, 100, 4)
 	s.waitDrained(90 * time.Second)
 	s.waitRingTruncated()
 	if code := relay.stop(t, 15*time.Second); code != 0 {
