@@ -176,7 +176,7 @@ func (s *Source) truncateUpTo(ctx context.Context, m *ringMark) (bool, error) {
 		if k == current {
 			continue
 		}
-		ok, err := s.truncatePartition(ctx, p, m.seq)
+		ok, err := s.truncatePartition(ctx, k, p, m.seq)
 		if err != nil {
 			return false, err
 		}
@@ -189,22 +189,19 @@ func (s *Source) truncateUpTo(ctx context.Context, m *ringMark) (bool, error) {
 // a seq above F.
 var errKeep = errors.New("partition holds rows above the mark")
 
-// truncatePartition truncates partition p when its greatest seq is at most
-// top, in one short transaction that waits truncateLockTimeout at most for
-// the partition's ACCESS EXCLUSIVE lock and checks the greatest seq again
-// under it. It reports false when the lock was not granted in time.
-func (s *Source) truncatePartition(ctx context.Context, p string, top int64) (bool, error) {
-	seq := schema.Q(s.layout.Cols.Seq)
+// truncatePartition truncates partition p, the ring's partition k, when
+// its greatest seq is at most top, in one short transaction that waits
+// truncateLockTimeout at most for the partition's ACCESS EXCLUSIVE lock and
+// checks the greatest seq again under it. It reports false when the lock
+// was not granted in time.
+func (s *Source) truncatePartition(ctx context.Context, k int, p string, top int64) (bool, error) {
 	var greatest *int64
-	if err := s.opts.Pool.QueryRow(ctx, fmt.Sprintf(`SELECT max(%s) FROM %s`, seq, p)).Scan(&greatest); err != nil {
+	var rows int64
+	if err := s.opts.Pool.QueryRow(ctx, s.partitionQuery(k)).Scan(&greatest, &rows); err != nil {
 		return false, fmt.Errorf("read the greatest seq of %s: %w", p, err)
 	}
 	if greatest == nil || *greatest > top {
 		return true, nil
-	}
-	var rows int64
-	if err := s.opts.Pool.QueryRow(ctx, `SELECT count(*) FROM `+p).Scan(&rows); err != nil {
-		return false, fmt.Errorf("count the rows of %s: %w", p, err)
 	}
 	err := pgx.BeginFunc(ctx, s.opts.Pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+truncateLockTimeout+`'`); err != nil {
@@ -213,7 +210,7 @@ func (s *Source) truncatePartition(ctx context.Context, p string, top int64) (bo
 		if _, err := tx.Exec(ctx, `LOCK TABLE `+p+` IN ACCESS EXCLUSIVE MODE`); err != nil {
 			return err
 		}
-		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT max(%s) FROM %s`, seq, p)).Scan(&greatest); err != nil {
+		if err := tx.QueryRow(ctx, s.partitionQuery(k)).Scan(&greatest, &rows); err != nil {
 			return err
 		}
 		if greatest != nil && *greatest > top {
@@ -235,4 +232,14 @@ func (s *Source) truncatePartition(ctx context.Context, p string, top int64) (bo
 	s.truncated.Add(1)
 	s.log.Info("outbox partition truncated: every row in it was published or dead-lettered", "partition", p, "rows", rows, "up_to_seq", top)
 	return true, nil
+}
+
+// partitionQuery returns the query of the greatest seq and the number of
+// rows of the ring's partition k. It reads them through the outbox, whose
+// partition key it names so that the planner reads partition k only: the
+// relay's role holds SELECT on the outbox, and only TRUNCATE on its
+// partitions.
+func (s *Source) partitionQuery(k int) string {
+	return fmt.Sprintf(`SELECT max(%[1]s), count(*) FROM %[2]s WHERE (%[1]s / %[3]d) %% %[4]d = %[5]d`,
+		schema.Q(s.layout.Cols.Seq), s.layout.Outbox.Ident(), s.opts.PartitionRows, len(s.partitions), k)
 }

@@ -231,8 +231,8 @@ func TestInitLockTimeout(t *testing.T) {
 // TestRunRefusesWithoutGrant runs `relay run` as a role holding what `relay
 // init --dry-run --role` prints less one privilege that only a later path
 // of the relay uses (wal mode's table drain claims rows with SELECT … FOR
-// UPDATE; archive mode mark; dead-lettering; the claim watermark; the drain
-// bookkeeping): the relay refuses to start with exit 1, naming the
+// UPDATE; archive mode mark; archive mode partition's truncation of a
+// partition; dead-lettering; the claim watermark; the drain bookkeeping): the relay refuses to start with exit 1, naming the
 // privilege, the path that needs it and the GRANT to run, instead of
 // failing on it in the middle of an incident.
 func TestRunRefusesWithoutGrant(t *testing.T) {
@@ -250,6 +250,8 @@ func TestRunRefusesWithoutGrant(t *testing.T) {
 			want: `GRANT INSERT ON TABLE "public"."outbox_dead_letter" TO "%s"`, why: "dead-letter"},
 		{name: "poll mark", mode: "poll", archive: "mark", revoke: `REVOKE UPDATE ("published_at") ON public.outbox FROM %s`,
 			want: `GRANT UPDATE ("published_at") ON TABLE "public"."outbox" TO "%s"`, why: "archive.mode mark"},
+		{name: "wal partition truncate", mode: "wal", archive: "partition", revoke: `REVOKE TRUNCATE ON public.outbox_p0 FROM %s`,
+			want: `GRANT TRUNCATE ON TABLE "public"."outbox_p0" TO "%s"`, why: "archive.mode partition"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

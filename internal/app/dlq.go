@@ -80,7 +80,7 @@ func DLQ(ctx context.Context, cfg *config.Config, action DLQAction, f schema.Dea
 		return nil
 	}
 	if action == DLQRedrive || action == DLQDrop {
-		if err := checkDLQGrants(ctx, pool, l, action, cfg.DeadLetter.ParkAggregate); err != nil {
+		if err := checkDLQGrants(ctx, pool, l, action, cfg.DeadLetter.ParkAggregate, cfg.Archive.Mode == schema.ArchivePartition); err != nil {
 			return err
 		}
 	}
@@ -144,9 +144,10 @@ func newDLQResult(l schema.Layout, action DLQAction, n int64) dlqResult {
 
 // checkDLQGrants returns an error naming the privileges of
 // schema.DLQPrivileges the current role lacks for action, why each is
-// needed and the GRANT statements, before anything is changed.
-func checkDLQGrants(ctx context.Context, pool *pgxpool.Pool, l schema.Layout, action DLQAction, resequence bool) error {
-	missing, _, err := schema.MissingPrivileges(ctx, pool, l.DLQPrivileges(action == DLQRedrive, resequence))
+// needed and the GRANT statements, before anything is changed. ring is
+// archive mode partition.
+func checkDLQGrants(ctx context.Context, pool *pgxpool.Pool, l schema.Layout, action DLQAction, resequence, ring bool) error {
+	missing, _, err := schema.MissingPrivileges(ctx, pool, l.DLQPrivileges(action == DLQRedrive, resequence, ring))
 	if err != nil || len(missing) == 0 {
 		return err
 	}

@@ -231,8 +231,13 @@ func (rep *statusReport) read(ctx context.Context, tx pgx.Tx, cfg *config.Config
 		}
 		return err
 	}
-	if err := rep.readOutbox(ctx, tx, l, cfg.Archive.Mode, info); err != nil {
-		return err
+	// The ring outbox of archive mode partition holds published rows until
+	// their partition is truncated: its backlog is the slot's lag, as with
+	// the table-free outbox.
+	if cfg.Archive.Mode != schema.ArchivePartition {
+		if err := rep.readOutbox(ctx, tx, l, cfg.Archive.Mode, info); err != nil {
+			return err
+		}
 	}
 	if err := rep.readSlot(ctx, tx, cfg.Capture.WAL.Slot); err != nil {
 		return err

@@ -221,7 +221,10 @@ func (l Layout) NextKeys(ctx context.Context, q Querier, f DeadLetterFilter, key
 // Redrive moves the dead letters matching f back into the outbox with
 // their original ids, so consumers still deduplicate them, in their
 // original seq order. A dead letter whose id is already in the outbox is
-// only removed. With resequence (dead_letter.park_aggregate), the rows their
+// only removed; the row it was dead-lettered from, which archive mode
+// partition leaves in the outbox until its partition is truncated, is
+// deleted first, so that it neither passes for a redriven copy nor
+// collides with the copy's id in its partition. With resequence (dead_letter.park_aggregate), the rows their
 // aggregates left parked in the outbox are re-inserted after them, so they
 // follow the redriven events in seq (and WAL) order. q should be a
 // transaction. It returns how many rows went back into the outbox
@@ -233,6 +236,16 @@ func (l Layout) Redrive(ctx context.Context, q Querier, f DeadLetterFilter, rese
 	}
 	cond, args := l.where(f)
 	c := l.Cols
+	var ring bool
+	if err := q.QueryRow(ctx, `SELECT relkind = 'p' FROM pg_class WHERE oid = $1::regclass`, l.Outbox.Ident()).Scan(&ring); err != nil {
+		return 0, 0, fmt.Errorf("inspect outbox table %s: %w", l.Outbox, err)
+	}
+	if ring && !info.Lacks(c.Seq) {
+		if _, err := q.Exec(ctx, fmt.Sprintf(`DELETE FROM %[1]s WHERE (%[2]s, %[3]s) IN (SELECT %[2]s, %[3]s FROM %[4]s WHERE %[5]s)`,
+			l.Outbox.Ident(), Q(c.ID), Q(c.Seq), l.DeadLetter.Ident(), cond), args...); err != nil {
+			return 0, 0, fmt.Errorf("remove the dead-lettered rows left in %s: %w", l.Outbox, err)
+		}
+	}
 	var ids, aggs []string
 	err = q.QueryRow(ctx, fmt.Sprintf(`WITH moved AS (
 		DELETE FROM %[1]s WHERE %[2]s RETURNING *

@@ -153,11 +153,14 @@ func (l Layout) messagePrivileges() []Privilege {
 // USAGE on the schemas and SELECT and DELETE on the dead-letter table for
 // both; for redrive SELECT and INSERT on the outbox, into which it puts
 // the dead letters back; with resequence SELECT, INSERT and DELETE on the
-// outbox, to re-insert the events their aggregates left parked, each
+// outbox, to re-insert the events their aggregates left parked; for
+// redrive of the ring outbox (ring, archive mode partition) DELETE on the
+// outbox, to remove the dead-lettered rows it still holds, and USAGE on
+// its seq sequence, which the insert's default draws from; each
 // privilege listed once. `relay
 // run` never inserts into the outbox, so its role lacks INSERT unless it
 // is granted.
-func (l Layout) DLQPrivileges(redrive, resequence bool) []Privilege {
+func (l Layout) DLQPrivileges(redrive, resequence, ring bool) []Privilege {
 	var out []Privilege
 	add := func(kind, obj, why string, privs ...string) {
 		for _, p := range privs {
@@ -178,8 +181,14 @@ func (l Layout) DLQPrivileges(redrive, resequence bool) []Privilege {
 	case resequence:
 		add("TABLE", o, parked, "SELECT", "INSERT")
 	}
-	if resequence {
+	switch {
+	case resequence:
 		add("TABLE", o, parked, "DELETE")
+	case redrive && ring:
+		add("TABLE", o, "with archive.mode partition, relay dlq redrive deletes the dead-lettered rows the outbox still holds before inserting them back", "DELETE")
+	}
+	if redrive && ring {
+		add("SEQUENCE", l.seqSequence().Ident(), "with archive.mode partition, the outbox's seq defaults to the next value of this sequence", "USAGE")
 	}
 	return out
 }
