@@ -196,8 +196,7 @@ var errKeep = errors.New("partition holds rows above the mark")
 // was not granted in time.
 func (s *Source) truncatePartition(ctx context.Context, k int, p string, top int64) (bool, error) {
 	var greatest *int64
-	var rows int64
-	if err := s.opts.Pool.QueryRow(ctx, s.partitionQuery(k)).Scan(&greatest, &rows); err != nil {
+	if err := s.opts.Pool.QueryRow(ctx, s.partitionQuery(k)).Scan(&greatest); err != nil {
 		return false, fmt.Errorf("read the greatest seq of %s: %w", p, err)
 	}
 	if greatest == nil || *greatest > top {
@@ -210,7 +209,7 @@ func (s *Source) truncatePartition(ctx context.Context, k int, p string, top int
 		if _, err := tx.Exec(ctx, `LOCK TABLE `+p+` IN ACCESS EXCLUSIVE MODE`); err != nil {
 			return err
 		}
-		if err := tx.QueryRow(ctx, s.partitionQuery(k)).Scan(&greatest, &rows); err != nil {
+		if err := tx.QueryRow(ctx, s.partitionQuery(k)).Scan(&greatest); err != nil {
 			return err
 		}
 		if greatest != nil && *greatest > top {
@@ -230,16 +229,16 @@ func (s *Source) truncatePartition(ctx context.Context, k int, p string, top int
 		return false, fmt.Errorf("truncate %s: %w", p, err)
 	}
 	s.truncated.Add(1)
-	s.log.Info("outbox partition truncated: every row in it was published or dead-lettered", "partition", p, "rows", rows, "up_to_seq", top)
+	s.log.Info("outbox partition truncated: every row in it was published or dead-lettered", "partition", p, "up_to_seq", top)
 	return true, nil
 }
 
-// partitionQuery returns the query of the greatest seq and the number of
-// rows of the ring's partition k. It reads them through the outbox, whose
-// partition key it names so that the planner reads partition k only: the
-// relay's role holds SELECT on the outbox, and only TRUNCATE on its
-// partitions.
+// partitionQuery returns the query of the greatest seq of the ring's
+// partition k, one read of the end of its seq index. It reads it through
+// the outbox, whose partition key it names so that the planner reads
+// partition k only: the relay's role holds SELECT on the outbox, and only
+// TRUNCATE on its partitions.
 func (s *Source) partitionQuery(k int) string {
-	return fmt.Sprintf(`SELECT max(%[1]s), count(*) FROM %[2]s WHERE (%[1]s / %[3]d) %% %[4]d = %[5]d`,
+	return fmt.Sprintf(`SELECT max(%[1]s) FROM %[2]s WHERE (%[1]s / %[3]d) %% %[4]d = %[5]d`,
 		schema.Q(s.layout.Cols.Seq), s.layout.Outbox.Ident(), s.opts.PartitionRows, len(s.partitions), k)
 }
