@@ -832,7 +832,7 @@ func ratioCell(v float64) string {
 	return fmt.Sprintf("%.2f×", v)
 }
 
-// ImpactSummary is one run of the impact phase averaged over its rounds,
+// ImpactSummary is one run of the impact phase over its rounds (medians),
 // with the targets of a relay of this build: the application's TPS ratio
 // at least the wal floor's less 0.03 (the table-free relay's TPS taken
 // against the run without a relay that inserts rows, the application it
@@ -854,8 +854,9 @@ type ImpactSummary struct {
 	DeletesPer100k  float64 `json:"outbox_deletes_per_100k"`
 	BehindAtEnd     float64 `json:"behind_at_load_end"`
 	CatchUpSeconds  float64 `json:"catch_up_seconds"`
-	// SlotLagMB is the slot's lag over the load's second half, the mean
-	// of the rounds'; growing says whether it grew in any round (keepsUp).
+	// SlotLagMB is the slot's mean lag over the load's second half, the
+	// median of the rounds'; growing says whether it grew in any round
+	// (keepsUp).
 	SlotLagMB float64 `json:"slot_lag_mb"`
 	growing   bool
 	// TPSTarget, CPUTarget and KeepsUp are "met", "missed", or empty when
@@ -865,46 +866,63 @@ type ImpactSummary struct {
 	KeepsUp   string `json:"keeps_up,omitempty"`
 }
 
-// summarize averages runs per relay over the rounds, in the order of the
-// first round, and judges the targets of this build's relays.
+// summarize sums runs up per relay over the rounds (summary), in the order
+// of the first round, and judges the targets of this build's relays.
 func summarize(runs []ImpactResult) []ImpactSummary {
 	var out []ImpactSummary
 	for _, r := range runs {
 		if r.Round != 1 {
 			continue
 		}
-		var s ImpactSummary
-		s.Relay, s.TPSRatioMin = r.Relay, math.Inf(1)
+		var rounds []ImpactResult
 		for _, x := range runs {
-			if x.Relay != r.Relay {
-				continue
-			}
-			s.Rounds++
-			s.TPS += x.TPS
-			s.TPSRatio += x.TPSRatio
-			s.TPSRatioMin, s.TPSRatioMax = min(s.TPSRatioMin, x.TPSRatio), max(s.TPSRatioMax, x.TPSRatio)
-			s.P99Ratio += x.P99Ratio
-			s.RelayCPUPer100k += x.RelayCPUPer100k
-			s.PostgresPer100k += x.PostgresPer100k
-			s.WALBytesPer100k += x.WALBytesPer100k
-			s.DeadPer100k += x.DeadPer100k
-			s.DeletesPer100k += x.DeletesPer100k
-			s.BehindAtEnd += float64(x.BehindAtEnd)
-			s.CatchUpSeconds += x.CatchUpSeconds
-			if l := x.SlotLagBytes; len(l) > 0 {
-				s.SlotLagMB += meanOf(l[len(l)/2:]) / 1e6
-				s.growing = s.growing || !keepsUp(l)
+			if x.Relay == r.Relay {
+				rounds = append(rounds, x)
 			}
 		}
-		n := float64(s.Rounds)
-		for _, v := range []*float64{&s.TPS, &s.TPSRatio, &s.P99Ratio, &s.RelayCPUPer100k, &s.PostgresPer100k, &s.WALBytesPer100k,
-			&s.DeadPer100k, &s.DeletesPer100k, &s.BehindAtEnd, &s.CatchUpSeconds, &s.SlotLagMB} {
-			*v /= n
-		}
-		out = append(out, s)
+		out = append(out, summary(r.Relay, rounds))
 	}
 	judge(out)
 	return out
+}
+
+// summary returns the summary of relay's rounds: the median of each
+// figure, which one round disturbed by the machine (a checkpoint, a
+// neighbour) does not move, and the range of the TPS ratio.
+func summary(relay string, rounds []ImpactResult) ImpactSummary {
+	s := ImpactSummary{Relay: relay, Rounds: len(rounds), TPSRatioMin: math.Inf(1)}
+	med := func(f func(ImpactResult) float64) float64 {
+		v := make([]float64, len(rounds))
+		for i, x := range rounds {
+			v[i] = f(x)
+		}
+		slices.Sort(v)
+		if n := len(v); n%2 == 0 {
+			return (v[n/2-1] + v[n/2]) / 2
+		}
+		return v[len(v)/2]
+	}
+	s.TPS = med(func(x ImpactResult) float64 { return x.TPS })
+	s.TPSRatio = med(func(x ImpactResult) float64 { return x.TPSRatio })
+	s.P99Ratio = med(func(x ImpactResult) float64 { return x.P99Ratio })
+	s.RelayCPUPer100k = med(func(x ImpactResult) float64 { return x.RelayCPUPer100k })
+	s.PostgresPer100k = med(func(x ImpactResult) float64 { return x.PostgresPer100k })
+	s.WALBytesPer100k = med(func(x ImpactResult) float64 { return x.WALBytesPer100k })
+	s.DeadPer100k = med(func(x ImpactResult) float64 { return x.DeadPer100k })
+	s.DeletesPer100k = med(func(x ImpactResult) float64 { return x.DeletesPer100k })
+	s.BehindAtEnd = med(func(x ImpactResult) float64 { return float64(x.BehindAtEnd) })
+	s.CatchUpSeconds = med(func(x ImpactResult) float64 { return x.CatchUpSeconds })
+	s.SlotLagMB = med(func(x ImpactResult) float64 {
+		if l := x.SlotLagBytes; len(l) > 0 {
+			return meanOf(l[len(l)/2:]) / 1e6
+		}
+		return 0
+	})
+	for _, x := range rounds {
+		s.TPSRatioMin, s.TPSRatioMax = min(s.TPSRatioMin, x.TPSRatio), max(s.TPSRatioMax, x.TPSRatio)
+		s.growing = s.growing || len(x.SlotLagBytes) > 0 && !keepsUp(x.SlotLagBytes)
+	}
+	return s
 }
 
 // judge sets the targets of the summaries of this build's relays against
@@ -942,7 +960,7 @@ func judge(sums []ImpactSummary) {
 // printImpactSummary prints the impact phase's runs averaged over the
 // rounds, with the targets.
 func printImpactSummary(w io.Writer, im *Impact) {
-	fmt.Fprintf(w, "summary: the mean of %d round(s); targets: TPS × at least the wal floor's less 0.03, relay CPU at most 1.5 × the wal floor's, "+
+	fmt.Fprintf(w, "summary: the median of %d round(s); targets: TPS × at least the wal floor's less 0.03, relay CPU at most 1.5 × the wal floor's, "+
 		"a wal relay's slot lag not growing over the load (the mean of its second half at most 1.5 × its first half's + 1 MB)\n", im.Rounds)
 	t := newTable(w, "IMPACT SUMMARY", "TPS", "TPS ×", "TPS × range", "p99 ×", "relay CPU s/100k", "postgres CPU s/100k", "WAL MB/100k", "dead tup/100k", "del/100k",
 		"behind at end", "catch-up s", "slot lag MB", "TPS target", "CPU target", "keeps up")
