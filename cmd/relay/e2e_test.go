@@ -127,6 +127,21 @@ func TestPoisonRowDeadLettered(t *testing.T) {
 	}
 }
 
+// insertPoison inserts a row of aggregate poison-1 whose headers are not a
+// JSON object, which the relay dead-letters as permanent, counts it as
+// written and returns its id.
+func (s *stack) insertPoison(t *testing.T) string {
+	t.Helper()
+	poison := uuid.NewString()
+	if _, err := s.pool.Exec(context.Background(), `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
+		VALUES ($1, 'order', 'poison-1', 'step', '{"aggregate":"poison-1","step":1}', '["not", "a", "map"]')`, poison); err != nil {
+		t.Fatal(err)
+	}
+	s.wire.Written(poison, "poison-1", 1)
+	s.stream.Written(poison, "poison-1", 1)
+	return poison
+}
+
 // TestDeadLetterRedrive dead-letters a malformed row, lists it, repairs it
 // in the dead-letter table, redrives it and sees it published with its
 // original id; then drop empties the table. The relay and the dlq commands
@@ -139,13 +154,7 @@ func TestDeadLetterRedrive(t *testing.T) {
 	if _, err := s.pool.Exec(ctx, "GRANT INSERT ON outbox TO "+s.role); err != nil {
 		t.Fatal(err)
 	}
-	poison := uuid.NewString()
-	if _, err := s.pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
-		VALUES ($1, 'order', 'poison-1', 'step', '{"aggregate":"poison-1","step":1}', '["not", "a", "map"]')`, poison); err != nil {
-		t.Fatal(err)
-	}
-	s.wire.Written(poison, "poison-1", 1)
-	s.stream.Written(poison, "poison-1", 1)
+	poison := s.insertPoison(t)
 	s.produce(ctx, 40, 4, 2)
 	relay := s.start()
 	defer relay.stop(t, 15*time.Second)

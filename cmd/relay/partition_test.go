@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/outboxrelay/relay/internal/testenv"
 )
 
@@ -241,13 +239,7 @@ func TestPartitionWrapAndRedrive(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.produce(ctx, 2000, 50, 2)
-	poison := uuid.NewString()
-	if _, err := s.pool.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
-		VALUES ($1, 'order', 'poison-1', 'step', '{"aggregate":"poison-1","step":1}', '["not", "a", "map"]')`, poison); err != nil {
-		t.Fatal(err)
-	}
-	s.wire.Written(poison, "poison-1", 1)
-	s.stream.Written(poison, "poison-1", 1)
+	poison := s.insertPoison(t)
 	s.produce(ctx, 4000, 50, 2)
 	relay := s.start()
 	waitFor(t, func() bool { return len(s.wire.Check().Missing) == 1 && s.deadLetters() == 1 })
