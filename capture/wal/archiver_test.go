@@ -136,3 +136,29 @@ func TestArchiverGroupsAStreamOfBatches(t *testing.T) {
 		t.Errorf("%d batches over %v archived in %d statements, want at most %d", len(ids), took.Round(time.Millisecond), n, most)
 	}
 }
+
+// TestSeqArchiveNeedsUniqueSeq: published rows are archived by seq only
+// once a unique index covers seq; before, a row sharing a published row's
+// seq could go with it, so they are archived by id.
+func TestSeqArchiveNeedsUniqueSeq(t *testing.T) {
+	ctx := context.Background()
+	pool, _, _ := archiveSetup(t, nil)
+	l := schema.Layout{Outbox: schema.Table{Schema: "public", Name: "outbox"}, Cols: testLayout.Cols}
+	l.Cols.AggregateID, l.Cols.Payload = "aggregate_id", "payload"
+	opts := Options{Pool: pool, ArchiveMode: schema.ArchiveDelete}
+	for _, unique := range []bool{false, true} {
+		if unique {
+			if _, err := pool.Exec(ctx, l.CreatePollIndex()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		info, err := schema.Inspect(ctx, pool, l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := seqArchive(ctx, opts, l, info)
+		if err != nil || (a != nil) != unique {
+			t.Errorf("unique seq index %v: archive by seq %v (%v)", unique, a != nil, err)
+		}
+	}
+}

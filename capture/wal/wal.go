@@ -271,6 +271,10 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 			return nil, err
 		}
 	}
+	bySeq, err := seqArchive(ctx, opts, l, info)
+	if err != nil {
+		return nil, err
+	}
 	s := &Source{partitions: partitions, opts: opts, log: opts.Logger, layout: l, info: info, sql: buildQueries(l, opts.ArchiveMode, info, opts.Slot), repl: replConfig(opts),
 		pace: newPacer(), unsettled: map[*drained]bool{}, recreated: map[string]*atomic.Int64{},
 		lead: newLeadership(opts.Pool.Config().ConnConfig.Copy(), l, opts.Logger)}
@@ -282,11 +286,6 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	}
 	bg, stop := context.WithCancel(context.Background())
 	s.stop = stop
-	var bySeq *schema.SeqArchive
-	if !info.Lacks(l.Cols.Seq) {
-		a := l.ArchiveBySeq(opts.ArchiveMode)
-		bySeq = &a
-	}
 	s.arch = newArchiver(bg, opts.Pool, s.sql.archive, bySeq, maxUnarchivedBatches*opts.BatchSize, opts.BatchSize)
 	s.wg.Go(func() { s.lead.run(bg) })
 	s.wg.Go(func() { s.watchSlot(bg) })
@@ -745,6 +744,22 @@ func (s *Source) openStream(ctx, term context.Context, start pglogrepl.LSN) (*st
 	}
 	s.log.Info("streaming from replication slot", "slot", s.opts.Slot, "lsn", start.String(), "status_interval", every)
 	return st, nil
+}
+
+// seqArchive returns the statements archiving published rows by seq, or
+// nil when rows are archived by id: for the table-free outbox, an outbox
+// without seq, or one whose seq no unique index covers (a row sharing a
+// published row's seq would be archived with it).
+func seqArchive(ctx context.Context, opts Options, l schema.Layout, info schema.Info) (*schema.SeqArchive, error) {
+	if opts.MessagePrefix != "" || info.Lacks(l.Cols.Seq) || info.SeqSequence == "" {
+		return nil, nil
+	}
+	_, unique, err := claim.InspectSeq(ctx, opts.Pool, l, info.SeqSequence)
+	if err != nil || !unique {
+		return nil, err
+	}
+	a := l.ArchiveBySeq(opts.ArchiveMode)
+	return &a, nil
 }
 
 // pluginArgs returns pgoutput's options: protocol version 1 and the

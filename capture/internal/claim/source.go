@@ -228,7 +228,7 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	cache, unique, err := inspectSeq(ctx, opts.Pool, opts.Layout, info.SeqSequence)
+	cache, unique, err := InspectSeq(ctx, opts.Pool, opts.Layout, info.SeqSequence)
 	if err != nil {
 		return nil, err
 	}
@@ -258,10 +258,10 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	return s, nil
 }
 
-// inspectSeq returns the CACHE setting of the seq column's sequence seq and
+// InspectSeq returns the CACHE setting of the seq column's sequence seq and
 // whether a valid, non-partial unique index covers the seq column alone.
 // It reads only catalogs every role may read.
-func inspectSeq(ctx context.Context, q schema.Querier, l schema.Layout, seq string) (cache int64, unique bool, err error) {
+func InspectSeq(ctx context.Context, q schema.Querier, l schema.Layout, seq string) (cache int64, unique bool, err error) {
 	err = q.QueryRow(ctx, `SELECT (SELECT seqcache FROM pg_sequence WHERE seqrelid = $1::regclass),
 		EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
 			WHERE i.indrelid = $2::regclass AND i.indisunique AND i.indisvalid AND i.indnkeyatts = 1
