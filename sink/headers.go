@@ -159,6 +159,19 @@ const DropLogInterval = time.Minute
 // NewHeaderDrops returns counters logging to log; a nil log logs nothing.
 func NewHeaderDrops(log *slog.Logger) *HeaderDrops { return &HeaderDrops{log: log} }
 
+// LogDefaults returns the defaults of a sink's Logger and HeaderDrops
+// options: log, or slog.Default() when nil, and drops, or counters of the
+// sink's own logging to that logger when nil.
+func LogDefaults(log *slog.Logger, drops *HeaderDrops) (*slog.Logger, *HeaderDrops) {
+	if log == nil {
+		log = slog.Default()
+	}
+	if drops == nil {
+		drops = NewHeaderDrops(log)
+	}
+	return log, drops
+}
+
 // Count returns how many row headers were dropped for reason.
 func (d *HeaderDrops) Count(reason string) int64 {
 	if d == nil {

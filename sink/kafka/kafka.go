@@ -139,12 +139,7 @@ func (o Options) withDefaults() Options {
 	if o.ProduceRequestTimeout <= 0 {
 		o.ProduceRequestTimeout = 10 * time.Second
 	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	if o.HeaderDrops == nil {
-		o.HeaderDrops = sink.NewHeaderDrops(o.Logger)
-	}
+	o.Logger, o.HeaderDrops = sink.LogDefaults(o.Logger, o.HeaderDrops)
 	return o
 }
 

@@ -131,12 +131,7 @@ func (o Options) withDefaults() Options {
 	def(&o.MaxMessageBytes, DefaultMaxMessageBytes)
 	def(&o.MaxPerAggregate, 100)
 	def(&o.MaxPublishers, 100)
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	if o.HeaderDrops == nil {
-		o.HeaderDrops = sink.NewHeaderDrops(o.Logger)
-	}
+	o.Logger, o.HeaderDrops = sink.LogDefaults(o.Logger, o.HeaderDrops)
 	return o
 }
 

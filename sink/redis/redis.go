@@ -96,12 +96,7 @@ func (o Options) withDefaults() Options {
 	if o.Timeout <= 0 {
 		o.Timeout = 10 * time.Second
 	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	if o.HeaderDrops == nil {
-		o.HeaderDrops = sink.NewHeaderDrops(o.Logger)
-	}
+	o.Logger, o.HeaderDrops = sink.LogDefaults(o.Logger, o.HeaderDrops)
 	return o
 }
 

@@ -117,12 +117,7 @@ func (o Options) withDefaults() Options {
 	if o.MaxAttempts <= 0 {
 		o.MaxAttempts = 3
 	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	if o.HeaderDrops == nil {
-		o.HeaderDrops = sink.NewHeaderDrops(o.Logger)
-	}
+	o.Logger, o.HeaderDrops = sink.LogDefaults(o.Logger, o.HeaderDrops)
 	return o
 }
 
