@@ -17,6 +17,18 @@ apt_install() {
   $SUDO apt-get install -y -q --no-install-recommends "$@"
 }
 
+# stop_service stops and disables the packaged service $1, which the tests
+# do not use: they start servers of their own on free ports.
+stop_service() {
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$1" 2>/dev/null; then
+    $SUDO systemctl stop "$1" || true
+    $SUDO systemctl disable "$1" || true
+  fi
+  if [ -x "/etc/init.d/$1" ]; then
+    $SUDO "/etc/init.d/$1" stop >/dev/null 2>&1 || true
+  fi
+}
+
 # PostgreSQL server binaries (initdb, pg_ctl): internal/testenv runs its own
 # clusters on free ports, so a cluster the package starts on 5432 is only
 # stopped to save memory.
@@ -56,9 +68,7 @@ if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1;
   echo "deps: prometheus and promtool present"
 else
   apt_install prometheus
-  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
-    $SUDO systemctl stop prometheus || true
-  fi
+  stop_service prometheus
 fi
 
 # PgBouncer (Debian package pgbouncer): cmd/relay's pooler tests start their
@@ -68,13 +78,7 @@ if command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; then
   echo "deps: pgbouncer present"
 else
   apt_install pgbouncer
-  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet pgbouncer 2>/dev/null; then
-    $SUDO systemctl stop pgbouncer || true
-    $SUDO systemctl disable pgbouncer || true
-  fi
-  if [ -x /etc/init.d/pgbouncer ]; then
-    $SUDO /etc/init.d/pgbouncer stop >/dev/null 2>&1 || true
-  fi
+  stop_service pgbouncer
 fi
 
 # RabbitMQ (Debian package rabbitmq-server): sink/rabbitmq's and cmd/relay's
@@ -85,13 +89,7 @@ if [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then
   echo "deps: rabbitmq-server present"
 else
   apt_install rabbitmq-server
-  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet rabbitmq-server 2>/dev/null; then
-    $SUDO systemctl stop rabbitmq-server || true
-    $SUDO systemctl disable rabbitmq-server || true
-  fi
-  if [ -x /etc/init.d/rabbitmq-server ]; then
-    $SUDO /etc/init.d/rabbitmq-server stop >/dev/null 2>&1 || true
-  fi
+  stop_service rabbitmq-server
   $SUDO epmd -kill >/dev/null 2>&1 || true
 fi
 
@@ -102,13 +100,7 @@ if [ -x /usr/bin/redis-server ]; then
   echo "deps: redis-server present"
 else
   apt_install redis-server
-  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet redis-server 2>/dev/null; then
-    $SUDO systemctl stop redis-server || true
-    $SUDO systemctl disable redis-server || true
-  fi
-  if [ -x /etc/init.d/redis-server ]; then
-    $SUDO /etc/init.d/redis-server stop >/dev/null 2>&1 || true
-  fi
+  stop_service redis-server
 fi
 
 # The SQS emulator (npm package local-aws-sqs) for sink/sqs's tests, installed
