@@ -20,25 +20,17 @@ import (
 // has it), so CI proves the command works end to end.
 func TestBenchSmoke(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "results.json")
-	var log bytes.Buffer
 	opts := Options{
 		Events: 5000, Aggregates: 500, Payload: 200, Out: out,
 		Modes: []string{"poll", "wal"}, Sinks: []string{"nats", "kafka"}, Phases: []string{"drain", "baselines", "steady"},
 		Steady: time.Second, CommitFor: 500 * time.Millisecond, Writers: 4, Relays: 1, RSSEvents: 3000, Consumer: true,
-		RelayBin: relayBin, Log: &log, Args: []string{"relaybench", "(smoke test)"},
+		RelayBin: relayBin, Args: []string{"relaybench", "(smoke test)"},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // about 30s on an idle machine
-	defer cancel()
-	res, err := Run(ctx, opts)
-	if err != nil {
-		t.Fatalf("bench: %v\nlog:\n%s", err, log.String())
-	}
-	var table bytes.Buffer
-	printTable(&table, res)
+	res := runBench(t, opts, 5*time.Minute)
+	table := tableOf(t, res)
 	if err := writeJSON(out, res); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("\n%s", table.String())
 
 	var back Results
 	b, err := os.ReadFile(out)
@@ -203,22 +195,14 @@ func TestPayloadSize(t *testing.T) {
 // its relay, each handling every committed event, the relays with ratios
 // to their floors, and a summary judging the targets.
 func TestImpactSmoke(t *testing.T) {
-	var log bytes.Buffer
 	opts := Options{
 		Events: 1000, Aggregates: 500, Payload: 200, Modes: []string{"poll", "wal"}, Sinks: []string{"nats"},
 		Phases: []string{"impact"}, Relays: 1, ImpactFor: 2 * time.Second, ImpactClients: 4, ImpactSink: "nats", ImpactFloors: true,
 		ImpactModes: []string{"poll", "wal", "messages", "partition"}, ImpactRounds: 1, ImpactSyncCommit: "off",
-		RelayBin: relayBin, Log: &log, Args: []string{"relaybench", "(impact smoke test)"},
+		RelayBin: relayBin, Args: []string{"relaybench", "(impact smoke test)"},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // about a minute on an idle machine
-	defer cancel()
-	res, err := Run(ctx, opts)
-	if err != nil {
-		t.Fatalf("bench: %v\nlog:\n%s", err, log.String())
-	}
-	var table bytes.Buffer
-	printTable(&table, res)
-	t.Logf("\n%s", table.String())
+	res := runBench(t, opts, 10*time.Minute)
+	table := tableOf(t, res)
 	want := []string{"none", noneMessages, floorPoll, floorPollPublish, "poll", floorWAL, floorWALDelete, "wal", "messages", "partition"}
 	if res.Impact == nil || len(res.Impact.Runs) != len(want) || res.Impact.Pinning == "" {
 		t.Fatalf("impact: %+v", res.Impact)
@@ -256,6 +240,30 @@ func TestImpactSmoke(t *testing.T) {
 	}
 }
 
+// runBench runs the bench with opts for at most d and returns its results;
+// a failure fails t with the bench's log.
+func runBench(t *testing.T, opts Options, d time.Duration) *Results {
+	t.Helper()
+	var log bytes.Buffer
+	opts.Log = &log
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	res, err := Run(ctx, opts)
+	if err != nil {
+		t.Fatalf("bench: %v\nlog:\n%s", err, log.String())
+	}
+	return res
+}
+
+// tableOf returns the bench's printed tables for res, and logs them.
+func tableOf(t *testing.T, res *Results) *bytes.Buffer {
+	t.Helper()
+	var table bytes.Buffer
+	printTable(&table, res)
+	t.Logf("\n%s", table.String())
+	return &table
+}
+
 // relayBin is cmd/relay, built once by TestMain for the bench runs of
 // every test (Options.RelayBin): a build of its own per run took longer
 // than most of the phases the tests run.
@@ -291,19 +299,13 @@ func TestMain(m *testing.M) {
 // kfake's produce requests, and the profiling relay writes its CPU profile
 // to DIR/impact-wal.
 func TestImpactProfileKafka(t *testing.T) {
-	var log bytes.Buffer
 	dir := t.TempDir()
 	opts := Options{
 		Events: 1000, Aggregates: 500, Payload: 200, Modes: []string{"wal"}, Sinks: []string{"nats"},
 		Phases: []string{"impact"}, Relays: 1, ImpactFor: 2 * time.Second, ImpactClients: 4, ImpactSink: "kafka",
-		ProfileDir: dir, RelayBin: relayBin, Log: &log, Args: []string{"relaybench", "(impact profile test)"},
+		ProfileDir: dir, RelayBin: relayBin, Args: []string{"relaybench", "(impact profile test)"},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	res, err := Run(ctx, opts)
-	if err != nil {
-		t.Fatalf("bench: %v\nlog:\n%s", err, log.String())
-	}
+	res := runBench(t, opts, 5*time.Minute)
 	if res.Impact == nil || len(res.Impact.Runs) != 2 {
 		t.Fatalf("impact: %+v", res.Impact)
 	}
@@ -324,21 +326,13 @@ func TestImpactProfileKafka(t *testing.T) {
 // and on the partition ring: every committed insert is a row, and each run
 // has its WAL bytes and size.
 func TestInsertSmoke(t *testing.T) {
-	var log bytes.Buffer
 	opts := Options{
 		Events: 1000, Aggregates: 500, Payload: 200, Modes: []string{"poll"}, Phases: []string{"insert"}, Relays: 1,
 		InsertFor: time.Second, InsertClients: 2, InsertVariants: []string{"default", "ring8"}, Background: 0,
-		RelayBin: relayBin, Log: &log, Args: []string{"relaybench", "(insert smoke test)"},
+		RelayBin: relayBin, Args: []string{"relaybench", "(insert smoke test)"},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	res, err := Run(ctx, opts)
-	if err != nil {
-		t.Fatalf("bench: %v\nlog:\n%s", err, log.String())
-	}
-	var table bytes.Buffer
-	printTable(&table, res)
-	t.Logf("\n%s", table.String())
+	res := runBench(t, opts, 5*time.Minute)
+	table := tableOf(t, res)
 	if res.Insert == nil || len(res.Insert.Variants) != 2 || res.Insert.Pinning == "" {
 		t.Fatalf("insert: %+v", res.Insert)
 	}
